@@ -1,0 +1,82 @@
+"""batchstate: an LLM serving scheduler's per-step batch as frozen records with pure transitions.
+
+A device tensor and its CPU mirror are one `Mirrored` value; the four phases
+`Idle`, `Extended`, `Decoding` and `Filtered` are frozen records; every
+transition returns a new record (and new `Pools` where it allocates).
+"""
+
+from batchstate._decode import DecodeError, decode
+from batchstate._errors import (
+    AllocError,
+    BatchConflict,
+    ContextTooLong,
+    EmptyExtend,
+    EmptyPrompt,
+    InvariantViolation,
+    KeepIndicesError,
+    NotOwned,
+    OutOfKVTokens,
+    OutOfReqSlots,
+    PhaseError,
+    RecordShapeError,
+    ReleaseError,
+    StillRunning,
+)
+from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
+from batchstate._filter import filter_batch, keep_indices
+from batchstate._invariants import check_batch, check_pools
+from batchstate._merge import merge
+from batchstate._mirrored import DeviceOnly, Mirrored
+from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
+from batchstate._pools import Allocation, Pools, make_pools
+from batchstate._release import release
+from batchstate._rows import Req, Rows
+from batchstate._token_table import TokenTable
+from batchstate._transitions import TRANSITIONS, Transition
+
+__all__ = [
+    "TRANSITIONS",
+    "AllocError",
+    "Allocation",
+    "Batch",
+    "BatchConflict",
+    "ContextTooLong",
+    "DecodeError",
+    "Decoding",
+    "DeviceOnly",
+    "EmptyExtend",
+    "EmptyPrompt",
+    "ExtendError",
+    "Extended",
+    "Filtered",
+    "Idle",
+    "InvariantViolation",
+    "KeepIndicesError",
+    "Mirrored",
+    "NotOwned",
+    "OutOfKVTokens",
+    "OutOfReqSlots",
+    "PhaseError",
+    "Pools",
+    "RecordShapeError",
+    "ReleaseError",
+    "Req",
+    "Resumed",
+    "Rows",
+    "Running",
+    "Step",
+    "StillRunning",
+    "TokenTable",
+    "Transition",
+    "check_batch",
+    "check_pools",
+    "decode",
+    "extend",
+    "filter_batch",
+    "idle",
+    "keep_indices",
+    "make_pools",
+    "merge",
+    "prebuilt",
+    "release",
+]

@@ -1,0 +1,53 @@
+"""Decode: one new token per row."""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+from returns.result import Failure, Result, Success
+
+from batchstate._errors import ContextTooLong, OutOfKVTokens, PhaseError
+from batchstate._mirrored import DeviceOnly, Mirrored
+from batchstate._phases import Decoding, Extended, Filtered, Running, Step
+from batchstate._pools import Pools
+
+__all__ = ["DecodeError", "decode"]
+
+DecodeError: TypeAlias = OutOfKVTokens | ContextTooLong
+
+
+def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
+    """Make room for one more token per row: allocate its KV location, grow every length.
+
+    Reads nothing from the device: lengths and page counts come from the
+    host mirrors. Writes the new locations into the request-to-token table
+    (both sides) after the allocation has succeeded.
+
+    Returns:
+        `Success(Step(Decoding, Pools))`; or `Failure(OutOfKVTokens)` or
+        `Failure(ContextTooLong)`, with `batch` and `pools` unchanged.
+
+    Raises:
+        PhaseError: `batch` is `Idle` (or not a batch at all).
+    """
+    if not isinstance(batch, Extended | Decoding | Filtered):
+        raise PhaseError(f"decode takes Extended, Decoding or Filtered, got {type(batch).__name__}")
+    rows = batch.rows
+    if rows.max_seq_len >= pools.max_context_len:
+        return Failure(_too_long(batch, pools.max_context_len))
+    grown = rows.grow(1)
+    allocation = pools.allocate_next(rows.req_pool_indices.host, grown.seq_lens.host)
+    if not isinstance(allocation, Success):
+        return Failure(allocation.failure())
+    locs_host, after = allocation.unwrap()
+    locs = Mirrored.from_host(locs_host, rows.device)
+    # The new token sits at position old seq_len of its row.
+    after.table.write(rows.req_pool_indices, rows.seq_lens, locs)
+    return Success(Step(Decoding(grown, DeviceOnly(locs.device)), after))
+
+
+def _too_long(batch: Running, max_context_len: int) -> ContextTooLong:
+    row = int(batch.rows.seq_lens.host.argmax())
+    return ContextTooLong(
+        batch.rows.reqs[row].rid, int(batch.rows.seq_lens.host[row]) + 1, max_context_len
+    )

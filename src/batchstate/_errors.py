@@ -1,0 +1,155 @@
+"""What can go wrong: expected failures as values, broken contracts as exceptions.
+
+A transition that can run out of something returns a `returns` `Failure`
+holding one of the frozen records below, with the facts needed to act on it.
+A caller that breaks a contract (a wrong phase, bad keep indices, two
+batches that share a request) gets an exception that subclasses the builtin
+a caller would already catch.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias, final
+
+import attrs
+
+__all__ = [
+    "AllocError",
+    "BatchConflict",
+    "ContextTooLong",
+    "EmptyExtend",
+    "EmptyPrompt",
+    "InvariantViolation",
+    "KeepIndicesError",
+    "NotOwned",
+    "OutOfKVTokens",
+    "OutOfReqSlots",
+    "PhaseError",
+    "RecordShapeError",
+    "ReleaseError",
+    "StillRunning",
+]
+
+
+@final
+@attrs.frozen
+class OutOfReqSlots:
+    """More requests than free request slots."""
+
+    requested: int
+    available: int
+
+    def __str__(self) -> str:
+        return f"out of request slots: {self.requested} requested, {self.available} free"
+
+
+@final
+@attrs.frozen
+class OutOfKVTokens:
+    """More KV tokens (whole pages) than the pool has free."""
+
+    requested_pages: int
+    available_pages: int
+    page_size: int
+
+    def __str__(self) -> str:
+        return (
+            f"out of KV tokens: {self.requested_pages} pages of {self.page_size} requested,"
+            f" {self.available_pages} free"
+        )
+
+
+@final
+@attrs.frozen
+class ContextTooLong:
+    """A request would grow past the request-to-token table's width."""
+
+    rid: int
+    length: int
+    max_context_len: int
+
+    def __str__(self) -> str:
+        return (
+            f"request {self.rid} needs {self.length} tokens of context,"
+            f" the table holds {self.max_context_len}"
+        )
+
+
+@final
+@attrs.frozen
+class EmptyExtend:
+    """An extend with no requests."""
+
+    def __str__(self) -> str:
+        return "extend needs at least one request"
+
+
+@final
+@attrs.frozen
+class EmptyPrompt:
+    """A request with no tokens left to compute."""
+
+    rid: int
+    num_input_ids: int
+    prefix_len: int
+
+    def __str__(self) -> str:
+        return (
+            f"request {self.rid} has nothing to extend:"
+            f" {self.num_input_ids} input ids, {self.prefix_len} already cached"
+        )
+
+
+@final
+@attrs.frozen
+class NotOwned:
+    """Releasing request slots that the pools do not hold as owned (a double free)."""
+
+    slots: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"request slots {list(self.slots)} are not owned: already released or never allocated"
+        )
+
+
+@final
+@attrs.frozen
+class StillRunning:
+    """Releasing request slots that the running batch still uses."""
+
+    slots: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"request slots {list(self.slots)} are still in the running batch"
+
+
+AllocError: TypeAlias = OutOfReqSlots | OutOfKVTokens | ContextTooLong | EmptyExtend | EmptyPrompt
+ReleaseError: TypeAlias = NotOwned | StillRunning
+
+
+class PhaseError(TypeError):
+    """A transition was handed a record of a phase it does not accept.
+
+    A `TypeError`: mypy rejects these calls; this is for callers without it.
+    """
+
+
+class KeepIndicesError(IndexError):
+    """Keep indices that are not strictly increasing positions inside the batch."""
+
+
+class BatchConflict(ValueError):
+    """Two batches being merged share a request or a request slot."""
+
+
+class RecordShapeError(ValueError):
+    """A record whose fields disagree in length, dtype or device."""
+
+
+class InvariantViolation(AssertionError):
+    """A record or pool breaks one of the invariants of docs/design.md.
+
+    An `AssertionError`: it means a bug, in batchstate or in code that
+    reached past its API, never bad input.
+    """

@@ -1,0 +1,204 @@
+"""Admitting requests: the empty batch, extend (prefill), and hand-built decode batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+from typing import NamedTuple, TypeAlias, final
+
+import attrs
+import torch
+from returns.result import Failure, Result, Success
+
+from batchstate._errors import (
+    AllocError,
+    BatchConflict,
+    ContextTooLong,
+    EmptyExtend,
+    EmptyPrompt,
+    NotOwned,
+    PhaseError,
+)
+from batchstate._mirrored import DeviceOnly, Mirrored, host_int64
+from batchstate._phases import Extended, Filtered, Idle, Step
+from batchstate._pools import Pools
+from batchstate._rows import Req, Rows
+
+__all__ = ["ExtendError", "Resumed", "extend", "idle", "prebuilt"]
+
+ExtendError: TypeAlias = AllocError | NotOwned
+
+
+@final
+@attrs.frozen(eq=False)
+class Resumed:
+    """A request whose first tokens already have KV in the slot it owns.
+
+    The prefix length is what the pools hold for `slot`; extend computes the
+    rest of `req.input_ids`. This is a chunked prefill between chunks: the
+    request was filtered out of its batch and kept its memory.
+    """
+
+    req: Req
+    slot: int
+
+
+def idle(device: torch.device | str) -> Idle:
+    """The canonical empty batch on `device`.
+
+    >>> idle("cpu").rows.seq_lens_sum
+    0
+    """
+    return Idle(Rows.empty(_resolve(torch.device(device))))
+
+
+def extend(
+    batch: Idle, reqs: Sequence[Req | Resumed], pools: Pools
+) -> Result[Step[Extended], ExtendError]:
+    """Admit requests for an extend forward: allocate slots and KV, write the table.
+
+    A `Req` gets a new request slot and computes all its input ids; a
+    `Resumed` keeps its slot and computes the input ids past its cached
+    prefix. Writes the request-to-token table (both sides) once every
+    allocation has succeeded.
+
+    Returns:
+        `Success(Step(Extended, Pools))`, or a `Failure` naming what ran out
+        or which request was bad; the pools given are unchanged either way.
+
+    Raises:
+        PhaseError: `batch` is not `Idle`.
+        BatchConflict: two inputs share a rid or a slot.
+    """
+    _expect_idle(batch, "extend")
+    return _admit(batch, reqs, pools).map(
+        lambda admitted: Step(
+            Extended(
+                admitted.rows,
+                DeviceOnly(admitted.tokens.device[_INPUT_IDS]),
+                DeviceOnly(admitted.tokens.device[_LOCS]),
+                admitted.prefix_lens,
+                admitted.extend_lens,
+                sum(admitted.extend_lens),
+            ),
+            admitted.pools,
+        )
+    )
+
+
+def prebuilt(batch: Idle, reqs: Sequence[Req], pools: Pools) -> Result[Step[Filtered], ExtendError]:
+    """A decode-ready batch whose KV arrives from elsewhere (disaggregated prefill).
+
+    Allocates a slot and KV for every input id of each request and builds
+    every mirror, like `extend`, but runs no forward: the caller fills the
+    KV at `pools.table.device[slot, :seq_len]` for each row, then decodes.
+
+    Raises:
+        PhaseError: `batch` is not `Idle`.
+        BatchConflict: two requests share a rid.
+    """
+    _expect_idle(batch, "prebuilt")
+    return _admit(batch, reqs, pools).map(
+        lambda admitted: Step(Filtered(admitted.rows), admitted.pools)
+    )
+
+
+class _Admitted(NamedTuple):
+    rows: Rows
+    tokens: Mirrored  # int64 [4, num_tokens]: slot, position, location, input id
+    prefix_lens: tuple[int, ...]
+    extend_lens: tuple[int, ...]
+    pools: Pools
+
+
+_SLOTS, _POSITIONS, _LOCS, _INPUT_IDS = range(4)
+
+
+def _admit(
+    batch: Idle, inputs: Sequence[Req | Resumed], pools: Pools
+) -> Result[_Admitted, ExtendError]:
+    if not inputs:
+        return Failure(EmptyExtend())
+    reqs = [item.req if isinstance(item, Resumed) else item for item in inputs]
+    _expect_unique([req.rid for req in reqs], "rid")
+    resumed_slots = [item.slot for item in inputs if isinstance(item, Resumed)]
+    _expect_unique(resumed_slots, "slot")
+    cached = [_cached_tokens(pools, item) for item in inputs]
+    prefix_lens = [prefix for prefix in cached if not isinstance(prefix, NotOwned)]
+    for req, prefix_len in zip(reqs, cached, strict=True):
+        if isinstance(prefix_len, NotOwned):
+            return Failure(prefix_len)
+        if len(req.input_ids) <= prefix_len:
+            return Failure(EmptyPrompt(req.rid, len(req.input_ids), prefix_len))
+        if len(req.input_ids) > pools.max_context_len:
+            return Failure(ContextTooLong(req.rid, len(req.input_ids), pools.max_context_len))
+    num_new = len(inputs) - len(resumed_slots)
+    allocated = pools.allocate_slots(num_new)
+    if not isinstance(allocated, Success):
+        return Failure(allocated.failure())
+    return _place(batch, inputs, reqs, prefix_lens, allocated.unwrap())
+
+
+def _place(
+    batch: Idle,
+    inputs: Sequence[Req | Resumed],
+    reqs: Sequence[Req],
+    prefix_lens: Sequence[int],
+    allocated: tuple[torch.Tensor, Pools],
+) -> Result[_Admitted, ExtendError]:
+    new_slots, pools = allocated
+    new_slot_iter = iter(new_slots.tolist())
+    slots = [item.slot if isinstance(item, Resumed) else next(new_slot_iter) for item in inputs]
+    seq_lens = [len(req.input_ids) for req in reqs]
+    slots_host = host_int64(slots)
+    prefix_host = host_int64(prefix_lens)
+    seq_lens_host = host_int64(seq_lens)
+    allocation = pools.allocate_tokens(slots_host, prefix_host, seq_lens_host)
+    if not isinstance(allocation, Success):
+        return Failure(allocation.failure())
+    locs, after = allocation.unwrap()
+    extend_lens = seq_lens_host - prefix_host
+    rows_of_tokens = torch.repeat_interleave(torch.arange(len(reqs)), extend_lens)
+    first_token = torch.cumsum(extend_lens, 0) - extend_lens
+    positions = (
+        prefix_host[rows_of_tokens] + torch.arange(locs.shape[0]) - first_token[rows_of_tokens]
+    )
+    input_ids = host_int64(
+        list(
+            chain.from_iterable(
+                req.input_ids[prefix:] for req, prefix in zip(reqs, prefix_lens, strict=True)
+            )
+        )
+    )
+    # One host-to-device copy for everything the table write and the forward need.
+    tokens = Mirrored.from_host(
+        torch.stack((slots_host[rows_of_tokens], positions, locs, input_ids)), batch.device
+    )
+    token_slots, token_positions, token_locs, _ = tokens.unbind()
+    after.table.write(token_slots, token_positions, token_locs)
+    rows = Rows.from_host(batch.device, reqs, slots, seq_lens)
+    return Success(_Admitted(rows, tokens, tuple(prefix_lens), tuple(extend_lens.tolist()), after))
+
+
+def _cached_tokens(pools: Pools, item: Req | Resumed) -> int | NotOwned:
+    if not isinstance(item, Resumed):
+        return 0
+    owned = int(pools.slot_tokens[item.slot]) if 1 <= item.slot <= pools.max_reqs else 0
+    return owned or NotOwned((item.slot,))
+
+
+def _expect_unique(values: Sequence[int], what: str) -> None:
+    if len(set(values)) != len(values):
+        repeated = sorted({value for value in values if values.count(value) > 1})
+        raise BatchConflict(f"the same {what} appears twice among the requests: {repeated}")
+
+
+def _expect_idle(batch: object, transition: str) -> None:
+    if not isinstance(batch, Idle):
+        raise PhaseError(f"{transition} starts from Idle, got {type(batch).__name__}")
+
+
+def _resolve(device: torch.device) -> torch.device:
+    # Tensors report `cuda:0` where asked for `cuda`: take the device a tensor
+    # reports, so that record checks compare equal.
+    return torch.empty(0, device=device).device

@@ -1,0 +1,129 @@
+"""The invariants every record and pool holds, checked on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from batchstate._errors import InvariantViolation
+from batchstate._phases import Batch, Decoding, Extended
+from batchstate._pools import Pools
+
+__all__ = ["check_batch", "check_pools"]
+
+
+def check_batch(batch: Batch, *, compare_device: bool = False) -> None:
+    """Check a record's invariants; `compare_device` also compares mirrors (it syncs).
+
+    Raises:
+        InvariantViolation: naming the invariant and the numbers.
+    """
+    rows = batch.rows
+    num_reqs = len(rows.reqs)
+    columns = {
+        "rids": rows.rids,
+        "req_pool_indices.host": rows.req_pool_indices.host,
+        "req_pool_indices.device": rows.req_pool_indices.device,
+        "seq_lens.host": rows.seq_lens.host,
+        "seq_lens.device": rows.seq_lens.device,
+        "orig_seq_lens": rows.orig_seq_lens.device,
+    }
+    for name, column in columns.items():
+        _expect(
+            column.shape == (num_reqs,), f"{name} has shape {list(column.shape)}, {num_reqs} reqs"
+        )
+    _expect(rows.rids.tolist() == [req.rid for req in rows.reqs], "rids differ from the reqs' rids")
+    seq_lens = rows.seq_lens.host
+    _expect(
+        rows.seq_lens_sum == int(seq_lens.sum()),
+        f"seq_lens_sum={rows.seq_lens_sum}, seq_lens sum to {int(seq_lens.sum())}",
+    )
+    _expect(
+        rows.max_seq_len == (int(seq_lens.max()) if num_reqs else 0),
+        f"max_seq_len={rows.max_seq_len} differs from seq_lens",
+    )
+    if isinstance(batch, Extended):
+        _expect(
+            [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens, strict=True)]
+            == seq_lens.tolist(),
+            "seq_lens differ from prefix_lens + extend_lens",
+        )
+    if compare_device:
+        for name, pair in (
+            ("req_pool_indices", rows.req_pool_indices),
+            ("seq_lens", rows.seq_lens),
+        ):
+            _expect(torch.equal(pair.host, pair.device.cpu()), f"{name}: host mirror != device")
+        _expect(
+            torch.equal(rows.orig_seq_lens.device.cpu().to(torch.int64), seq_lens),
+            "orig_seq_lens != seq_lens",
+        )
+        if isinstance(batch, Decoding | Extended):
+            locs = batch.out_cache_loc.device.cpu()
+            _expect(torch.unique(locs).shape == locs.shape, "out_cache_loc repeats a location")
+
+
+def check_pools(
+    pools: Pools, batches: Iterable[Batch] = (), *, compare_device: bool = False
+) -> None:
+    """Check conservation: free + owned = capacity, nothing owned twice.
+
+    Every row of `batches` must own its slot with exactly `seq_len` tokens.
+    `compare_device` also compares the table's two sides (it syncs).
+
+    Raises:
+        InvariantViolation: naming the invariant and the numbers.
+    """
+    max_reqs, page_size = pools.max_reqs, pools.page_size
+    slot_tokens = pools.slot_tokens
+    _expect(int(slot_tokens[0]) == 0, "padding slot 0 owns tokens")
+    owned_slots = (slot_tokens > 0).nonzero().flatten()
+    slot_uses = torch.bincount(torch.cat((pools.free_slots, owned_slots)), minlength=max_reqs + 1)
+    _expect(
+        slot_uses.shape[0] == max_reqs + 1
+        and int(slot_uses[0]) == 0
+        and bool((slot_uses[1:] == 1).all()),
+        f"request slots: {pools.num_free_slots} free + {owned_slots.shape[0]} owned"
+        f" != {max_reqs}, or a slot is both or neither",
+    )
+    owned_pages = [
+        pools.table.host[slot, 0 : int(slot_tokens[slot]) : page_size].to(torch.int64) // page_size
+        for slot in owned_slots.tolist()
+    ]
+    for slot, pages in zip(owned_slots.tolist(), owned_pages, strict=True):
+        tokens = pools.table.host[slot, : int(slot_tokens[slot])].to(torch.int64)
+        expected = pages.repeat_interleave(page_size)[: tokens.shape[0]] * page_size + (
+            torch.arange(tokens.shape[0]) % page_size
+        )
+        _expect(
+            torch.equal(tokens, expected), f"slot {slot}: token locations do not fill whole pages"
+        )
+    every_page = torch.cat((pools.free_pages, *owned_pages))
+    num_free_pages = pools.free_pages.shape[0]
+    page_uses = torch.bincount(every_page, minlength=pools.num_pages + 1)
+    _expect(
+        page_uses.shape[0] == pools.num_pages + 1
+        and int(page_uses[0]) == 0
+        and bool((page_uses[1:] == 1).all()),
+        f"KV pages: {num_free_pages} free + {every_page.shape[0] - num_free_pages}"
+        f" owned != {pools.num_pages}, or a page is owned twice or lost",
+    )
+    seen: set[int] = set()
+    for batch in batches:
+        slots = batch.rows.req_pool_indices.host.tolist()
+        for slot, seq_len in zip(slots, batch.rows.seq_lens.host.tolist(), strict=True):
+            _expect(slot not in seen, f"slot {slot} is in two rows")
+            seen.add(slot)
+            _expect(
+                1 <= slot <= max_reqs and int(slot_tokens[slot]) == seq_len,
+                f"slot {slot}: row has {seq_len} tokens, the pools hold"
+                f" {int(slot_tokens[slot]) if 1 <= slot <= max_reqs else 'none'}",
+            )
+    if compare_device:
+        _expect(torch.equal(pools.table.host, pools.table.device.cpu()), "table: host != device")
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvariantViolation(message)

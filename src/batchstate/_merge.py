@@ -1,0 +1,45 @@
+"""Merge: append a batch's rows to the running batch."""
+
+from __future__ import annotations
+
+import torch
+
+from batchstate._errors import BatchConflict, PhaseError
+from batchstate._phases import Decoding, Extended, Filtered, Idle
+
+__all__ = ["merge"]
+
+
+def merge(running: Decoding | Filtered | Idle, incoming: Extended | Filtered) -> Filtered:
+    """`running`'s rows followed by `incoming`'s, on every column, device and host.
+
+    Reads nothing from the device. Merging with an empty side returns the
+    other side's rows as they are.
+
+    Raises:
+        PhaseError: a side of a phase merge does not accept.
+        BatchConflict: a request id or a request slot is on both sides, or
+            the sides live on different devices.
+    """
+    if not isinstance(running, Decoding | Filtered | Idle):
+        raise PhaseError(
+            f"merge appends to Decoding, Filtered or Idle, got {type(running).__name__}"
+        )
+    if not isinstance(incoming, Extended | Filtered):
+        raise PhaseError(f"merge appends Extended or Filtered, got {type(incoming).__name__}")
+    left, right = running.rows, incoming.rows
+    if left.device != right.device:
+        raise BatchConflict(f"cannot merge a batch on {right.device} into one on {left.device}")
+    if not len(right):
+        return Filtered(left)
+    if not len(left):
+        return Filtered(right)
+    _expect_disjoint(left.rids, right.rids, "request ids")
+    _expect_disjoint(left.req_pool_indices.host, right.req_pool_indices.host, "request slots")
+    return Filtered(left.cat(right))
+
+
+def _expect_disjoint(left: torch.Tensor, right: torch.Tensor, what: str) -> None:
+    shared = right[torch.isin(right, left)]
+    if shared.shape[0]:
+        raise BatchConflict(f"{what} {shared.tolist()} are in both batches")

@@ -1,0 +1,113 @@
+"""The four phases of a batch, as frozen records."""
+
+from __future__ import annotations
+
+from typing import Generic, NamedTuple, TypeAlias, TypeVar, final
+
+import attrs
+import torch
+
+from batchstate._errors import RecordShapeError
+from batchstate._mirrored import DeviceOnly
+from batchstate._pools import Pools
+from batchstate._rows import Rows
+
+__all__ = ["Batch", "Decoding", "Extended", "Filtered", "Idle", "Running", "Step"]
+
+
+@final
+@attrs.frozen(eq=False)
+class Idle:
+    """The canonical empty batch: nothing to run. Build it with `idle(device)`."""
+
+    rows: Rows  # always zero rows
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.rows):
+            raise RecordShapeError(f"Idle holds no rows, got {len(self.rows)}")
+
+    @property
+    def device(self) -> torch.device:
+        return self.rows.device
+
+
+@final
+@attrs.frozen(eq=False)
+class Extended:
+    """Ready for an extend (prefill) forward: each row computes its uncached tokens.
+
+    Rows are laid out back to back in `input_ids` and `out_cache_loc`:
+
+        row i:  positions [prefix_lens[i], prefix_lens[i] + extend_lens[i])
+                tokens    [sum(extend_lens[:i]), sum(extend_lens[:i + 1]))
+    """
+
+    rows: Rows  # seq_lens = prefix_lens + extend_lens
+    input_ids: DeviceOnly  # int64 [extend_num_tokens], the tokens to compute
+    out_cache_loc: DeviceOnly  # int64 [extend_num_tokens], token -> KV location it writes
+    prefix_lens: tuple[int, ...]  # host [num_reqs]: tokens already in the KV cache
+    extend_lens: tuple[int, ...]  # host [num_reqs]: tokens this forward computes
+    extend_num_tokens: int  # host only: equals sum(extend_lens)
+
+    def __attrs_post_init__(self) -> None:
+        num_reqs = len(self.rows)
+        if len(self.prefix_lens) != num_reqs or len(self.extend_lens) != num_reqs:
+            raise RecordShapeError(
+                f"Extended: {num_reqs} rows but {len(self.prefix_lens)} prefix_lens"
+                f" and {len(self.extend_lens)} extend_lens"
+            )
+        for name, column in (("input_ids", self.input_ids), ("out_cache_loc", self.out_cache_loc)):
+            if len(column) != self.extend_num_tokens or column.dtype != torch.int64:
+                raise RecordShapeError(
+                    f"Extended.{name}: expected int64 [{self.extend_num_tokens}],"
+                    f" got {column.dtype} [{len(column)}]"
+                )
+
+    @property
+    def device(self) -> torch.device:
+        return self.rows.device
+
+
+@final
+@attrs.frozen(eq=False)
+class Decoding:
+    """Ready for a decode forward: one new token per row."""
+
+    rows: Rows  # seq_lens counts the token this forward writes
+    out_cache_loc: DeviceOnly  # int64 [num_reqs], row -> KV location of its new token
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.out_cache_loc) != len(self.rows) or self.out_cache_loc.dtype != torch.int64:
+            raise RecordShapeError(
+                f"Decoding.out_cache_loc: expected int64 [{len(self.rows)}],"
+                f" got {self.out_cache_loc.dtype} [{len(self.out_cache_loc)}]"
+            )
+
+    @property
+    def device(self) -> torch.device:
+        return self.rows.device
+
+
+@final
+@attrs.frozen(eq=False)
+class Filtered:
+    """A running batch between steps: rows removed or merged in, nothing to run yet."""
+
+    rows: Rows
+
+    @property
+    def device(self) -> torch.device:
+        return self.rows.device
+
+
+Batch: TypeAlias = Idle | Extended | Decoding | Filtered
+Running: TypeAlias = Extended | Decoding | Filtered  # phases that hold rows to decode or filter
+
+_Phase_co = TypeVar("_Phase_co", Idle, Extended, Decoding, Filtered, covariant=True)
+
+
+class Step(NamedTuple, Generic[_Phase_co]):
+    """What an allocating transition returns: the new record and the pools it left."""
+
+    batch: _Phase_co
+    pools: Pools

@@ -1,0 +1,239 @@
+"""Free request slots and free KV pages, as an immutable value."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, final
+
+import attrs
+import torch
+from returns.result import Failure, Result, Success
+
+from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots
+from batchstate._mirrored import _describe
+from batchstate._token_table import TokenTable
+
+__all__ = ["Allocation", "Pools", "make_pools"]
+
+
+class Allocation(NamedTuple):
+    """KV token locations for new positions, and the pools that no longer hold them."""
+
+    locs: torch.Tensor  # host int64 [num_tokens], in row order, positions ascending
+    pools: Pools
+
+
+@final
+@attrs.frozen(eq=False, repr=False)
+class Pools:
+    """Request slots and KV pages, free and owned, as a value.
+
+    Allocating or freeing returns new `Pools`; the old value stays valid, so
+    a failed or abandoned transition leaks nothing. Everything here is on
+    the host: counting free memory never reads the device.
+
+    Ownership is `slot_tokens`: a slot with tokens is owned, its pages are
+    `table[slot, 0:slot_tokens[slot]:page_size] // page_size`.
+
+    NOTE: pools are linear: thread the newest value through; two
+    transitions from the same `Pools` would hand out the same memory.
+    """
+
+    table: TokenTable
+    page_size: int
+    num_pages: int  # usable pages; page 0 is padding and never handed out
+    free_slots: torch.Tensor  # host int64 [num_free_slots], handed out from the front
+    free_pages: torch.Tensor  # host int64 [num_free_pages], handed out from the front
+    slot_tokens: torch.Tensor  # host int64 [max_reqs + 1], slot -> KV tokens it owns
+
+    @property
+    def max_reqs(self) -> int:
+        return self.slot_tokens.shape[0] - 1
+
+    @property
+    def max_context_len(self) -> int:
+        return self.table.max_context_len
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.free_slots.shape[0]
+
+    @property
+    def num_free_tokens(self) -> int:
+        return self.free_pages.shape[0] * self.page_size
+
+    @property
+    def kv_cache_size(self) -> int:
+        """Rows a KV cache needs for every location this pool hands out (padding included)."""
+        return (self.num_pages + 1) * self.page_size
+
+    def allocate_slots(self, num_slots: int) -> Result[tuple[torch.Tensor, Pools], OutOfReqSlots]:
+        """Take `num_slots` free request slots (host int64), owning no tokens yet."""
+        if num_slots > self.num_free_slots:
+            return Failure(OutOfReqSlots(num_slots, self.num_free_slots))
+        return Success(
+            (
+                self.free_slots[:num_slots],
+                attrs.evolve(self, free_slots=self.free_slots[num_slots:]),
+            )
+        )
+
+    def allocate_tokens(
+        self, slots: torch.Tensor, old_lens: torch.Tensor, new_lens: torch.Tensor
+    ) -> Result[Allocation, OutOfKVTokens]:
+        """Locations for positions `[old_lens[i], new_lens[i])` of each slot `slots[i]`.
+
+        Pages are counted from host lengths: a row needs a new page at each
+        position that starts one. Partly filled last pages are filled first.
+        Does not write the table: the caller does, once all allocations of
+        its transition have succeeded.
+        """
+        page_size = self.page_size
+        num_tokens = new_lens - old_lens
+        pages_before = (old_lens + page_size - 1) // page_size
+        new_pages_per_row = (new_lens + page_size - 1) // page_size - pages_before
+        num_new_pages = int(new_pages_per_row.sum())
+        taken = self._take_pages(slots, new_lens, num_new_pages)
+        if not isinstance(taken, Success):
+            return Failure(taken.failure())
+        new_pages, pools = taken.unwrap()
+        if page_size == 1:
+            return Success(Allocation(new_pages, pools))  # one page per token, in row order
+        rows = torch.repeat_interleave(torch.arange(slots.shape[0]), num_tokens)
+        first_token = torch.cumsum(num_tokens, 0) - num_tokens
+        positions = old_lens[rows] + torch.arange(rows.shape[0]) - first_token[rows]
+        page_of_req = positions // page_size
+        is_new = page_of_req >= pages_before[rows]
+        # The page already holding a position, from the host table; the cell is
+        # stale where `is_new`, and `torch.where` drops it there.
+        existing = self.table.host[slots[rows], page_of_req * page_size].to(torch.int64)
+        page = existing // page_size
+        if num_new_pages:
+            first_new = (torch.cumsum(new_pages_per_row, 0) - new_pages_per_row)[rows]
+            new_index = (first_new + page_of_req - pages_before[rows]).clamp(0, num_new_pages - 1)
+            page = torch.where(is_new, new_pages[new_index], page)
+        return Success(Allocation(page * page_size + positions % page_size, pools))
+
+    def allocate_next(
+        self, slots: torch.Tensor, new_lens: torch.Tensor
+    ) -> Result[Allocation, OutOfKVTokens]:
+        """One more token for each slot, at position `new_lens[i] - 1` (the decode fast path).
+
+        The same as `allocate_tokens(slots, new_lens - 1, new_lens)` in fewer
+        host ops: a row needs a page only where its new position starts one.
+        """
+        page_size = self.page_size
+        if page_size == 1:
+            return self._take_pages(slots, new_lens, slots.shape[0]).map(
+                lambda taken: Allocation(taken[0], taken[1])
+            )
+        positions = new_lens - 1
+        is_new = positions % page_size == 0
+        new_page_index = torch.cumsum(is_new, 0) - 1
+        num_new_pages = int(new_page_index[-1]) + 1 if slots.shape[0] else 0
+        taken = self._take_pages(slots, new_lens, num_new_pages)
+        if not isinstance(taken, Success):
+            return Failure(taken.failure())
+        new_pages, pools = taken.unwrap()
+        # Rows not starting a page continue right after their previous token.
+        after_last = self.table.host[slots, (positions - 1).clamp(min=0)].to(torch.int64) + 1
+        if num_new_pages == 0:
+            return Success(Allocation(after_last, pools))
+        new_locs = new_pages[new_page_index.clamp(0, num_new_pages - 1)] * page_size
+        return Success(Allocation(torch.where(is_new, new_locs, after_last), pools))
+
+    def _take_pages(
+        self, slots: torch.Tensor, new_lens: torch.Tensor, num_pages: int
+    ) -> Result[tuple[torch.Tensor, Pools], OutOfKVTokens]:
+        # The first `num_pages` free pages, and pools where `slots` own `new_lens` tokens.
+        if num_pages > self.free_pages.shape[0]:
+            return Failure(OutOfKVTokens(num_pages, self.free_pages.shape[0], self.page_size))
+        slot_tokens = self.slot_tokens.clone()
+        slot_tokens[slots] = new_lens
+        pools = Pools(
+            self.table,
+            self.page_size,
+            self.num_pages,
+            self.free_slots,
+            self.free_pages[num_pages:],
+            slot_tokens,
+        )
+        return Success((self.free_pages[:num_pages], pools))
+
+    def free(self, slots: torch.Tensor) -> Result[Pools, NotOwned]:
+        """Give back request slots and every KV page they own (host int64 slots)."""
+        in_range = (slots >= 1) & (slots <= self.max_reqs)
+        owned_tokens = torch.where(in_range, self.slot_tokens[slots.clamp(0, self.max_reqs)], 0)
+        unowned = slots[owned_tokens == 0]
+        if unowned.shape[0]:
+            return Failure(NotOwned(tuple(unowned.tolist())))
+        if torch.unique(slots).shape[0] != slots.shape[0]:
+            return Failure(NotOwned(tuple(slots.tolist())))  # the same slot twice in one call
+        page_size = self.page_size
+        num_pages = (owned_tokens + page_size - 1) // page_size
+        rows = torch.repeat_interleave(torch.arange(slots.shape[0]), num_pages)
+        first_page = torch.cumsum(num_pages, 0) - num_pages
+        columns = (torch.arange(rows.shape[0]) - first_page[rows]) * page_size
+        pages = self.table.host[slots[rows], columns].to(torch.int64) // page_size
+        slot_tokens = self.slot_tokens.clone()
+        slot_tokens[slots] = 0
+        return Success(
+            Pools(
+                self.table,
+                page_size,
+                self.num_pages,
+                torch.cat((self.free_slots, slots)),
+                torch.cat((self.free_pages, pages)),
+                slot_tokens,
+            )
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Pools(free_slots={self.num_free_slots}/{self.max_reqs},"
+            f" free_pages={self.free_pages.shape[0]}/{self.num_pages}, page_size={self.page_size},"
+            f" table={_describe('TokenTable', self.table.device)})"
+        )
+
+
+def make_pools(
+    max_reqs: int,
+    max_context_len: int,
+    num_kv_tokens: int,
+    device: torch.device,
+    page_size: int = 1,
+) -> Pools:
+    """Empty pools: every slot and page free.
+
+    Args:
+        max_reqs: request slots; the table gets one more row, row 0, for padding.
+        max_context_len: the table's width, the longest a request may grow.
+        num_kv_tokens: usable KV token slots, a multiple of `page_size`; one
+            more page, page 0, is reserved for padding.
+        device: where the table's device side lives.
+        page_size: tokens per page, >= 1.
+
+    Raises:
+        ValueError: a size is not positive, or `num_kv_tokens % page_size`.
+
+    >>> pools = make_pools(4, 32, 64, torch.device("cpu"), page_size=16)
+    >>> pools.num_free_slots, pools.num_free_tokens, pools.kv_cache_size
+    (4, 64, 80)
+    """
+    sizes = {"max_reqs": max_reqs, "max_context_len": max_context_len, "page_size": page_size}
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if num_kv_tokens < 0 or num_kv_tokens % page_size:
+        raise ValueError(
+            f"num_kv_tokens must be a non-negative multiple of page_size={page_size},"
+            f" got {num_kv_tokens}"
+        )
+    num_pages = num_kv_tokens // page_size
+    return Pools(
+        TokenTable.zeros(max_reqs, max_context_len, device),
+        page_size,
+        num_pages,
+        torch.arange(1, max_reqs + 1, dtype=torch.int64),
+        torch.arange(1, num_pages + 1, dtype=torch.int64),
+        torch.zeros(max_reqs + 1, dtype=torch.int64),
+    )

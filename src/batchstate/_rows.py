@@ -1,0 +1,183 @@
+"""Requests and the per-row columns every phase shares."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Final, Self, final
+
+import attrs
+import torch
+
+from batchstate._errors import RecordShapeError
+from batchstate._mirrored import DeviceOnly, Mirrored, host_int64
+
+__all__ = ["Req", "Rows"]
+
+# Concatenating up to this many slices of `reqs` beats gathering item by item.
+_MAX_SLICED_RUNS: Final = 8
+
+
+@final
+@attrs.frozen
+class Req:
+    """A request, as the scheduler sees it: an id and the tokens so far.
+
+    Args:
+        rid: unique among live requests; batches check it on merge.
+        input_ids: the prompt, plus any tokens generated before a retraction.
+    """
+
+    rid: int
+    input_ids: tuple[int, ...]
+
+
+@final
+@attrs.frozen(eq=False)
+class Rows:
+    """The per-row columns of a batch: one row per request, in order.
+
+    Every column has `num_reqs` rows on each of its sides; filter and merge
+    act on all of them through `take` and `cat`, so a new column is added
+    here and nowhere else.
+    """
+
+    device: torch.device
+    reqs: tuple[Req, ...]
+    rids: torch.Tensor  # host int64 [num_reqs], row -> reqs[row].rid
+    req_pool_indices: Mirrored  # int64 [num_reqs], row -> request slot
+    seq_lens: Mirrored  # int64 [num_reqs], row -> KV tokens after this step
+    orig_seq_lens: DeviceOnly  # int32 [num_reqs], equals seq_lens (before truncation tricks)
+    seq_lens_sum: int  # host only: equals seq_lens.host.sum()
+    max_seq_len: int  # host only: equals seq_lens.host.max(), 0 when empty
+
+    def __attrs_post_init__(self) -> None:
+        _check_rows(self)
+
+    @classmethod
+    def empty(cls, device: torch.device) -> Self:
+        """Zero rows on every column, device and host."""
+        return cls(
+            device,
+            (),
+            torch.empty(0, dtype=torch.int64),
+            Mirrored.empty(torch.int64, device),
+            Mirrored.empty(torch.int64, device),
+            DeviceOnly.empty(torch.int32, device),
+            0,
+            0,
+        )
+
+    @classmethod
+    def from_host(
+        cls,
+        device: torch.device,
+        reqs: Sequence[Req],
+        slots: Sequence[int],
+        seq_lens: Sequence[int],
+    ) -> Self:
+        """Build every column and its mirror from host lists, copying each once."""
+        seq_lens_host = host_int64(seq_lens)
+        seq_lens_pair = Mirrored.from_host(seq_lens_host, device)
+        return cls(
+            device,
+            tuple(reqs),
+            host_int64([req.rid for req in reqs]),
+            Mirrored.from_ints(slots, torch.int64, device),
+            seq_lens_pair,
+            DeviceOnly(seq_lens_pair.device.to(torch.int32)),
+            sum(seq_lens),
+            max(seq_lens, default=0),
+        )
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def take(self, index: Mirrored) -> Rows:
+        """The rows at `index` (strictly increasing positions), on both sides."""
+        if len(index) == len(self.reqs):
+            return self  # strictly increasing and in range: every row, in order
+        seq_lens = self.seq_lens.take(index)
+        return Rows(
+            self.device,
+            _take_tuple(self.reqs, index.host),
+            self.rids.index_select(0, index.host),
+            self.req_pool_indices.take(index),
+            seq_lens,
+            self.orig_seq_lens.take(index),
+            int(seq_lens.host.sum()),
+            int(seq_lens.host.max()) if len(index) else 0,
+        )
+
+    def cat(self, other: Rows) -> Rows:
+        """These rows followed by `other`'s."""
+        return Rows(
+            self.device,
+            self.reqs + other.reqs,
+            torch.cat((self.rids, other.rids)),
+            self.req_pool_indices.cat(other.req_pool_indices),
+            self.seq_lens.cat(other.seq_lens),
+            self.orig_seq_lens.cat(other.orig_seq_lens),
+            self.seq_lens_sum + other.seq_lens_sum,
+            max(self.max_seq_len, other.max_seq_len),
+        )
+
+    def grow(self, num_tokens: int) -> Rows:
+        """Every row `num_tokens` longer."""
+        return Rows(
+            self.device,
+            self.reqs,
+            self.rids,
+            self.req_pool_indices,
+            self.seq_lens.add(num_tokens),
+            self.orig_seq_lens.add(num_tokens),
+            self.seq_lens_sum + num_tokens * len(self.reqs),
+            self.max_seq_len + num_tokens if self.reqs else 0,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Rows(num_reqs={len(self.reqs)}, seq_lens_sum={self.seq_lens_sum},"
+            f" max_seq_len={self.max_seq_len}, device={self.device})"
+        )
+
+
+def _take_tuple(items: tuple[Req, ...], index: torch.Tensor) -> tuple[Req, ...]:
+    # A filter usually drops a few rows: copy the runs of kept rows as slices.
+    if index.shape[0] == 0:
+        return ()
+    gaps = (index[1:] - index[:-1]) != 1
+    firsts = torch.cat((index[:1], index[1:][gaps])).tolist()
+    if len(firsts) <= _MAX_SLICED_RUNS:
+        lasts = torch.cat((index[:-1][gaps], index[-1:])).tolist()
+        taken: tuple[Req, ...] = ()
+        for first, last in zip(firsts, lasts, strict=True):
+            taken += items[first : last + 1]
+        return taken
+    positions = index.tolist()
+    return (
+        tuple(operator.itemgetter(*positions)(items))
+        if len(positions) > 1
+        else (items[positions[0]],)
+    )
+
+
+def _check_rows(rows: Rows) -> None:
+    num_reqs = len(rows.reqs)
+    columns: tuple[tuple[str, torch.Tensor, torch.dtype, torch.device], ...] = (
+        ("rids", rows.rids, torch.int64, _CPU),
+        ("req_pool_indices.host", rows.req_pool_indices.host, torch.int64, _CPU),
+        ("req_pool_indices.device", rows.req_pool_indices.device, torch.int64, rows.device),
+        ("seq_lens.host", rows.seq_lens.host, torch.int64, _CPU),
+        ("seq_lens.device", rows.seq_lens.device, torch.int64, rows.device),
+        ("orig_seq_lens", rows.orig_seq_lens.device, torch.int32, rows.device),
+    )
+    for name, tensor, dtype, device in columns:
+        if tensor.shape != (num_reqs,) or tensor.dtype != dtype or tensor.device != device:
+            raise RecordShapeError(
+                f"Rows.{name}: expected {dtype} [{num_reqs}] on {device},"
+                f" got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
+            )
+
+
+_CPU: Final = torch.device("cpu")

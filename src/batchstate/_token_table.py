@@ -1,0 +1,52 @@
+"""The request-to-token table: the one piece of batch memory written in place."""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import torch
+
+from batchstate._mirrored import Mirrored, _describe
+
+__all__ = ["TokenTable"]
+
+
+@final
+@attrs.frozen(eq=False, repr=False)
+class TokenTable:
+    """`[max_reqs + 1, max_context_len]` int32: slot, position -> KV token location.
+
+    Row 0 is padding and never handed out. A table is too large to copy per
+    step, so it is the one thing transitions write in place, on both sides
+    at once.
+
+    NOTE: transitions write it only after every allocation of that
+    transition has succeeded, and only at cells that the records and pools
+    handed in treat as unused (free slots, positions past a row's length).
+    An abandoned result therefore leaves every earlier value valid.
+    """
+
+    host: torch.Tensor  # CPU int32 [max_reqs + 1, max_context_len]
+    device: torch.Tensor  # the same, on the batch's device
+
+    @classmethod
+    def zeros(cls, max_reqs: int, max_context_len: int, device: torch.device) -> TokenTable:
+        """An all-padding table for `max_reqs` request slots."""
+        shape = (max_reqs + 1, max_context_len)
+        return cls(
+            torch.zeros(shape, dtype=torch.int32),
+            torch.zeros(shape, dtype=torch.int32, device=device),
+        )
+
+    @property
+    def max_context_len(self) -> int:
+        return self.host.shape[1]
+
+    def write(self, slots: Mirrored, positions: Mirrored, locs: Mirrored) -> None:
+        """Set `table[slots[i], positions[i]] = locs[i]` on both sides (mutates the table)."""
+        self.host[slots.host, positions.host] = locs.host.to(torch.int32)
+        self.device[slots.device, positions.device] = locs.device.to(torch.int32)
+
+    def __repr__(self) -> str:
+        return _describe("TokenTable", self.device)

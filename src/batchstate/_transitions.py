@@ -1,0 +1,76 @@
+"""The transition table, as data: which phase goes to which, through what."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, final
+
+import attrs
+
+from batchstate._decode import decode
+from batchstate._errors import (
+    BatchConflict,
+    ContextTooLong,
+    EmptyExtend,
+    EmptyPrompt,
+    KeepIndicesError,
+    NotOwned,
+    OutOfKVTokens,
+    OutOfReqSlots,
+)
+from batchstate._extend import extend, idle, prebuilt
+from batchstate._filter import filter_batch
+from batchstate._merge import merge
+from batchstate._phases import Decoding, Extended, Filtered, Idle
+
+__all__ = ["TRANSITIONS", "Transition"]
+
+Phase = type[Idle] | type[Extended] | type[Decoding] | type[Filtered]
+
+
+@final
+@attrs.frozen
+class Transition:
+    """One row of the table: `function(source, ...) -> target`.
+
+    `source` is None for a constructor. `operand` is the phase of a second
+    batch argument (merge's incoming side). `failures` are the `Failure`
+    values it may return, `raises` the exceptions for broken contracts.
+    """
+
+    source: Phase | None
+    function: Callable[..., object]
+    target: Phase
+    operand: Phase | None = None
+    failures: tuple[type, ...] = ()
+    raises: tuple[type[Exception], ...] = ()
+
+
+_ADMIT_FAILURES: Final = (
+    OutOfReqSlots,
+    OutOfKVTokens,
+    ContextTooLong,
+    EmptyExtend,
+    EmptyPrompt,
+    NotOwned,
+)
+_RUNNING: Final = (Extended, Decoding, Filtered)
+
+TRANSITIONS: Final[tuple[Transition, ...]] = (
+    Transition(None, idle, Idle),
+    Transition(Idle, extend, Extended, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
+    Transition(Idle, prebuilt, Filtered, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
+    *(
+        Transition(source, decode, Decoding, failures=(OutOfKVTokens, ContextTooLong))
+        for source in _RUNNING
+    ),
+    *(
+        Transition(source, filter_batch, Filtered, raises=(KeepIndicesError,))
+        for source in _RUNNING
+    ),
+    *(
+        Transition(source, merge, Filtered, operand=operand, raises=(BatchConflict,))
+        for source in (Decoding, Filtered, Idle)
+        for operand in (Extended, Filtered)
+    ),
+)
