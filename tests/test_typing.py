@@ -1,0 +1,155 @@
+"""What mypy must reject and accept: illegal transitions, half mirrors, frozen fields.
+
+All snippets go through one mypy run (the project's strict configuration and
+the returns plugin); each test then reads its snippet's errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+from typing import Final
+
+import pytest
+
+from batchstate import TRANSITIONS, Decoding, Extended, Filtered, Idle, merge
+from tests.typecheck import mypy_errors
+
+_PRELUDE: Final = """\
+import torch
+from batchstate import *
+
+def snippet(
+    idle_: Idle, extended: Extended, decoding: Decoding, filtered: Filtered,
+    pools: Pools, reqs: list[Req], tensor: torch.Tensor, pair: Mirrored, device_only: DeviceOnly,
+) -> None:
+"""
+
+_VARIABLE: Final = {Idle: "idle_", Extended: "extended", Decoding: "decoding", Filtered: "filtered"}
+_CALL: Final = {
+    "extend": "extend({}, reqs, pools)",
+    "prebuilt": "prebuilt({}, reqs, pools)",
+    "decode": "decode({}, pools)",
+    "filter_batch": "filter_batch({}, [0])",
+}
+
+
+def _illegal_transitions() -> dict[str, str]:
+    # Every (phase, function) pair that is not a row of TRANSITIONS.
+    cases: dict[str, str] = {}
+    for name, call in _CALL.items():
+        legal = {row.source for row in TRANSITIONS if row.function.__name__ == name}
+        for phase, variable in _VARIABLE.items():
+            if phase not in legal:
+                cases[f"reject_{name}_from_{variable.rstrip('_')}"] = call.format(variable)
+    sides = [(row.source, row.operand) for row in TRANSITIONS if row.function is merge]
+    for left, left_variable in _VARIABLE.items():
+        for right, right_variable in _VARIABLE.items():
+            if (left, right) not in sides:
+                key = f"reject_merge_{left_variable.rstrip('_')}_with_{right_variable.rstrip('_')}"
+                cases[key] = f"merge({left_variable}, {right_variable})"
+    return cases
+
+
+REJECTED: Final = {
+    **_illegal_transitions(),
+    # A mirror is built from host data only; there is no constructor taking one side.
+    "reject_mirror_from_one_side": "Mirrored(tensor)",
+    "reject_mirror_from_two_sides": "Mirrored(host=tensor, device=tensor)",
+    "reject_mirror_from_device_tensor_as_device": "Mirrored.from_host(tensor, tensor)",
+    # Records and pairs are frozen.
+    "reject_assign_record_field": "decoding.rows = filtered.rows",
+    "reject_assign_mirror_side": "pair.host = tensor",
+    "reject_assign_pools_field": "pools.free_slots = tensor",
+    # Extend-only data lives only on Extended.
+    "reject_prefix_lens_on_decoding": "print(decoding.prefix_lens)",
+    "reject_input_ids_on_filtered": "print(filtered.input_ids)",
+    # A failure is a value: a Result must be unwrapped before use.
+    "reject_result_used_as_step": "print(decode(decoding, pools).batch)",
+    # Seed 000: a consumer that needs the mirror cannot be handed a device-only tensor or None.
+    "reject_device_only_where_mirror_needed": (
+        "def plan(seq_lens: Mirrored) -> None: ...\nplan(device_only)"
+    ),
+    "reject_none_where_mirror_needed": "def plan(seq_lens: Mirrored) -> None: ...\nplan(None)",
+    "reject_out_cache_loc_as_mirror": (
+        "def plan(locs: Mirrored) -> None: ...\nplan(decoding.out_cache_loc)"
+    ),
+}
+
+ACCEPTED: Final = {
+    "accept_decode_loop": """\
+        step = extend(idle_, reqs, pools).unwrap()
+        batch: Extended | Decoding | Filtered = step.batch
+        pools = step.pools
+        for _ in range(3):
+            decoded, pools = decode(batch, pools).unwrap()
+            batch = filter_batch(decoded, [0])
+        pools = release(filter_batch(batch, []), batch, pools).unwrap()
+        running = merge(idle_, filter_batch(batch, [0]))
+        assert running.rows.seq_lens.host.sum() >= 0
+    """,
+    "accept_mirrored_consumer": """\
+        def plan(seq_lens: Mirrored) -> int:
+            return int(seq_lens.host.sum())
+        plan(decoding.rows.seq_lens)
+        plan(extended.rows.req_pool_indices)
+    """,
+    "accept_failure_handling": """\
+        result = decode(filtered, pools)
+        if isinstance(result, Success):
+            print(result.unwrap().batch.out_cache_loc)
+        else:
+            error: OutOfKVTokens | ContextTooLong = result.failure()
+            print(error)
+    """,
+}
+
+
+def _module(body: str) -> str:
+    # Plain entries are one statement, nested entries are already indented blocks.
+    lines = textwrap.dedent(body).strip("\n")
+    return _PRELUDE + textwrap.indent(lines, "    ") + "\n"
+
+
+@functools.cache
+def _errors() -> dict[str, list[str]]:
+    accepted_imports = "from returns.result import Success\n"
+    modules = {name: _module(code) for name, code in REJECTED.items()}
+    modules |= {name: accepted_imports + _module(code) for name, code in ACCEPTED.items()}
+    return mypy_errors(modules)
+
+
+def test_illegal_pairs_are_the_complement_of_the_table() -> None:
+    """Four phases by four one-batch transitions, and 4 x 4 merge pairs, less the legal rows."""
+    illegal = _illegal_transitions()
+    assert len(illegal) == (3 + 3 + 1 + 1) + (16 - 6)
+    assert illegal["reject_decode_from_idle"] == "decode(idle_, pools)"
+    assert illegal["reject_merge_extended_with_filtered"] == "merge(extended, filtered)"
+
+
+# The reason each hand-written case must fail for; the generated ones are all [arg-type].
+_REASON: Final = {
+    "reject_mirror_from_one_side": "[call-arg]",
+    "reject_mirror_from_two_sides": "[call-arg]",
+    "reject_assign_record_field": "is read-only",
+    "reject_assign_mirror_side": "is read-only",
+    "reject_assign_pools_field": "is read-only",
+    "reject_prefix_lens_on_decoding": "[attr-defined]",
+    "reject_input_ids_on_filtered": "[attr-defined]",
+    "reject_result_used_as_step": "[attr-defined]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_mypy_rejects(name: str) -> None:
+    """mypy reports an error, for the intended reason, on code that breaks the model."""
+    errors = _errors()[name]
+    assert errors, f"mypy accepted {name}:\n{_module(REJECTED[name])}"
+    reason = _REASON.get(name, "[arg-type]")
+    assert any(reason in error for error in errors), errors
+
+
+@pytest.mark.parametrize("name", sorted(ACCEPTED))
+def test_mypy_accepts(name: str) -> None:
+    """mypy accepts the ordinary uses of the API."""
+    assert _errors()[name] == [], _errors()[name]
