@@ -1,0 +1,148 @@
+"""Pools as values: allocation counts pages on the host, and failures change nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from returns.result import Failure
+
+from batchstate import (
+    NotOwned,
+    OutOfKVTokens,
+    OutOfReqSlots,
+    Pools,
+    check_pools,
+    make_pools,
+)
+from batchstate._mirrored import host_int64
+from tests.builders import CPU
+
+
+def _snapshot(pools: Pools) -> list[torch.Tensor]:
+    return [
+        pools.free_slots.clone(),
+        pools.free_pages.clone(),
+        pools.slot_tokens.clone(),
+        pools.table.host.clone(),
+        pools.table.device.clone(),
+    ]
+
+
+def _assert_unchanged(pools: Pools, before: list[torch.Tensor]) -> None:
+    for old, new in zip(before, _snapshot(pools), strict=True):
+        assert torch.equal(old, new)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_reqs": 0}, "max_reqs must be >= 1"),
+        ({"max_context_len": 0}, "max_context_len must be >= 1"),
+        ({"page_size": 0}, "page_size must be >= 1"),
+        ({"num_kv_tokens": -16}, "non-negative multiple"),
+        ({"num_kv_tokens": 20}, "multiple of page_size=16"),  # a partial page cannot be handed out
+    ],
+)
+def test_make_pools_rejects_bad_sizes(kwargs: dict[str, int], message: str) -> None:
+    """Sizes that cannot make a working pool raise ValueError naming the size."""
+    sizes = {"max_reqs": 4, "max_context_len": 32, "num_kv_tokens": 64, "page_size": 16} | kwargs
+    with pytest.raises(ValueError, match=message):
+        make_pools(
+            sizes["max_reqs"],
+            sizes["max_context_len"],
+            sizes["num_kv_tokens"],
+            CPU,
+            sizes["page_size"],
+        )
+
+
+def test_out_of_slots_is_a_failure_and_changes_nothing() -> None:
+    """Asking for more slots than are free returns the numbers and keeps the pools."""
+    pools = make_pools(2, 8, 16, CPU)
+    before = _snapshot(pools)
+    assert pools.allocate_slots(3) == Failure(OutOfReqSlots(3, 2))
+    _assert_unchanged(pools, before)
+
+
+@pytest.mark.parametrize(
+    ("page_size", "old", "new", "pages"),
+    [
+        (1, [0, 0], [5, 3], 8),  # a page per token
+        (16, [0, 0], [16, 17], 3),  # 17 tokens straddle two pages
+        (16, [16, 5], [17, 16], 1),  # only the row crossing a boundary takes a page
+        (4, [3], [4], 0),  # filling the last slot of a page takes none
+    ],
+)
+def test_pages_are_counted_from_host_lengths(
+    page_size: int, old: list[int], new: list[int], pages: int
+) -> None:
+    """A row takes a new page exactly where a position starts one."""
+    pools = make_pools(4, 64, 256, CPU, page_size)
+    slots, pools = pools.allocate_slots(len(old)).unwrap()
+    if any(old):
+        first = pools.allocate_tokens(slots, host_int64([0] * len(old)), host_int64(old)).unwrap()
+        _write(first.pools, slots, [0] * len(old), old, first.locs)
+        pools = first.pools
+    free_before = pools.free_pages.shape[0]
+    allocation = pools.allocate_tokens(slots, host_int64(old), host_int64(new)).unwrap()
+    assert free_before - allocation.pools.free_pages.shape[0] == pages
+    assert allocation.locs.shape[0] == sum(new) - sum(old)
+
+
+def test_out_of_kv_tokens_is_a_failure_and_changes_nothing() -> None:
+    """A request larger than the free pages fails with the page counts."""
+    pools = make_pools(4, 64, 32, CPU, page_size=16)
+    slots, pools = pools.allocate_slots(1).unwrap()
+    before = _snapshot(pools)
+    result = pools.allocate_tokens(slots, host_int64([0]), host_int64([33]))
+    assert result == Failure(OutOfKVTokens(3, 2, 16))
+    _assert_unchanged(pools, before)
+
+
+@pytest.mark.parametrize(
+    ("slots", "offending"),
+    [
+        ([1, 1], (1, 1)),  # the same slot twice in one call
+        ([3], (3,)),  # a slot never allocated
+        ([0], (0,)),  # the padding row
+        ([-1], (-1,)),  # negative: must not wrap around to the last slot
+        ([99], (99,)),  # past the table
+    ],
+)
+def test_freeing_what_is_not_owned_is_a_failure(
+    slots: list[int], offending: tuple[int, ...]
+) -> None:
+    """Double frees and foreign slots are NotOwned, and the pools stay as they were."""
+    pools = make_pools(4, 16, 64, CPU)
+    owned, pools = pools.allocate_slots(2).unwrap()
+    pools = pools.allocate_tokens(owned, host_int64([0, 0]), host_int64([2, 2])).unwrap().pools
+    before = _snapshot(pools)
+    assert pools.free(host_int64(slots)) == Failure(NotOwned(offending))
+    _assert_unchanged(pools, before)
+
+
+def test_free_returns_every_page_and_conserves_capacity() -> None:
+    """After allocating and freeing, free + owned = capacity and everything is free again."""
+    pools = make_pools(4, 64, 128, CPU, page_size=16)
+    slots, pools = pools.allocate_slots(3).unwrap()
+    allocation = pools.allocate_tokens(slots, host_int64([0, 0, 0]), host_int64([5, 16, 40]))
+    pools = allocation.unwrap().pools
+    _write(pools, slots, [0, 0, 0], [5, 16, 40], allocation.unwrap().locs)
+    check_pools(pools)
+    assert pools.free_pages.shape[0] == 8 - (1 + 1 + 3)
+    pools = pools.free(slots).unwrap()
+    check_pools(pools)
+    assert pools.num_free_slots == 4
+    assert pools.free_pages.shape[0] == 8
+
+
+def _write(
+    pools: Pools, slots: torch.Tensor, old: list[int], new: list[int], locs: torch.Tensor
+) -> None:
+    # What a transition does after allocating: record the locations in the table.
+    rows = torch.repeat_interleave(
+        slots, host_int64([n - o for o, n in zip(old, new, strict=True)])
+    )
+    columns = torch.cat([torch.arange(o, n) for o, n in zip(old, new, strict=True)])
+    pools.table.host[rows, columns] = locs.to(torch.int32)
+    pools.table.device[rows, columns] = locs.to(torch.int32)
