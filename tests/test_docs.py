@@ -1,0 +1,54 @@
+"""The docs say what the code does: the README example runs, the table and API are current."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+from typing import Final
+
+import batchstate
+from batchstate._render import render_transitions
+
+DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
+README: Final = DOCS.parent / "README.md"
+
+
+def test_readme_example_runs_and_prints_what_it_says() -> None:
+    """The README's example executes, and its last line prints the failure its comment shows."""
+    text = README.read_text()
+    example = re.search(r"## Example\n\n```python\n(.*?)```", text, re.S)
+    assert example is not None
+    code = example.group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "README.md", "exec"), {})
+    promised = re.search(r"# (<Failure: .*>)\n", code)
+    assert promised is not None
+    assert printed.getvalue().strip() == promised.group(1)
+
+
+def test_transitions_doc_is_rendered_from_the_table() -> None:
+    """docs/transitions.md holds exactly the table that TRANSITIONS renders to."""
+    text = (DOCS / "transitions.md").read_text()
+    block = re.search(r"<!-- transitions:begin -->\n(.*?)<!-- transitions:end -->", text, re.S)
+    assert block is not None
+    assert block.group(1) == render_transitions()
+
+
+def test_api_doc_names_every_public_name() -> None:
+    """Every name in batchstate.__all__ has an entry in docs/api.md."""
+    text = (DOCS / "api.md").read_text()
+    missing = [name for name in batchstate.__all__ if f"**`{name}" not in text]
+    assert missing == []
+
+
+def test_readme_has_exactly_two_setup_commands() -> None:
+    """The README's set-up section gives two shell commands, the second the one CI runs."""
+    text = README.read_text()
+    setup = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```sh\n(.*?)\n```", setup, re.S)
+    assert len(commands) == 2
+    ci = (DOCS.parent / ".ci" / "run").read_text()
+    assert commands[1] in ci
