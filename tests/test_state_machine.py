@@ -1,0 +1,463 @@
+"""A model-based state machine: random runs of the public transitions against plain Python.
+
+The machine keeps one running batch and the pools, plus requests held out
+of the batch with their memory (chunked prefill between chunks) and rows
+filtered out but not yet released. A plain-Python model predicts every
+outcome: which rows, which slots (slots are handed out from the front of
+the free list, freed ones go to its back), which lengths, how many free
+slots and pages, and which `Failure` comes first. After every step it
+checks every DESIGN.md §3 invariant (device compared), the record against
+the model, that KV locations already written never move, and that a failed
+or successful transition left its inputs unchanged.
+
+CI runs a bounded budget; `BATCHSTATE_LONG=1` runs the long profile.
+Run with `-s` to see how many steps ran.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from returns.result import Failure, Success
+
+from batchstate import (
+    Batch,
+    ContextTooLong,
+    Decoding,
+    EmptyExtend,
+    EmptyPrompt,
+    Extended,
+    Filtered,
+    Idle,
+    NotOwned,
+    OutOfKVTokens,
+    OutOfReqSlots,
+    Pools,
+    Req,
+    Resumed,
+    StillRunning,
+    check_batch,
+    check_pools,
+    decode,
+    extend,
+    filter_batch,
+    idle,
+    make_pools,
+    merge,
+    prebuilt,
+    release,
+)
+from tests.strategies import (
+    CPU,
+    LONG,
+    PoolShape,
+    assert_unchanged,
+    keep_patterns,
+    pool_shapes,
+    prompt_lengths,
+    snapshot,
+    tile,
+)
+
+MAX_EXAMPLES: Final = 5000 if LONG else 200
+STEP_COUNT: Final = 100 if LONG else 40
+
+_counts: dict[str, int] = {"examples": 0, "steps": 0, "resumed": 0}
+_failures: dict[str, int] = {}  # Failure type -> how often the machine predicted and saw it
+
+
+@attrs.define
+class _Row:
+    """The model of one request that owns memory: its request, slot and KV length."""
+
+    req: Req
+    slot: int
+    seq_len: int
+
+
+def _make_ids(rid: int, length: int) -> tuple[int, ...]:
+    return tuple(1000 * rid + position for position in range(length))
+
+
+def _pages(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+def _pools_but_table(pools: Pools) -> tuple[object, ...]:
+    # A successful transition writes the table in cells the old pools treat as
+    # unused (see TokenTable's NOTE), so only the rest of them must not move.
+    return ((pools.page_size, pools.num_pages, pools.free_slots, pools.free_pages,
+                     pools.slot_tokens))  # fmt: skip
+
+
+class BatchMachine(RuleBasedStateMachine):
+    """The running batch, the pools, held and finished requests, and their model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shape = PoolShape(1, 1, 0, 1)
+        self.pools = make_pools(1, 1, 0, CPU)
+        self.running: Batch = idle(CPU)
+        self.model_running: list[_Row] = []
+        self.model_free_slots: list[int] = []
+        self.held: list[_Row] = []  # out of the batch, memory kept: resumed later
+        self.finished: list[tuple[Filtered, list[_Row]]] = []  # filtered out, not released
+        self.released: list[tuple[Filtered, list[int]]] = []  # released records, for doubles
+        self.next_rid = 0
+        self.locs: dict[int, list[int]] = {}  # rid -> KV locations seen so far
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _owners(self) -> list[_Row]:
+        return self.model_running + self.held + [row for _, rows in self.finished for row in rows]
+
+    def _model_free_pages(self) -> int:
+        owned = sum(_pages(row.seq_len, self.shape.page_size) for row in self._owners())
+        return self.shape.num_kv_tokens // self.shape.page_size - owned
+
+    def _fresh_rid(self) -> int:
+        self.next_rid += 1
+        return self.next_rid
+
+    def _assert_failed(self, result: object, expected: type, before: object) -> None:
+        assert isinstance(result, Failure), f"expected Failure({expected.__name__}), got {result}"
+        assert type(result.failure()) is expected, f"expected {expected.__name__}, got {result}"
+        _failures[expected.__name__] = _failures.get(expected.__name__, 0) + 1
+        assert str(result.failure())
+        assert_unchanged(before, (self.pools, self.running), "pools and batch after a Failure")
+
+    def _running_as_base(self) -> Decoding | Filtered | Idle:
+        # merge appends to Decoding, Filtered or Idle; an Extended running batch goes through Idle.
+        running = self.running
+        if isinstance(running, Extended):
+            return merge(idle(CPU), running)
+        return running
+
+    def _predict_admit(
+        self, num_new: int, lengths: Sequence[int], prefixes: Sequence[int]
+    ) -> type | None:
+        # The model: the first failure, in the order the transition checks them.
+        shape = self.shape
+        if not lengths:
+            return EmptyExtend
+        for length, prefix in zip(lengths, prefixes, strict=True):
+            if length <= prefix:
+                return EmptyPrompt
+            if length > shape.max_context_len:
+                return ContextTooLong
+        if num_new > len(self.model_free_slots):
+            return OutOfReqSlots
+        pages = sum(
+            _pages(length, shape.page_size) - _pages(prefix, shape.page_size)
+            for length, prefix in zip(lengths, prefixes, strict=True)
+        )
+        return OutOfKVTokens if pages > self._model_free_pages() else None
+
+    # ---- rules --------------------------------------------------------------------------
+
+    @initialize(shape=pool_shapes())
+    def start(self, shape: PoolShape) -> None:
+        """Fresh pools of a drawn shape; an Idle batch."""
+        self.shape = shape
+        self.pools = make_pools(*shape[:3], CPU, shape.page_size)
+        self.model_free_slots = list(range(1, shape.max_reqs + 1))
+        _counts["examples"] += 1
+
+    @rule(
+        data=st.data(),
+        num_new=st.integers(0, 4),
+        resume_picks=st.lists(st.integers(0, 7), max_size=3, unique=True),
+        via_prebuilt=st.booleans(),
+        hold=keep_patterns(),
+        replace_idle=st.booleans(),
+    )
+    def admit(
+        self,
+        *,
+        data: st.DataObject,
+        num_new: int,
+        resume_picks: list[int],
+        via_prebuilt: bool,
+        hold: tuple[bool, ...],
+        replace_idle: bool,
+    ) -> None:
+        """Extend (or prebuild) new and resumed requests; merge them in or hold some out."""
+        shape = self.shape
+        picks = sorted({pick % len(self.held) for pick in resume_picks}) if self.held else []
+        resumed_rows = [] if via_prebuilt else [self.held[pick] for pick in picks]
+        items: list[Req | Resumed] = []
+        new_lens: list[int] = []
+        for _ in range(num_new):
+            length = data.draw(prompt_lengths(shape.max_context_len), label="prompt")
+            rid = self._fresh_rid()
+            items.append(Req(rid, _make_ids(rid, length)))
+            new_lens.append(length)
+        resumed_lens: list[int] = []
+        for row in resumed_rows:
+            length = data.draw(prompt_lengths(shape.max_context_len, row.seq_len), label="resume")
+            items.append(Resumed(Req(row.req.rid, _make_ids(row.req.rid, length)), row.slot))
+            resumed_lens.append(length)
+        before = snapshot((self.pools, self.running))
+        before_pools = snapshot(_pools_but_table(self.pools))
+        reqs_only = [item for item in items if isinstance(item, Req)]
+        result = (
+            prebuilt(idle(CPU), reqs_only, self.pools)
+            if via_prebuilt
+            else extend(idle(CPU), items, self.pools)
+        )
+
+        prefixes = [0] * num_new + [row.seq_len for row in resumed_rows]
+        lengths = new_lens + resumed_lens
+        expected = self._predict_admit(num_new, lengths, prefixes)
+        if expected is not None:
+            self._assert_failed(result, expected, before)
+            return
+        assert isinstance(result, Success), f"expected Success, got {result}"
+        batch, pools = result.unwrap()
+        assert_unchanged(before_pools, _pools_but_table(self.pools), "old pools after Success")
+
+        new_slots = self.model_free_slots[:num_new]
+        self.model_free_slots = self.model_free_slots[num_new:]
+        rows = [
+            _Row(item.req if isinstance(item, Resumed) else item, slot, length)
+            for item, slot, length in zip(
+                items, new_slots + [row.slot for row in resumed_rows], lengths, strict=True
+            )
+        ]
+        self.held = [row for row in self.held if row not in resumed_rows]
+        _counts["resumed"] += len(resumed_rows)
+        self._assert_rows(batch, rows)
+        if isinstance(batch, Extended):
+            self._assert_extended(batch, pools, rows, prefixes)
+        check_pools(pools, [batch, *self._other_batches()], compare_device=True)
+        self.pools = pools
+
+        held_positions = tile(hold, len(rows)) if len(hold) > 1 else []
+        going = [row for row in range(len(rows)) if row not in held_positions]
+        self.held += [rows[row] for row in held_positions]
+        incoming = filter_batch(batch, going)
+        if replace_idle and isinstance(self.running, Idle) and len(going) == len(rows):
+            self.running = batch  # run the Extended (or prebuilt Filtered) as it is
+        else:
+            self.running = merge(self._running_as_base(), incoming)
+        self.model_running += [rows[row] for row in going]
+
+    @rule()
+    def step_decode(self) -> None:
+        """Decode the running batch: one more token per row, or a Failure that changes nothing."""
+        running = self.running
+        if isinstance(running, Idle):
+            return
+        shape = self.shape
+        before = snapshot((self.pools, self.running))
+        before_batch = snapshot(running)
+        before_pools = snapshot(_pools_but_table(self.pools))
+        result = decode(running, self.pools)
+        lens = [row.seq_len for row in self.model_running]
+        if max(lens, default=0) >= shape.max_context_len:
+            self._assert_failed(result, ContextTooLong, before)
+            return
+        pages = sum(1 for length in lens if length % shape.page_size == 0)
+        if pages > self._model_free_pages():
+            self._assert_failed(result, OutOfKVTokens, before)
+            return
+        assert isinstance(result, Success), f"expected Success, got {result}"
+        batch, pools = result.unwrap()
+        assert_unchanged(before_batch, running, "the decoded batch")
+        assert_unchanged(before_pools, _pools_but_table(self.pools), "old pools after decode")
+        for row in self.model_running:
+            row.seq_len += 1
+        self._assert_rows(batch, self.model_running)
+        locs = batch.out_cache_loc.device.tolist()
+        table = pools.table.host
+        assert locs == [int(table[row.slot, row.seq_len - 1]) for row in self.model_running]
+        self.pools, self.running = pools, batch
+
+    @rule(pattern=keep_patterns(), destination=st.sampled_from(["release", "later", "hold"]))
+    def finish(self, pattern: tuple[bool, ...], destination: str) -> None:
+        """Filter rows out (none, all, staggered, random); release them now, later, or hold them."""
+        running = self.running
+        if isinstance(running, Idle):
+            return
+        before = snapshot(running)
+        keep = tile(pattern, len(self.model_running))
+        gone = [row for row in range(len(self.model_running)) if row not in keep]
+        kept_batch, left = filter_batch(running, keep), filter_batch(running, gone)
+        assert_unchanged(before, running, "the filtered batch")
+        kept_rows = [self.model_running[row] for row in keep]
+        left_rows = [self.model_running[row] for row in gone]
+        self._assert_rows(kept_batch, kept_rows)
+        self._assert_rows(left, left_rows)
+        self.running, self.model_running = kept_batch, kept_rows
+        if destination == "hold":
+            self.held += left_rows
+        elif destination == "later":
+            self.finished.append((left, left_rows))
+        else:
+            self._release(left, left_rows)
+
+    @precondition(lambda self: bool(self.finished))
+    @rule(pick=st.integers(0, 7))
+    def release_later(self, pick: int) -> None:
+        """Release rows filtered out earlier."""
+        left, rows = self.finished.pop(pick % len(self.finished))
+        self._release(left, rows)
+
+    @precondition(lambda self: bool(self.released))
+    @rule(pick=st.integers(0, 7))
+    def release_twice(self, pick: int) -> None:
+        """Release a record again: NotOwned or StillRunning, nothing freed."""
+        left, slots = self.released[pick % len(self.released)]
+        running_slots = {row.slot for row in self.model_running}
+        owners = {row.slot for row in self._owners()}
+        if not slots:
+            return
+        if not set(slots) & running_slots and set(slots) & (owners - running_slots):
+            return  # a slot reused outside the batch: release cannot tell (see the report)
+        before = snapshot((self.pools, self.running))
+        result = release(left, self.running, self.pools)
+        expected = StillRunning if set(slots) & running_slots else NotOwned
+        self._assert_failed(result, expected, before)
+
+    @precondition(lambda self: bool(self.model_running))
+    @rule(pattern=keep_patterns())
+    def release_running(self, pattern: tuple[bool, ...]) -> None:
+        """Release rows that are still in the batch: StillRunning, nothing freed."""
+        rows = tile(pattern, len(self.model_running)) or [0]
+        before = snapshot((self.pools, self.running))
+        assert not isinstance(self.running, Idle)
+        result = release(filter_batch(self.running, rows), self.running, self.pools)
+        self._assert_failed(result, StillRunning, before)
+
+    @rule(which=st.sampled_from(["empty incoming", "into idle", "idle reset"]))
+    def merge_empty(self, which: str) -> None:
+        """Merge with an empty side: the other side's rows, unchanged."""
+        running = self.running
+        if isinstance(running, Idle):
+            return
+        before = snapshot(running)
+        if which == "empty incoming":
+            merged = merge(self._running_as_base(), filter_batch(running, []))
+        elif which == "into idle" and not isinstance(running, Decoding):
+            merged = merge(idle(CPU), running)
+        elif which == "idle reset" and not self.model_running:
+            self.running = idle(CPU)
+            return
+        else:
+            return
+        assert_unchanged(before, running, "a batch merged with an empty one")
+        self._assert_rows(merged, self.model_running)
+        self.running = merged
+
+    # ---- checks -------------------------------------------------------------------------
+
+    def _release(self, left: Filtered, rows: list[_Row]) -> None:
+        before = snapshot(_pools_but_table(self.pools))
+        table_before = snapshot(self.pools.table)
+        result = release(left, self.running, self.pools)
+        assert isinstance(result, Success), f"expected Success, got {result}"
+        assert_unchanged(before, _pools_but_table(self.pools), "pools after release")
+        assert_unchanged(
+            table_before, result.unwrap().table, "the table, which release must not write"
+        )
+        self.pools = result.unwrap()
+        self.model_free_slots += [row.slot for row in rows]
+        self.released.append((left, [row.slot for row in rows]))
+        for row in rows:
+            self.locs.pop(row.req.rid, None)
+
+    def _other_batches(self) -> list[Batch]:
+        return [self.running, *(left for left, _ in self.finished)]
+
+    def _assert_rows(self, batch: Batch, rows: Sequence[_Row]) -> None:
+        got = batch.rows
+        assert got.reqs == tuple(row.req for row in rows)
+        assert got.rids.tolist() == [row.req.rid for row in rows]
+        slots = [row.slot for row in rows]
+        assert got.req_pool_indices.host.tolist() == slots
+        assert got.req_pool_indices.device.tolist() == slots
+        lens = [row.seq_len for row in rows]
+        assert got.seq_lens.host.tolist() == lens
+        assert got.seq_lens.device.tolist() == lens
+        assert got.orig_seq_lens.device.tolist() == lens
+        assert got.seq_lens_sum == sum(lens)
+        assert got.max_seq_len == max(lens, default=0)
+        check_batch(batch, compare_device=True)
+
+    def _assert_extended(
+        self, batch: Extended, pools: Pools, rows: Sequence[_Row], prefixes: Sequence[int]
+    ) -> None:
+        assert batch.prefix_lens == tuple(prefixes)
+        assert batch.extend_lens == tuple(
+            row.seq_len - prefix for row, prefix in zip(rows, prefixes, strict=True)
+        )
+        ids = [i for row, p in zip(rows, prefixes, strict=True) for i in row.req.input_ids[p:]]
+        assert batch.input_ids.device.tolist() == ids
+        table = pools.table.device
+        locs = [
+            int(table[row.slot, position])
+            for row, prefix in zip(rows, prefixes, strict=True)
+            for position in range(prefix, row.seq_len)
+        ]
+        assert batch.out_cache_loc.device.tolist() == locs
+
+    @invariant()
+    def holds_everything(self) -> None:
+        """Every invariant, the model's free counts, and KV locations that never move."""
+        _counts["steps"] += 1
+        check_batch(self.running, compare_device=True)
+        check_pools(self.pools, self._other_batches(), compare_device=True)
+        self._assert_rows(self.running, self.model_running)
+        pools = self.pools
+        assert pools.num_free_slots == len(self.model_free_slots)
+        assert pools.free_slots.tolist() == self.model_free_slots
+        assert pools.num_free_tokens == self._model_free_pages() * self.shape.page_size
+        owners = self._owners()
+        every_slot = sorted([row.slot for row in owners] + self.model_free_slots)
+        assert every_slot == list(range(1, self.shape.max_reqs + 1)), "a slot owned twice or lost"
+        for row in owners:
+            assert int(pools.slot_tokens[row.slot]) == row.seq_len
+            locs = pools.table.host[row.slot, : row.seq_len].tolist()
+            seen = self.locs.get(row.req.rid, [])
+            assert locs[: len(seen)] == seen, f"request {row.req.rid}: KV locations moved"
+            self.locs[row.req.rid] = locs
+
+
+def test_state_machine() -> None:
+    """No sequence of public transitions breaks an invariant or disagrees with the model."""
+    started = time.perf_counter()
+    _counts.update(examples=0, steps=0, resumed=0)
+    _failures.clear()
+    run_state_machine_as_test(  # type: ignore[no-untyped-call]  # hypothesis leaves it unannotated
+        BatchMachine,
+        settings=settings(
+            max_examples=MAX_EXAMPLES,
+            stateful_step_count=STEP_COUNT,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+    elapsed = time.perf_counter() - started
+    print(
+        f"\nstate machine: {_counts['examples']} runs, {_counts['steps']} checked states,"
+        f" {_counts['resumed']} chunked-prefill resumes"
+        f" in {elapsed:.1f} s ({'long' if LONG else 'CI'} profile); failures seen: {_failures}"
+    )
+    assert _counts["steps"] > _counts["examples"], "the machine ran no steps"
+    # The budget must reach full pools and every admission failure, or it proves little.
+    expected = {"OutOfReqSlots", "OutOfKVTokens", "ContextTooLong", "EmptyPrompt", "StillRunning"}
+    assert expected <= set(_failures), f"never reached: {expected - set(_failures)}"
+    assert _counts["resumed"], "no chunked-prefill continuation was ever admitted"
