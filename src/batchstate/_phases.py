@@ -56,6 +56,11 @@ class Extended:
                 f"Extended: {num_reqs} rows but {len(self.prefix_lens)} prefix_lens"
                 f" and {len(self.extend_lens)} extend_lens"
             )
+        if sum(self.extend_lens) != self.extend_num_tokens:
+            raise RecordShapeError(
+                f"Extended: extend_lens sum to {sum(self.extend_lens)},"
+                f" extend_num_tokens is {self.extend_num_tokens}"
+            )
         for name, column in (("input_ids", self.input_ids), ("out_cache_loc", self.out_cache_loc)):
             if len(column) != self.extend_num_tokens or column.dtype != torch.int64:
                 raise RecordShapeError(
