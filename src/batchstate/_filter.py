@@ -89,6 +89,8 @@ def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:
         return torch.frombuffer(array("q", keep), dtype=torch.int64) if keep else _EMPTY
     except TypeError as error:
         raise KeepIndicesError(f"keep indices must be integers: {error}") from None
+    except OverflowError as error:
+        raise KeepIndicesError(f"keep indices must fit in int64: {error}") from None
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
