@@ -1,0 +1,103 @@
+"""(a) batchstate: the step as its public transitions, threading records and pools."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import torch
+
+from batchstate import (
+    Decoding,
+    Extended,
+    Filtered,
+    Pools,
+    Req,
+    decode,
+    extend,
+    filter_batch,
+    idle,
+    make_pools,
+    merge,
+    release,
+)
+from benchmarks.scenario import DEVICE, Join, Outcome, Plan
+
+__all__ = ["BatchstateStep"]
+
+
+class BatchstateStep:
+    """The harness holds the newest record and pools; each phase replaces them."""
+
+    name: Final = "batchstate"
+
+    def __init__(self, plan: Plan) -> None:
+        pools = make_pools(
+            plan.config.batch_size + 1,
+            plan.max_context_len,
+            plan.num_kv_tokens,
+            DEVICE,
+            plan.config.page_size,
+        )
+        self._idle = idle(DEVICE)
+        reqs = [Req(rid, input_ids) for rid, input_ids in plan.initial]
+        extended, self.pools = extend(self._idle, reqs, pools).unwrap()
+        self.batch: Decoding | Filtered = merge(self._idle, extended)
+        self._left: Filtered | None = None
+        self._incoming: Extended | None = None
+
+    def decode(self) -> None:
+        self.batch, self.pools = decode(self.batch, self.pools).unwrap()
+
+    def filter(self, join: Join) -> None:
+        self._left = filter_batch(self.batch, [join.finished_row])
+        self.batch = filter_batch(self.batch, join.keep)
+
+    def release(self) -> None:
+        assert self._left is not None
+        self.pools = release(self._left, self.batch, self.pools).unwrap()
+
+    def extend(self, join: Join) -> None:
+        req = Req(join.rid, join.input_ids)
+        self._incoming, self.pools = extend(self._idle, [req], self.pools).unwrap()
+
+    def merge(self) -> None:
+        assert self._incoming is not None
+        self.batch = merge(self.batch, self._incoming)
+
+    def row_tensors(self) -> list[tuple[torch.Tensor, bool]]:
+        rows = self.batch.rows
+        tensors = [
+            (rows.rids, False),
+            (rows.req_pool_indices.host, False),
+            (rows.req_pool_indices.device, True),
+            (rows.seq_lens.host, False),
+            (rows.seq_lens.device, True),
+            (rows.orig_seq_lens.device, True),
+        ]
+        if isinstance(self.batch, Decoding):
+            tensors.append((self.batch.out_cache_loc.device, True))
+        return tensors
+
+    def row_objects(self) -> Sequence[object]:
+        return self.batch.rows.reqs
+
+    def outcome(self) -> Outcome:
+        rows = self.batch.rows
+        pools: Pools = self.pools
+        slots = rows.req_pool_indices.host.tolist()
+        seq_lens = rows.seq_lens.host.tolist()
+        table = pools.table.device
+        out = self.batch.out_cache_loc.device if isinstance(self.batch, Decoding) else None
+        return Outcome(
+            rows.rids.tolist(),
+            slots,
+            rows.req_pool_indices.device.tolist(),
+            seq_lens,
+            rows.seq_lens.device.tolist(),
+            rows.seq_lens_sum,
+            [] if out is None else out.tolist(),
+            [table[slot, :length].tolist() for slot, length in zip(slots, seq_lens, strict=True)],
+            pools.num_free_slots,
+            pools.num_free_tokens,
+        )

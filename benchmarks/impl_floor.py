@@ -1,0 +1,157 @@
+"""(c) The floor: only the tensor operations the step needs, with no records and no checks.
+
+Each field is a bare tensor (device side and host mirror), updated with the
+fewest torch ops that reach the same state as the other two implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import torch
+
+from batchstate._mirrored import host_int64, to_device
+from benchmarks.scenario import DEVICE, Join, Outcome, Plan
+
+__all__ = ["FloorStep"]
+
+
+class FloorStep:
+    """Bare tensors held by the harness; no object stands for the batch."""
+
+    name: Final = "floor"
+
+    def __init__(self, plan: Plan) -> None:
+        page_size = self.page_size = plan.config.page_size
+        max_reqs = plan.config.batch_size + 1
+        shape = (max_reqs + 1, plan.max_context_len)
+        self.table_cpu = torch.zeros(shape, dtype=torch.int32)
+        self.table = torch.zeros(shape, dtype=torch.int32, device=DEVICE)
+        self.free_slots = list(range(1, max_reqs + 1))
+        self.free_pages = torch.arange(1, plan.num_kv_tokens // page_size + 1)
+        self.rids: list[int] = []
+        slots, seq_lens = [], []
+        for rid, input_ids in plan.initial:
+            slot, seq_len = self._place(input_ids)
+            self.rids.append(rid)
+            slots.append(slot)
+            seq_lens.append(seq_len)
+        self.slots_cpu = host_int64(slots)
+        self.slots = to_device(self.slots_cpu, DEVICE)
+        self.seq_lens_cpu = host_int64(seq_lens)
+        self.seq_lens = to_device(self.seq_lens_cpu, DEVICE)
+        self.orig_seq_lens = self.seq_lens.to(torch.int32)
+        self.seq_lens_sum = sum(seq_lens)
+        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=DEVICE)
+        self._finished = (0, 0)
+        self._new = (0, 0, 0)
+
+    def _place(self, input_ids: tuple[int, ...]) -> tuple[int, int]:
+        # Take a slot and the pages for `input_ids`, write the table, copy the ids.
+        page_size, seq_len = self.page_size, len(input_ids)
+        slot = self.free_slots.pop(0)
+        num_pages = -(-seq_len // page_size)
+        pages = self.free_pages[:num_pages]
+        self.free_pages = self.free_pages[num_pages:]
+        if page_size == 1:
+            locs = pages.to(torch.int32)
+        else:
+            offsets = torch.arange(num_pages * page_size, dtype=torch.int32) % page_size
+            locs = ((pages * page_size).to(torch.int32).repeat_interleave(page_size) + offsets)[
+                :seq_len
+            ]
+        self.table_cpu[slot, :seq_len] = locs
+        self.table[slot, :seq_len] = to_device(locs, DEVICE)
+        self.input_ids = to_device(host_int64(input_ids), DEVICE)
+        return slot, seq_len
+
+    def decode(self) -> None:
+        page_size, positions = self.page_size, self.seq_lens_cpu
+        if page_size == 1:
+            locs = self.free_pages[: positions.shape[0]]
+            self.free_pages = self.free_pages[positions.shape[0] :]
+        else:
+            is_new = positions % page_size == 0
+            num_new = int(is_new.sum())
+            new_pages = self.free_pages[:num_new]
+            self.free_pages = self.free_pages[num_new:]
+            locs = self.table_cpu[self.slots_cpu, (positions - 1).clamp(min=0)].to(torch.int64) + 1
+            locs[is_new] = new_pages * page_size
+        locs32 = locs.to(torch.int32)
+        self.table_cpu[self.slots_cpu, positions] = locs32
+        self.table[self.slots, self.seq_lens] = to_device(locs32, DEVICE)
+        self.out_cache_loc = to_device(locs, DEVICE)
+        self.seq_lens_cpu = positions + 1
+        self.seq_lens = self.seq_lens + 1
+        self.orig_seq_lens = self.orig_seq_lens + 1
+        self.seq_lens_sum += positions.shape[0]
+
+    def filter(self, join: Join) -> None:
+        row = join.finished_row
+        self._finished = (int(self.slots_cpu[row]), int(self.seq_lens_cpu[row]))
+        keep_cpu = host_int64(join.keep)
+        keep = to_device(keep_cpu, DEVICE)
+        del self.rids[row]
+        self.slots_cpu = self.slots_cpu[keep_cpu]
+        self.slots = self.slots[keep]
+        self.seq_lens_cpu = self.seq_lens_cpu[keep_cpu]
+        self.seq_lens = self.seq_lens[keep]
+        self.orig_seq_lens = self.orig_seq_lens[keep]
+        self.seq_lens_sum -= self._finished[1]
+
+    def release(self) -> None:
+        slot, seq_len = self._finished
+        self.free_slots.append(slot)
+        pages = self.table_cpu[slot, : seq_len : self.page_size].to(torch.int64)
+        if self.page_size > 1:
+            pages = pages // self.page_size
+        self.free_pages = torch.cat((self.free_pages, pages))
+
+    def extend(self, join: Join) -> None:
+        slot, seq_len = self._place(join.input_ids)
+        self._new = (join.rid, slot, seq_len)
+
+    def merge(self) -> None:
+        rid, slot, seq_len = self._new
+        new_cpu = host_int64((slot, seq_len))
+        new = to_device(new_cpu, DEVICE)
+        self.rids.append(rid)
+        self.slots_cpu = torch.cat((self.slots_cpu, new_cpu[:1]))
+        self.slots = torch.cat((self.slots, new[:1]))
+        self.seq_lens_cpu = torch.cat((self.seq_lens_cpu, new_cpu[1:]))
+        self.seq_lens = torch.cat((self.seq_lens, new[1:]))
+        self.orig_seq_lens = torch.cat((self.orig_seq_lens, new[1:].to(torch.int32)))
+        self.seq_lens_sum += seq_len
+
+    def row_tensors(self) -> list[tuple[torch.Tensor, bool]]:
+        return [
+            (self.slots_cpu, False),
+            (self.slots, True),
+            (self.seq_lens_cpu, False),
+            (self.seq_lens, True),
+            (self.orig_seq_lens, True),
+            (self.out_cache_loc, True),
+        ]
+
+    def row_objects(self) -> Sequence[object]:
+        return self.rids
+
+    def outcome(self) -> Outcome:
+        slots = self.slots_cpu.tolist()
+        seq_lens = self.seq_lens_cpu.tolist()
+        return Outcome(
+            list(self.rids),
+            slots,
+            self.slots.tolist(),
+            seq_lens,
+            self.seq_lens.tolist(),
+            self.seq_lens_sum,
+            self.out_cache_loc.tolist(),
+            [
+                self.table[slot, :length].tolist()
+                for slot, length in zip(slots, seq_lens, strict=True)
+            ],
+            len(self.free_slots),
+            self.free_pages.shape[0] * self.page_size,
+        )

@@ -1,0 +1,194 @@
+"""Timing, allocation and op counts for the three implementations, interleaved."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, Final
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.impl_batchstate import BatchstateStep
+from benchmarks.impl_floor import FloorStep
+from benchmarks.impl_mutable import MutableStep
+from benchmarks.scenario import PHASES, Config, Implementation, Join, Outcome, Plan, make_plan
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "Timings",
+    "count_blocks",
+    "count_ops",
+    "final_outcomes",
+    "state_bytes",
+    "time_config",
+]
+
+# (a), (b), (c), in report order.
+IMPLEMENTATIONS: Final[tuple[Callable[[Plan], Implementation], ...]] = (
+    BatchstateStep,
+    MutableStep,
+    FloorStep,
+)
+
+# implementation name -> phase name ("step" included) -> one duration per step, in ns.
+Timings = dict[str, dict[str, list[int]]]
+
+
+def run_step(impl: Implementation, join: Join) -> None:
+    """One whole step, untimed."""
+    impl.decode()
+    impl.filter(join)
+    impl.release()
+    impl.extend(join)
+    impl.merge()
+
+
+def timed_step(impl: Implementation, join: Join, out: dict[str, list[int]]) -> None:
+    """One whole step, appending each phase's duration and the step's to `out`."""
+    clock = time.perf_counter_ns
+    t0 = clock()
+    impl.decode()
+    t1 = clock()
+    impl.filter(join)
+    t2 = clock()
+    impl.release()
+    t3 = clock()
+    impl.extend(join)
+    t4 = clock()
+    impl.merge()
+    t5 = clock()
+    for phase, start, end in zip(PHASES, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5), strict=True):
+        out[phase].append(end - start)
+    out["step"].append(t5 - t0)
+
+
+def time_config(config: Config, repeats: int, warmup: int) -> Timings:
+    """Time `repeats` steps of each implementation, interleaved step by step.
+
+    Each step runs all three implementations, in an order that rotates, so
+    that noise from other processes and cache effects fall on all alike.
+    """
+    plan = make_plan(config, warmup + repeats)
+    impls = [make(plan) for make in IMPLEMENTATIONS]
+    timings: Timings = {impl.name: {phase: [] for phase in (*PHASES, "step")} for impl in impls}
+    for index, join in enumerate(plan.steps):
+        order = impls[index % 3 :] + impls[: index % 3]
+        for impl in order:
+            if index < warmup:
+                run_step(impl, join)
+            else:
+                timed_step(impl, join, timings[impl.name])
+    del impls
+    gc.collect()
+    return timings
+
+
+def final_outcomes(config: Config, num_steps: int) -> list[Outcome]:
+    """Each implementation's state after `num_steps` steps and one more decode."""
+    plan = make_plan(config, num_steps)
+    outcomes = []
+    for make in IMPLEMENTATIONS:
+        impl = make(plan)
+        for join in plan.steps:
+            run_step(impl, join)
+        impl.decode()
+        outcomes.append(impl.outcome())
+    return outcomes
+
+
+# torch's dispatch-mode base is untyped (its __init__ and __init_subclass__ alike).
+class _OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the aten ops that reach the dispatcher."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's base is untyped
+        self.count = 0
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(config: Config, steps: int = 8) -> dict[str, float]:
+    """Torch ops per step (aten calls, views included), per implementation."""
+    plan = make_plan(config, steps)
+    counts = {}
+    for make in IMPLEMENTATIONS:
+        impl = make(plan)
+        run_step(impl, plan.steps[0])
+        with _OpCounter() as counter:
+            for join in plan.steps[1:]:
+                run_step(impl, join)
+        counts[impl.name] = counter.count / (steps - 1)
+    return counts
+
+
+def count_blocks(config: Config, steps: int = 8) -> dict[str, float]:
+    """Python heap blocks allocated per step, per implementation (a lower bound).
+
+    `sys.getallocatedblocks` is sampled at every Python and C call boundary
+    and the increases are summed: an allocation freed inside one C call is
+    missed, everything else is counted. The hook's own churn is measured on
+    an empty function and subtracted.
+    """
+    plan = make_plan(config, steps)
+    counts = {}
+    for make in IMPLEMENTATIONS:
+        impl = make(plan)
+        run_step(impl, plan.steps[0])
+
+        def run(impl: Implementation = impl) -> None:
+            for join in plan.steps[1:]:
+                run_step(impl, join)
+
+        counts[impl.name] = (_blocks_allocated(run) - _blocks_allocated(_noop)) / (steps - 1)
+    return counts
+
+
+def _noop() -> None:
+    pass
+
+
+def _blocks_allocated(function: Callable[[], None]) -> int:
+    state = [sys.getallocatedblocks(), 0]
+
+    def hook(frame: FrameType, event: str, arg: object) -> None:
+        now = sys.getallocatedblocks()
+        if now > state[0]:
+            state[1] += now - state[0]
+        state[0] = now
+
+    gc.disable()
+    sys.setprofile(hook)
+    try:
+        function()
+    finally:
+        sys.setprofile(None)
+        gc.enable()
+    return state[1]
+
+
+def state_bytes(impl: Implementation) -> tuple[int, int]:
+    """Bytes of per-row batch state (host, device): tensors plus the request list and objects.
+
+    The request-to-token table and the KV free lists are sized by capacity,
+    not by the batch, and are the same in all three: they are left out.
+    """
+    host = device = 0
+    for tensor, on_device in impl.row_tensors():
+        if on_device:
+            device += tensor.nbytes
+        else:
+            host += tensor.nbytes
+    reqs = impl.row_objects()
+    host += sys.getsizeof(reqs) + sum(sys.getsizeof(req) for req in reqs)
+    return host, device

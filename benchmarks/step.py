@@ -1,0 +1,134 @@
+"""Run the step benchmark: `python -m benchmarks.step` (see docs/performance.md).
+
+Prints the table, writes JSON and a PNG plot, and with `--docs` rewrites the
+results section of docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+
+from benchmarks.measure import (
+    IMPLEMENTATIONS,
+    count_blocks,
+    count_ops,
+    run_step,
+    state_bytes,
+    time_config,
+)
+from benchmarks.report import Point, markdown, plot, summarise, text_table
+from benchmarks.scenario import Config, make_plan
+
+__all__ = ["main", "run"]
+
+_ROOT: Final = Path(__file__).resolve().parent.parent
+_DOC: Final = _ROOT / "docs" / "performance.md"
+_BEGIN, _END = "<!-- results: begin -->", "<!-- results: end -->"
+
+
+def run(
+    sizes: Sequence[int], pages: Sequence[int], repeats: int, warmup: int, *, quiet: bool = False
+) -> tuple[list[Point], dict[str, Any]]:
+    """Time every (page size, batch size) point, then count ops, allocations and bytes."""
+    points = []
+    for page_size in pages:
+        for batch_size in sizes:
+            config = Config(batch_size, page_size)
+            points.append(summarise(config, time_config(config, repeats, warmup)))
+            if not quiet:
+                print(text_table(points[-1:]).splitlines()[-1], flush=True)
+    probe = Config(64 if 64 in sizes else sizes[0], pages[0])
+    extras: dict[str, Any] = {
+        "probe": probe._asdict(),
+        "ops": count_ops(probe),
+        "blocks": count_blocks(probe),
+        "growth": _growth(points, sizes),
+        "machine": _machine(),
+    }
+    extras["host_bytes"], extras["device_bytes"] = _bytes_per_request(probe)
+    return points, extras
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256, 1024, 4096])
+    parser.add_argument("--pages", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--repeats", type=int, default=400, help="timed steps per point")
+    parser.add_argument("--warmup", type=int, default=40, help="untimed steps per point first")
+    parser.add_argument("--out", type=Path, default=_ROOT / "benchmarks" / "results")
+    parser.add_argument("--docs", action="store_true", help="rewrite docs/performance.md results")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    points, extras = run(args.sizes, args.pages, args.repeats, args.warmup)
+    extras["wall_s"] = round(time.perf_counter() - started, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "step.json").write_text(json.dumps({"points": points, **extras}, indent=1))
+    plot(points, args.out / "step.png")
+    snippet = markdown(points, extras)
+    (args.out / "step.md").write_text(snippet)
+    print()
+    print(snippet)
+    print(f"wrote {args.out}/step.json, step.png, step.md in {extras['wall_s']} s")
+    if args.docs:
+        plot(points, _ROOT / "docs" / "performance.png")
+        _rewrite_doc(snippet, extras)
+        print(f"rewrote {_DOC} and docs/performance.png")
+
+
+def _growth(points: Sequence[Point], sizes: Sequence[int]) -> dict[int, str]:
+    # Step time at the largest size over that at 64 (or the smallest), per page size.
+    low = 64 if 64 in sizes else min(sizes)
+    growth = {}
+    for page_size in sorted({point["page_size"] for point in points}):
+        step = {
+            point["batch_size"]: point["stats"]["batchstate"]["step"]["median_us"]
+            for point in points
+            if point["page_size"] == page_size
+        }
+        growth[page_size] = f"{step[max(sizes)] / step[low]:.1f}x ({max(sizes)} vs {low})"
+    return growth
+
+
+def _bytes_per_request(config: Config) -> tuple[dict[str, float], dict[str, float]]:
+    # Measured right after a decode, when the batch holds every per-row field.
+    plan = make_plan(config, 2)
+    host, device = {}, {}
+    for make in IMPLEMENTATIONS:
+        impl = make(plan)
+        run_step(impl, plan.steps[0])
+        impl.decode()
+        host[impl.name], device[impl.name] = (
+            value / config.batch_size for value in state_bytes(impl)
+        )
+    return host, device
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    return (
+        f"{cpu}, {torch.get_num_threads()} torch threads, Python {platform.python_version()},"
+        f" torch {torch.__version__}, device tensors on cpu"
+    )
+
+
+def _rewrite_doc(snippet: str, extras: dict[str, Any]) -> None:
+    text = _DOC.read_text()
+    machine = f"Measured on: {extras['machine']} (full run {extras['wall_s']} s)."
+    body = f"{_BEGIN}\n{machine}\n\n{snippet}{_END}"
+    _DOC.write_text(
+        re.sub(f"{re.escape(_BEGIN)}.*?{re.escape(_END)}", lambda _: body, text, flags=re.S)
+    )
+
+
+if __name__ == "__main__":
+    main()
