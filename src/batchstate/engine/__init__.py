@@ -1,0 +1,60 @@
+"""A reference continuous-batching engine built only from batchstate's public transitions.
+
+The engine (`Engine`) admits, extends, merges, decodes, retracts, filters
+and releases through `batchstate`; a tiny transformer (`TinyModel`) reads
+and writes a paged KV cache through the batch's metadata; the oracle
+(`check_oracle`) compares every request's tokens with the same model run
+alone on a contiguous cache. `simulate` wires them from one config; the
+`batchstate simulate` command is its front end. See docs/engine.md.
+"""
+
+from batchstate.engine._admission import Budget, choose, reserve
+from batchstate.engine._engine import Engine, EngineConfig, EngineError
+from batchstate.engine._model import Attend, ModelConfig, TinyModel, make_model
+from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
+from batchstate.engine._paged import KVCache, make_kv_cache, sample_decode, sample_extend
+from batchstate.engine._simulate import DEVICES, Simulation, SimulationConfig, simulate
+from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource
+from batchstate.engine._trace import Trace
+from batchstate.engine._workload import (
+    ARRIVALS,
+    END_TOKEN,
+    Arrival,
+    RequestSpec,
+    WorkloadConfig,
+    make_workload,
+)
+
+__all__ = [
+    "ARRIVALS",
+    "DEVICES",
+    "END_TOKEN",
+    "Arrival",
+    "Attend",
+    "Budget",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "KVCache",
+    "ModelConfig",
+    "ModelTokens",
+    "OracleResult",
+    "RandomTokens",
+    "RequestSpec",
+    "Simulation",
+    "SimulationConfig",
+    "TinyModel",
+    "TokenSource",
+    "Trace",
+    "WorkloadConfig",
+    "check_oracle",
+    "choose",
+    "generate_alone",
+    "make_kv_cache",
+    "make_model",
+    "make_workload",
+    "reserve",
+    "sample_decode",
+    "sample_extend",
+    "simulate",
+]

@@ -1,0 +1,277 @@
+"""The engine: a continuous-batching loop composed only of batchstate's public transitions.
+
+One step either extends newly admitted requests and merges them into the
+running batch, or decodes the running batch (retracting the newest requests
+while the KV pool is too small for everyone's next token). Then finished
+rows are filtered out and their memory released. See docs/engine.md.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from functools import partial
+from itertools import islice
+from time import perf_counter
+from typing import TypeVar, final
+
+import attrs
+
+from batchstate import (
+    Decoding,
+    Extended,
+    Filtered,
+    Idle,
+    InvariantViolation,
+    OutOfKVTokens,
+    OutOfReqSlots,
+    Pools,
+    Req,
+    check_batch,
+    check_pools,
+    decode,
+    extend,
+    filter_batch,
+    idle,
+    merge,
+    release,
+)
+from batchstate.engine._admission import Budget, choose, reserve
+from batchstate.engine._reads import ReadCounter
+from batchstate.engine._sources import TokenSource
+from batchstate.engine._trace import Trace
+from batchstate.engine._workload import END_TOKEN, RequestSpec
+
+__all__ = ["Engine", "EngineConfig", "EngineError"]
+
+_T = TypeVar("_T")
+
+
+class EngineError(RuntimeError):
+    """The engine cannot go on: a transition failed in a way its policy rules out (a bug)."""
+
+
+@final
+@attrs.frozen
+class EngineConfig:
+    """Scheduling knobs; the pools' sizes live in the `Pools` handed to the engine."""
+
+    max_running: int = 32
+    max_prefill_tokens: int = 1024
+    new_token_ratio: float = 0.3  # share of remaining output reserved at admission
+    check_every: int = 0  # check_batch/check_pools every N steps; 0 = only at the end
+    audit_every: int = 16  # count device reads on every Nth step's decode path
+
+
+@final
+@attrs.define
+class _Live:
+    spec: RequestSpec
+    generated: list[int]
+
+
+@final
+class Engine:
+    """Runs a workload to the end. Holds the mutable loop state around immutable records.
+
+    Args:
+        specs: the workload, in arrival order.
+        pools: empty pools for the run.
+        tokens: runs the forwards (a model) or draws tokens (meta).
+        counter: counts device reads on audited steps; None reports them as not measured.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        specs: Sequence[RequestSpec],
+        pools: Pools,
+        tokens: TokenSource,
+        counter: ReadCounter | None = None,
+    ) -> None:
+        self.config, self.pools, self.tokens, self.counter = config, pools, tokens, counter
+        self.running: Filtered | Idle = idle(pools.table.device.device)
+        self.pending = deque(sorted(specs, key=lambda spec: spec.arrival_step))
+        self.waiting: deque[Req] = deque()
+        self.live: dict[int, _Live] = {}
+        self.outputs: dict[int, tuple[int, ...]] = {}
+        self.trace = Trace()
+        self.clock = 0  # engine steps, the unit of arrival times
+        self._bookkeeping_s = 0.0
+        self._audited = False
+
+    def run(self, on_step: Callable[[int], None] | None = None) -> None:
+        """Step until every request has finished; `on_step(num_finished)` after each step.
+
+        Raises:
+            EngineError: a transition failed in a way the policy rules out.
+            InvariantViolation: a periodic or final check failed (prefixed with the step).
+        """
+        while self.pending or self.waiting or len(self.running.rows):
+            if not self.waiting and not len(self.running.rows):
+                self.clock = max(self.clock, self.pending[0].arrival_step)  # skip idle steps
+            while self.pending and self.pending[0].arrival_step <= self.clock:
+                spec = self.pending.popleft()
+                self.live[spec.rid] = _Live(spec, [])
+                self.waiting.append(Req(spec.rid, spec.prompt))
+            self._step()
+            self.clock += 1
+            every = self.config.check_every
+            if every and len(self.trace) % every == 0:
+                self.check()
+            if on_step is not None:
+                on_step(len(self.outputs))
+        self.check()
+
+    def check(self) -> None:
+        """Check the running batch and the pools (conservation, ownership of every row).
+
+        Raises:
+            InvariantViolation: which invariant, with the step it was found after.
+        """
+        try:
+            check_batch(self.running)
+            check_pools(self.pools, [self.running])
+        except InvariantViolation as error:
+            raise InvariantViolation(f"after step {len(self.trace)}: {error}") from error
+        self.trace.num_checks += 1
+
+    def _step(self) -> None:
+        start = perf_counter()
+        self._bookkeeping_s = 0.0
+        self._audited = bool(self.config.audit_every) and (
+            len(self.trace) % self.config.audit_every == 0
+        )
+        extended = self._admit()
+        batch: Extended | Decoding
+        if extended is not None:
+            batch, sampled = extended, self.tokens.after_extend(extended, self.pools)
+        else:
+            batch = self._decode()
+            last = [self.live[rid].generated[-1] for rid in batch.rows.rids.tolist()]
+            sampled = self.tokens.after_decode(batch, self.pools, last)
+        keep, done = self._record(batch, sampled)
+        self._timed(lambda: self._retire(batch, keep, done))
+        used = (self.pools.num_pages * self.pools.page_size) - self.pools.num_free_tokens
+        self.trace.append(
+            is_extend=isinstance(batch, Extended),
+            batch_size=len(batch.rows),
+            kv_tokens_used=used,
+            step_s=perf_counter() - start,
+            bookkeeping_s=self._bookkeeping_s,
+            audited=self._audited,
+        )
+
+    def _admit(self) -> Extended | None:
+        if not self.waiting:
+            return None
+        pools, running = self.pools, self.running.rows
+        budget = Budget(
+            min(self.config.max_running - len(running), pools.num_free_slots),
+            pools.num_free_tokens,
+            reserve(
+                map(self._remaining, running.rids.tolist()),
+                pools.page_size,
+                self.config.new_token_ratio,
+            ),
+            self.config.max_prefill_tokens,
+            pools.page_size,
+            self.config.new_token_ratio,
+            anything_running=bool(len(running)),
+        )
+        # Lazily: `choose` stops early, so a long queue costs nothing past its front.
+        remaining = (self._remaining(req.rid) for req in self.waiting)
+        reqs = list(islice(self.waiting, choose(self.waiting, remaining, budget)))
+        while reqs:
+            result = self._timed(lambda: extend(idle(running.device), reqs, pools), audit=False)
+            step = result.value_or(None)
+            if step is not None:
+                self.pools = step.pools
+                for _ in reqs:
+                    self.waiting.popleft()
+                return step.batch
+            failure = result.failure()
+            if not isinstance(failure, OutOfKVTokens | OutOfReqSlots):
+                raise EngineError(f"extend failed: {failure}")
+            reqs.pop()  # the estimate was off: try one fewer
+        if not len(running):
+            raise EngineError(f"nothing running and request {self.waiting[0].rid} does not fit")
+        return None
+
+    def _decode(self) -> Decoding:
+        while True:
+            running = self.running
+            if isinstance(running, Idle):
+                raise EngineError("decode with nothing running")
+            result = self._timed(partial(decode, running, self.pools))
+            step = result.value_or(None)
+            if step is not None:
+                self.pools = step.pools
+                return step.batch
+            failure = result.failure()
+            if not isinstance(failure, OutOfKVTokens) or len(running.rows) == 1:
+                raise EngineError(f"decode failed with {len(running.rows)} running: {failure}")
+            self._retract(running)
+
+    def _retract(self, running: Filtered) -> None:
+        # The newest row goes back to the front of the queue, to re-prefill its
+        # prompt and what it generated so far; the oldest rows keep going.
+        last = len(running.rows) - 1
+
+        def drop_last() -> Filtered:
+            kept = filter_batch(running, list(range(last)))
+            self.pools = self._release(filter_batch(running, [last]), kept)
+            return kept
+
+        self.running = self._timed(drop_last)
+        victim = self.live[running.rows.reqs[last].rid]
+        self.waiting.appendleft(Req(victim.spec.rid, victim.spec.prompt + tuple(victim.generated)))
+        self.trace.num_retractions += 1
+
+    def _record(
+        self, batch: Extended | Decoding, sampled: list[int]
+    ) -> tuple[list[int], list[int]]:
+        keep: list[int] = []
+        done: list[int] = []
+        for row, (rid, token) in enumerate(zip(batch.rows.rids.tolist(), sampled, strict=True)):
+            live = self.live[rid]
+            live.generated.append(token)
+            if token == END_TOKEN or len(live.generated) >= live.spec.max_new_tokens:
+                done.append(row)
+                self.outputs[rid] = tuple(live.generated)
+                del self.live[rid]
+            else:
+                keep.append(row)
+        return keep, done
+
+    def _retire(self, batch: Extended | Decoding, keep: list[int], done: list[int]) -> None:
+        kept = filter_batch(batch, keep)
+        running = merge(self.running, kept) if isinstance(batch, Extended) else kept
+        if done:
+            self.pools = self._release(filter_batch(batch, done), running)
+        self.running = running
+
+    def _release(self, left: Filtered, running: Filtered) -> Pools:
+        result = release(left, running, self.pools)
+        pools = result.value_or(None)
+        if pools is None:
+            raise EngineError(f"release failed: {result.failure()}")
+        return pools
+
+    def _timed(self, work: Callable[[], _T], *, audit: bool = True) -> _T:
+        # Bookkeeping time is the batchstate calls alone; on audited steps the
+        # decode-path calls also run under the read counter (and are not timed
+        # into the per-step average, see Trace).
+        start = perf_counter()
+        if audit and self._audited and self.counter is not None:
+            with self.counter() as reads:
+                result = work()
+            self.trace.device_reads += reads[0]
+        else:
+            result = work()
+        self._bookkeeping_s += perf_counter() - start
+        return result
+
+    def _remaining(self, rid: int) -> int:
+        live = self.live[rid]
+        return live.spec.max_new_tokens - len(live.generated)

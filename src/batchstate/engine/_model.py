@@ -1,0 +1,166 @@
+"""A tiny transformer with seeded random weights, its attention left to the caller.
+
+The model owns everything but attention: embeddings, rotary positions,
+projections, MLPs and the unembedding. Attention is a callback, so the
+engine's paged-cache path and the oracle's contiguous-cache path share every
+other line and can differ only in how they store and gather K/V.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, final
+
+import attrs
+import torch
+
+__all__ = ["Attend", "ModelConfig", "TinyModel", "make_model"]
+
+
+class Attend(Protocol):
+    """Attention for one layer: store `k`, `v` and attend `q` to everything stored.
+
+    Args:
+        layer: the layer index.
+        q, k, v: `[num_tokens, num_heads, head_dim]`, rotary positions applied.
+
+    Returns:
+        `[num_tokens, num_heads, head_dim]`, each token's attention output.
+    """
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+@final
+@attrs.frozen
+class ModelConfig:
+    """Sizes of the tiny model; small enough that hundreds of requests run in seconds."""
+
+    vocab_size: int = 96
+    d_model: int = 32
+    num_layers: int = 2
+    num_heads: int = 4
+    d_ff: int = 64
+    seed: int = 0
+    # float64 makes greedy ties (and so batch-order-dependent argmax flips) vanishingly rare.
+    dtype: torch.dtype = torch.float64
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+@final
+@attrs.frozen(eq=False)
+class _Layer:
+    attn_norm: torch.Tensor  # [d_model]
+    wqkv: torch.Tensor  # [d_model, 3 * d_model]
+    wo: torch.Tensor  # [d_model, d_model]
+    mlp_norm: torch.Tensor  # [d_model]
+    w_up: torch.Tensor  # [d_model, d_ff]
+    w_down: torch.Tensor  # [d_ff, d_model]
+
+
+@final
+@attrs.frozen(eq=False)
+class TinyModel:
+    """A pre-norm decoder: RMSNorm, rotary attention, a GELU MLP. Build it with `make_model`."""
+
+    config: ModelConfig
+    device: torch.device
+    embed: torch.Tensor  # [vocab_size, d_model]
+    layers: tuple[_Layer, ...]
+    final_norm: torch.Tensor  # [d_model]
+    unembed: torch.Tensor  # [d_model, vocab_size]
+    inv_freq: torch.Tensor  # [head_dim // 2], rotary frequencies
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
+        """Final hidden states of a flat run of tokens.
+
+        Args:
+            input_ids: device int64 `[num_tokens]`.
+            positions: device int64 `[num_tokens]`, each token's position in its request.
+            attend: stores K/V and attends; see `Attend`.
+
+        Returns:
+            `[num_tokens, d_model]` in the model's dtype, after the final norm.
+        """
+        config = self.config
+        x = self.embed[input_ids]
+        cos, sin = self._rotary(positions)
+        for index, layer in enumerate(self.layers):
+            qkv = _rms_norm(x, layer.attn_norm) @ layer.wqkv
+            q, k, v = qkv.view(-1, 3, config.num_heads, config.head_dim).unbind(1)
+            out = attend(index, _rotate(q, cos, sin), _rotate(k, cos, sin), v)
+            x = x + out.reshape(-1, config.d_model) @ layer.wo
+            x = (
+                x
+                + torch.nn.functional.gelu(_rms_norm(x, layer.mlp_norm) @ layer.w_up) @ layer.w_down
+            )
+        return _rms_norm(x, self.final_norm)
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The greedy next token of each hidden state: device int64 `[num_rows]`."""
+        return (hidden @ self.unembed).argmax(dim=-1)
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.to(self.config.dtype)[:, None] * self.inv_freq[None, :]
+        return angles.cos()[:, None, :], angles.sin()[:, None, :]
+
+
+def make_model(config: ModelConfig, device: torch.device | str = "cpu") -> TinyModel:
+    """A model with weights drawn from `config.seed`, the same on every device.
+
+    >>> model = make_model(ModelConfig(vocab_size=16, d_model=8, num_heads=2, d_ff=8))
+    >>> model.embed.shape, len(model.layers)
+    (torch.Size([16, 8]), 2)
+    """
+    if config.d_model % config.num_heads or config.head_dim % 2:
+        raise ValueError(f"d_model={config.d_model} must split into heads of even size")
+    generator = torch.Generator().manual_seed(config.seed)
+    d, ff = config.d_model, config.d_ff
+
+    def weight(rows: int, cols: int) -> torch.Tensor:
+        # Drawn on the CPU so the weights do not depend on the device's RNG.
+        scale = 1.0 / math.sqrt(rows)
+        drawn = torch.randn(rows, cols, generator=generator, dtype=torch.float64) * scale
+        return drawn.to(device=device, dtype=config.dtype)
+
+    def norm() -> torch.Tensor:
+        return torch.ones(d, dtype=config.dtype, device=device)
+
+    def qkv() -> torch.Tensor:
+        # Sharper queries and keys: attention then depends on positions and content
+        # enough that greedy outputs stay varied instead of settling on one token.
+        return torch.cat((weight(d, 2 * d) * 3.0, weight(d, d)), dim=1)
+
+    layers = tuple(
+        _Layer(norm(), qkv(), weight(d, d), norm(), weight(d, ff), weight(ff, d))
+        for _ in range(config.num_layers)
+    )
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(half, dtype=torch.float64) / half))
+    return TinyModel(
+        config,
+        torch.device(device),
+        # Embeddings with unit-scale rows, so each token moves the residual stream.
+        weight(config.vocab_size, d) * math.sqrt(config.vocab_size),
+        layers,
+        norm(),
+        weight(d, config.vocab_size) * 4.0,
+        inv_freq.to(device=device, dtype=config.dtype),
+    )
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + 1e-6) * weight
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # Rotary embedding, rotate-half form: pairs (i, i + half) turn by position * freq.
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)

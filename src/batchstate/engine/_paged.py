@@ -1,0 +1,141 @@
+"""A paged KV cache, and attention that reads it only through the batch's metadata.
+
+Every location the model reads or writes comes from the batch: new K/V go
+to `out_cache_loc`, and row `i` reads keys at
+`table[req_pool_indices[i], 0:seq_lens[i]]`. Positions (and so rotary
+angles and the causal mask) come from the device `seq_lens`. A wrong value
+in any of them changes the tokens, which is what the oracle catches.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import final
+
+import attrs
+import torch
+
+from batchstate import Decoding, Extended, Pools, Rows
+from batchstate._mirrored import host_int64
+from batchstate.engine._model import TinyModel
+
+__all__ = ["KVCache", "make_kv_cache", "sample_decode", "sample_extend"]
+
+
+@final
+@attrs.frozen(eq=False)
+class KVCache:
+    """K and V for every location the pools hand out.
+
+    NOTE: written in place by every forward, at `out_cache_loc` only;
+    location 0 (the padding page) is read for padding keys and masked out.
+    """
+
+    k: torch.Tensor  # [num_layers, kv_cache_size, num_heads, head_dim]
+    v: torch.Tensor  # the same
+
+
+def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
+    """A zeroed cache with `pools.kv_cache_size` rows per layer, on the model's device."""
+    config = model.config
+    shape = (config.num_layers, pools.kv_cache_size, config.num_heads, config.head_dim)
+    return KVCache(
+        torch.zeros(shape, dtype=config.dtype, device=model.device),
+        torch.zeros(shape, dtype=config.dtype, device=model.device),
+    )
+
+
+def sample_extend(model: TinyModel, cache: KVCache, batch: Extended, pools: Pools) -> torch.Tensor:
+    """Run an extend forward and return each row's greedy next token.
+
+    Writes K/V of every extend token at `batch.out_cache_loc` (mutates `cache`).
+
+    Returns:
+        device int64 `[num_reqs]`: the token after each row's last input id.
+    """
+    extend_lens = host_int64(batch.extend_lens)
+    num_tokens = batch.extend_num_tokens
+    rows_of_tokens = torch.repeat_interleave(torch.arange(len(extend_lens)), extend_lens)
+    cols = torch.arange(num_tokens) - (torch.cumsum(extend_lens, 0) - extend_lens)[rows_of_tokens]
+    device = model.device
+    # Host layout (from host-only extend_lens) copied once; positions come from the device seq_lens.
+    layout = torch.stack((rows_of_tokens, cols, extend_lens[rows_of_tokens])).to(device)
+    row, col, extend_len = layout.unbind()
+    positions = batch.rows.seq_lens.device[row] - extend_len + col
+    hidden = _forward(
+        model,
+        cache,
+        pools.table.device,
+        batch.rows,
+        input_ids=batch.input_ids.device,
+        positions=positions,
+        out_cache_loc=batch.out_cache_loc.device,
+        query_layout=(row, col, max(batch.extend_lens, default=0)),
+    )
+    last = (torch.cumsum(extend_lens, 0) - 1).to(device)
+    return model.greedy(hidden[last])
+
+
+def sample_decode(
+    model: TinyModel, cache: KVCache, batch: Decoding, pools: Pools, input_ids: torch.Tensor
+) -> torch.Tensor:
+    """Run a decode forward of one token per row and return each row's greedy next token.
+
+    Args:
+        pools: the pools whose table `batch` was decoded against.
+        input_ids: device int64 `[num_reqs]`, each row's last sampled token.
+
+    Returns:
+        device int64 `[num_reqs]`. Writes K/V at `batch.out_cache_loc` (mutates `cache`).
+    """
+    rows = batch.rows
+    row = torch.arange(len(rows), device=model.device)
+    positions = rows.seq_lens.device - 1
+    hidden = _forward(
+        model,
+        cache,
+        pools.table.device,
+        rows,
+        input_ids=input_ids,
+        positions=positions,
+        out_cache_loc=batch.out_cache_loc.device,
+        query_layout=(row, torch.zeros_like(row), 1),
+    )
+    return model.greedy(hidden)
+
+
+def _forward(
+    model: TinyModel,
+    cache: KVCache,
+    table: torch.Tensor,
+    rows: Rows,
+    *,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    query_layout: tuple[torch.Tensor, torch.Tensor, int],
+) -> torch.Tensor:
+    # Queries are laid out padded, [num_reqs, max_query_len]: token t sits at (row[t], col[t]).
+    row, col, max_query_len = query_layout
+    num_reqs, max_seq_len = len(rows), rows.max_seq_len
+    # The table's columns past a row's length are stale or padding: the mask drops them.
+    key_locs = table[rows.req_pool_indices.device, :max_seq_len].to(torch.int64)
+    key_positions = torch.arange(max_seq_len, device=model.device)
+    query_positions = positions.new_zeros(num_reqs, max_query_len)
+    query_positions[row, col] = positions
+    visible = key_positions[None, None, :] <= query_positions[:, :, None]
+    visible &= key_positions[None, None, :] < rows.seq_lens.device[:, None, None]
+    scale = 1.0 / math.sqrt(model.config.head_dim)
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cache.k[layer, out_cache_loc] = k
+        cache.v[layer, out_cache_loc] = v
+        keys, values = cache.k[layer, key_locs], cache.v[layer, key_locs]  # [b, keys, h, d]
+        queries = q.new_zeros(num_reqs, max_query_len, *q.shape[1:])
+        queries[row, col] = q
+        scores = torch.einsum("bqhd,bkhd->bhqk", queries, keys) * scale
+        scores = scores.masked_fill(~visible[:, None], -torch.inf)
+        out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values)
+        return out[row, col]
+
+    return model.hidden(input_ids, positions, attend)

@@ -1,0 +1,177 @@
+"""One simulated run: workload, pools, token source, engine, oracle, all wired from a config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from time import perf_counter
+from typing import final
+
+import attrs
+import torch
+
+from batchstate import Pools, make_pools
+from batchstate.engine._engine import Engine, EngineConfig
+from batchstate.engine._model import ModelConfig, make_model
+from batchstate.engine._oracle import OracleResult, check_oracle
+from batchstate.engine._paged import make_kv_cache
+from batchstate.engine._reads import read_counter
+from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource
+from batchstate.engine._trace import Trace
+from batchstate.engine._workload import END_TOKEN, RequestSpec, WorkloadConfig, make_workload
+
+__all__ = ["DEVICES", "Simulation", "SimulationConfig", "simulate"]
+
+DEVICES = ("cpu", "meta", "cuda")
+
+
+@final
+@attrs.frozen
+class SimulationConfig:
+    """Everything a run needs. `None` sizes follow the workload (see `validate`)."""
+
+    workload: WorkloadConfig = attrs.field(factory=WorkloadConfig)
+    engine: EngineConfig = attrs.field(factory=EngineConfig)
+    model: ModelConfig = attrs.field(factory=ModelConfig)
+    max_reqs: int | None = None  # request slots; default: engine.max_running
+    num_kv_tokens: int = 2048
+    page_size: int = 16
+    max_context_len: int | None = None  # default: longest prompt + longest output
+    device: str = "cpu"
+    oracle: bool = True  # ignored on meta, which runs no model
+
+    @property
+    def num_slots(self) -> int:
+        return self.engine.max_running if self.max_reqs is None else self.max_reqs
+
+    @property
+    def context_len(self) -> int:
+        longest = self.workload.prompt_len[1] + self.workload.output_len[1]
+        return longest if self.max_context_len is None else self.max_context_len
+
+    def validate(self) -> None:
+        """Raise `ValueError` with a one-line message for a run that cannot work.
+
+        >>> SimulationConfig(num_kv_tokens=64).validate()
+        Traceback (most recent call last):
+        ...
+        ValueError: the KV pool is too small for one request: ...
+        """
+        self.workload.validate()
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}: choose one of {', '.join(DEVICES)}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device cuda: no CUDA device is available here")
+        engine = self.engine
+        for name, value in (
+            ("--max-running", engine.max_running),
+            ("--max-reqs", self.num_slots),
+            ("--page-size", self.page_size),
+            ("--max-prefill-tokens", engine.max_prefill_tokens),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name, value in (
+            ("--check-every", engine.check_every),
+            ("--audit-every", engine.audit_every),
+        ):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.num_kv_tokens < 0 or self.num_kv_tokens % self.page_size:
+            raise ValueError(
+                f"--kv-tokens must be a non-negative multiple of --page-size={self.page_size},"
+                f" got {self.num_kv_tokens}"
+            )
+        # A request needs its whole prompt and output in KV at once (whole pages).
+        longest = self.workload.prompt_len[1] + self.workload.output_len[1]
+        pages = -(-longest // self.page_size)
+        if pages * self.page_size > self.num_kv_tokens:
+            raise ValueError(
+                f"the KV pool is too small for one request: the longest needs {longest} tokens"
+                f" ({pages} pages of {self.page_size}), --kv-tokens is {self.num_kv_tokens}"
+            )
+        if longest > self.context_len:
+            raise ValueError(
+                f"--max-context-len {self.context_len} is shorter than the longest request"
+                f" ({longest} tokens)"
+            )
+        if self.workload.vocab_size != self.model.vocab_size:
+            raise ValueError("the workload and the model must share a vocabulary size")
+
+
+@final
+@attrs.frozen(eq=False)
+class Simulation:
+    """What a run produced: outputs, the step trace, final pools and the oracle's verdict."""
+
+    config: SimulationConfig
+    specs: tuple[RequestSpec, ...]
+    outputs: dict[int, tuple[int, ...]]
+    trace: Trace
+    wall_s: float
+    pools: Pools  # after the run: everything should be free again
+    oracle: OracleResult | None  # None: not run (meta, or switched off)
+    oracle_s: float
+    reads_measured: bool  # False where batchstate.audit is missing
+
+    @property
+    def pools_conserved(self) -> bool:
+        pools = self.pools
+        return (
+            pools.num_free_slots == pools.max_reqs
+            and pools.num_free_tokens == pools.num_pages * pools.page_size
+        )
+
+
+def simulate(config: SimulationConfig, on_step: Callable[[int], None] | None = None) -> Simulation:
+    """Run `config`'s workload to the end, then (on a model device) check the oracle.
+
+    Raises:
+        ValueError: `config` is impossible (see `SimulationConfig.validate`).
+        EngineError, InvariantViolation: the run broke; the message says where.
+    """
+    config.validate()
+    device = torch.device(config.device)
+    specs = make_workload(config.workload)
+    _warm_up(device)
+    pools = make_pools(
+        config.num_slots, config.context_len, config.num_kv_tokens, device, config.page_size
+    )
+    source: TokenSource
+    model = None
+    if device.type == "meta":
+        source = RandomTokens(config.workload.vocab_size, config.workload.seed)
+    else:
+        model = make_model(config.model, device)
+        source = ModelTokens(model, make_kv_cache(model, pools))
+    counter = read_counter()
+    engine = Engine(config.engine, specs, pools, source, counter)
+    start = perf_counter()
+    engine.run(on_step)
+    wall_s = perf_counter() - start
+    oracle = None
+    if model is not None and config.oracle:
+        requests = {spec.rid: (spec.prompt, spec.max_new_tokens) for spec in specs}
+        oracle = check_oracle(model, requests, engine.outputs, END_TOKEN)
+    return Simulation(
+        config,
+        specs,
+        engine.outputs,
+        engine.trace,
+        wall_s,
+        engine.pools,
+        oracle,
+        perf_counter() - start - wall_s,
+        counter is not None,
+    )
+
+
+def _warm_up(device: torch.device) -> None:
+    # The first ops on a device load lazy machinery (on meta, torch's fake
+    # tensors and sympy: about a second): pay for it outside the timed run.
+    specs = make_workload(
+        WorkloadConfig(num_requests=2, arrival="all", prompt_len=(2, 2), output_len=(3, 3))
+    )
+    engine = Engine(
+        EngineConfig(audit_every=0), specs, make_pools(2, 8, 16, device), RandomTokens(96, 0)
+    )
+    engine.run()

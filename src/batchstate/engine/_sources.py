@@ -1,0 +1,73 @@
+"""Where sampled tokens come from: the tiny model on a real device, or a seeded host RNG."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Protocol, final
+
+import torch
+
+from batchstate import Decoding, Extended, Pools
+from batchstate.engine._model import TinyModel
+from batchstate.engine._paged import KVCache, sample_decode, sample_extend
+
+__all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
+
+
+class TokenSource(Protocol):
+    """Runs a forward for a batch and returns each row's next token, on the host."""
+
+    def after_extend(self, batch: Extended, pools: Pools) -> list[int]:
+        """The token after each row's last input id, in row order."""
+        ...
+
+    def after_decode(self, batch: Decoding, pools: Pools, last_tokens: Sequence[int]) -> list[int]:
+        """The token after each row's `last_tokens[row]`, in row order."""
+        ...
+
+
+@final
+class ModelTokens:
+    """Greedy tokens from the tiny model over the paged KV cache.
+
+    NOTE: `.tolist()` on the sampled tokens is the one device-to-host read
+    per step: an engine streams tokens to users, so it must read them. It
+    is outside the batch bookkeeping.
+    """
+
+    def __init__(self, model: TinyModel, cache: KVCache) -> None:
+        self.model = model
+        self.cache = cache
+
+    def after_extend(self, batch: Extended, pools: Pools) -> list[int]:
+        """Run the extend forward (writes the cache) and read the sampled tokens."""
+        tokens: list[int] = sample_extend(self.model, self.cache, batch, pools).tolist()
+        return tokens
+
+    def after_decode(self, batch: Decoding, pools: Pools, last_tokens: Sequence[int]) -> list[int]:
+        """Run the decode forward (writes the cache) and read the sampled tokens."""
+        input_ids = torch.tensor(last_tokens, dtype=torch.int64).to(self.model.device)
+        tokens: list[int] = sample_decode(self.model, self.cache, batch, pools, input_ids).tolist()
+        return tokens
+
+
+@final
+class RandomTokens:
+    """Tokens drawn from a seeded host RNG: no model, no device work (the `meta` run)."""
+
+    def __init__(self, vocab_size: int, seed: int) -> None:
+        self.vocab_size = vocab_size
+        self.rng = random.Random(seed)
+
+    def after_extend(self, batch: Extended, pools: Pools) -> list[int]:
+        """One random token per row."""
+        return self._draw(len(batch.rows))
+
+    def after_decode(self, batch: Decoding, pools: Pools, last_tokens: Sequence[int]) -> list[int]:
+        """One random token per row."""
+        return self._draw(len(batch.rows))
+
+    def _draw(self, num_rows: int) -> list[int]:
+        randrange, vocab_size = self.rng.randrange, self.vocab_size
+        return [randrange(vocab_size) for _ in range(num_rows)]

@@ -1,0 +1,60 @@
+"""What the engine records per step, for the summary and the plot."""
+
+from __future__ import annotations
+
+from typing import final
+
+__all__ = ["Trace"]
+
+
+@final
+class Trace:
+    """Per-step columns (appended to, one entry per step) and run-wide counters.
+
+    Audited steps ran their decode-path bookkeeping under the device-read
+    counter, which slows every op: the per-step bookkeeping average leaves
+    them out.
+    """
+
+    def __init__(self) -> None:
+        self.is_extend: list[bool] = []
+        self.batch_size: list[int] = []  # rows in the step's forward
+        self.kv_tokens_used: list[int] = []  # owned KV tokens (whole pages) after the step
+        self.step_s: list[float] = []  # wall time of the whole step
+        self.bookkeeping_s: list[float] = []  # time inside batchstate transitions
+        self.audited: list[bool] = []
+        self.num_retractions = 0
+        self.device_reads = 0  # counted on audited steps' decode path
+        self.num_checks = 0  # invariant checks that passed
+
+    def __len__(self) -> int:
+        return len(self.step_s)
+
+    def append(
+        self,
+        *,
+        is_extend: bool,
+        batch_size: int,
+        kv_tokens_used: int,
+        step_s: float,
+        bookkeeping_s: float,
+        audited: bool,
+    ) -> None:
+        """Record one step."""
+        self.is_extend.append(is_extend)
+        self.batch_size.append(batch_size)
+        self.kv_tokens_used.append(kv_tokens_used)
+        self.step_s.append(step_s)
+        self.bookkeeping_s.append(bookkeeping_s)
+        self.audited.append(audited)
+
+    @property
+    def num_audited(self) -> int:
+        return sum(self.audited)
+
+    def bookkeeping_us_per_step(self) -> float:
+        """Mean bookkeeping time of the unaudited steps, in µs (0 when there are none)."""
+        times = [
+            t for t, audited in zip(self.bookkeeping_s, self.audited, strict=True) if not audited
+        ]
+        return 1e6 * sum(times) / len(times) if times else 0.0
