@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from returns.result import Failure, Result
 
-from batchstate._errors import ReleaseError, StillRunning
-from batchstate._phases import Batch
+from batchstate._errors import PhaseError, ReleaseError, StillRunning
+from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle
 from batchstate._pools import Pools
 
 __all__ = ["release"]
@@ -24,7 +24,13 @@ def release(left: Batch, running: Batch, pools: Pools) -> Result[Pools, ReleaseE
         `Success(Pools)` with the memory free; `Failure(StillRunning)` if a
         slot is still in `running`; `Failure(NotOwned)` if a slot was already
         released. `pools` is unchanged either way. Reads nothing from the device.
+
+    Raises:
+        PhaseError: `left` or `running` is not a batch (arguments swapped, say).
     """
+    for name, batch in (("left", left), ("running", running)):
+        if not isinstance(batch, Idle | Extended | Decoding | Filtered):
+            raise PhaseError(f"release takes a batch as {name}, got {type(batch).__name__}")
     slots = left.rows.req_pool_indices.host
     still = slots[torch.isin(slots, running.rows.req_pool_indices.host)]
     if still.shape[0]:
