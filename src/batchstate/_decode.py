@@ -6,7 +6,7 @@ from typing import TypeAlias
 
 from returns.result import Failure, Result, Success
 
-from batchstate._errors import ContextTooLong, OutOfKVTokens, PhaseError
+from batchstate._errors import BatchConflict, ContextTooLong, OutOfKVTokens, PhaseError
 from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._phases import Decoding, Extended, Filtered, Running, Step
 from batchstate._pools import Pools
@@ -29,10 +29,15 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
 
     Raises:
         PhaseError: `batch` is `Idle` (or not a batch at all).
+        BatchConflict: `batch` and `pools` live on different devices.
     """
     if not isinstance(batch, Extended | Decoding | Filtered):
         raise PhaseError(f"decode takes Extended, Decoding or Filtered, got {type(batch).__name__}")
     rows = batch.rows
+    if pools.table.device.device != rows.device:
+        raise BatchConflict(
+            f"the batch is on {rows.device}, the pools' table on {pools.table.device.device}"
+        )
     if rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(batch, pools.max_context_len))
     grown = rows.grow(1)

@@ -68,7 +68,8 @@ def extend(
 
     Raises:
         PhaseError: `batch` is not `Idle`.
-        BatchConflict: two inputs share a rid or a slot.
+        BatchConflict: two inputs share a rid or a slot, or `batch` and
+            `pools` live on different devices.
     """
     _expect_idle(batch, "extend")
     return _admit(batch, reqs, pools).map(
@@ -95,7 +96,8 @@ def prebuilt(batch: Idle, reqs: Sequence[Req], pools: Pools) -> Result[Step[Filt
 
     Raises:
         PhaseError: `batch` is not `Idle`.
-        BatchConflict: two requests share a rid.
+        BatchConflict: two requests share a rid, or `batch` and `pools` live
+            on different devices.
     """
     _expect_idle(batch, "prebuilt")
     return _admit(batch, reqs, pools).map(
@@ -117,6 +119,7 @@ _SLOTS, _POSITIONS, _LOCS, _INPUT_IDS = range(4)
 def _admit(
     batch: Idle, inputs: Sequence[Req | Resumed], pools: Pools
 ) -> Result[_Admitted, ExtendError]:
+    _expect_same_device(batch, pools)
     if not inputs:
         return Failure(EmptyExtend())
     reqs = [item.req if isinstance(item, Resumed) else item for item in inputs]
@@ -191,6 +194,15 @@ def _expect_unique(values: Sequence[int], what: str) -> None:
     if len(set(values)) != len(values):
         repeated = sorted({value for value in values if values.count(value) > 1})
         raise BatchConflict(f"the same {what} appears twice among the requests: {repeated}")
+
+
+def _expect_same_device(batch: Idle, pools: Pools) -> None:
+    # NOTE: the table is written on both sides with the batch's index tensors;
+    # on another device the device side would be left unwritten.
+    if pools.table.device.device != batch.device:
+        raise BatchConflict(
+            f"the batch is on {batch.device}, the pools' table on {pools.table.device.device}"
+        )
 
 
 def _expect_idle(batch: object, transition: str) -> None:
