@@ -10,6 +10,7 @@ from batchstate._errors import (
     AllocError,
     BatchConflict,
     ContextTooLong,
+    DraftError,
     EmptyExtend,
     EmptyPrompt,
     InvariantViolation,
@@ -31,6 +32,7 @@ from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Runnin
 from batchstate._pools import Allocation, Pools, make_pools
 from batchstate._release import release
 from batchstate._rows import Req, Rows
+from batchstate._speculative import Verifying, VerifyStep, sync, verify
 from batchstate._token_table import TokenTable
 from batchstate._transitions import TRANSITIONS, Transition
 
@@ -44,6 +46,7 @@ __all__ = [
     "DecodeError",
     "Decoding",
     "DeviceOnly",
+    "DraftError",
     "EmptyExtend",
     "EmptyPrompt",
     "ExtendError",
@@ -68,6 +71,8 @@ __all__ = [
     "StillRunning",
     "TokenTable",
     "Transition",
+    "VerifyStep",
+    "Verifying",
     "check_batch",
     "check_pools",
     "decode",
@@ -79,4 +84,6 @@ __all__ = [
     "merge",
     "prebuilt",
     "release",
+    "sync",
+    "verify",
 ]

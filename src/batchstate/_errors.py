@@ -17,6 +17,7 @@ __all__ = [
     "AllocError",
     "BatchConflict",
     "ContextTooLong",
+    "DraftError",
     "EmptyExtend",
     "EmptyPrompt",
     "InvariantViolation",
@@ -141,6 +142,14 @@ class KeepIndicesError(IndexError):
 
 class BatchConflict(ValueError):
     """Two batches being merged share a request or a request slot."""
+
+
+class DraftError(ValueError):
+    """Draft lengths or accepted counts that do not fit the rows they describe.
+
+    A `ValueError`: a speculative engine handed `verify` or `sync` numbers
+    its own drafter or verify kernel should never produce.
+    """
 
 
 class RecordShapeError(ValueError):

@@ -187,6 +187,58 @@ class Pools:
             )
         )
 
+    def shrink(self, slots: torch.Tensor, new_lens: torch.Tensor) -> Result[Pools, NotOwned]:
+        """Keep the first `new_lens[i]` tokens of each slot `slots[i]`, free the pages past them.
+
+        For KV reserved up front and then not used (unaccepted speculative
+        drafts). A page holding any kept token stays owned. Does not write
+        the table: cells past a slot's new length are unused.
+
+        Args:
+            slots: host int64 `[num_slots]`, distinct owned request slots.
+            new_lens: host int64 `[num_slots]`, in `[1, tokens the slot owns]`.
+
+        Returns:
+            `Success(Pools)`; `Failure(NotOwned)` if a slot is not owned (or
+            repeats). `self` is unchanged either way.
+
+        Raises:
+            ValueError: a new length below 1 or above what the slot owns.
+        """
+        in_range = (slots >= 1) & (slots <= self.max_reqs)
+        owned_tokens = torch.where(in_range, self.slot_tokens[slots.clamp(0, self.max_reqs)], 0)
+        unowned = slots[owned_tokens == 0]
+        if unowned.shape[0]:
+            return Failure(NotOwned(tuple(unowned.tolist())))
+        if torch.unique(slots).shape[0] != slots.shape[0]:
+            return Failure(NotOwned(tuple(slots.tolist())))  # the same slot twice in one call
+        bad = (new_lens < 1) | (new_lens > owned_tokens)
+        if bool(bad.any()):
+            at = int(bad.nonzero()[0])
+            raise ValueError(
+                f"slot {int(slots[at])} owns {int(owned_tokens[at])} tokens,"
+                f" cannot shrink to {int(new_lens[at])}"
+            )
+        page_size = self.page_size
+        kept_pages = (new_lens + page_size - 1) // page_size
+        num_freed = (owned_tokens + page_size - 1) // page_size - kept_pages
+        rows = torch.repeat_interleave(torch.arange(slots.shape[0]), num_freed)
+        first_freed = torch.cumsum(num_freed, 0) - num_freed
+        page_index = kept_pages[rows] + torch.arange(rows.shape[0]) - first_freed[rows]
+        pages = self.table.host[slots[rows], page_index * page_size].to(torch.int64) // page_size
+        slot_tokens = self.slot_tokens.clone()
+        slot_tokens[slots] = new_lens
+        return Success(
+            Pools(
+                self.table,
+                page_size,
+                self.num_pages,
+                self.free_slots,
+                torch.cat((self.free_pages, pages)),
+                slot_tokens,
+            )
+        )
+
     def __repr__(self) -> str:
         return (
             f"Pools(free_slots={self.num_free_slots}/{self.max_reqs},"

@@ -11,6 +11,7 @@ from batchstate._decode import decode
 from batchstate._errors import (
     BatchConflict,
     ContextTooLong,
+    DraftError,
     EmptyExtend,
     EmptyPrompt,
     KeepIndicesError,
@@ -22,10 +23,11 @@ from batchstate._extend import extend, idle, prebuilt
 from batchstate._filter import filter_batch
 from batchstate._merge import merge
 from batchstate._phases import Decoding, Extended, Filtered, Idle
+from batchstate._speculative import Verifying, sync, verify
 
 __all__ = ["TRANSITIONS", "Transition"]
 
-Phase = type[Idle] | type[Extended] | type[Decoding] | type[Filtered]
+Phase = type[Idle] | type[Extended] | type[Decoding] | type[Filtered] | type[Verifying]
 
 
 @final
@@ -73,4 +75,9 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         for source in (Decoding, Filtered, Idle)
         for operand in (Extended, Filtered)
     ),
+    # Speculative decoding: `sync` is the one transition that reads the device.
+    Transition(
+        Decoding, verify, Verifying, failures=(OutOfKVTokens, ContextTooLong), raises=(DraftError,)
+    ),
+    Transition(Verifying, sync, Filtered, raises=(DraftError,)),
 )

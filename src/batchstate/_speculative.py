@@ -1,0 +1,251 @@
+"""Speculative decoding: the verify window, when only the device knows each row's length.
+
+After a verify forward, how many drafts each row accepted exists only on the
+device. Peers keep a host mirror that is then an upper bound, or `None`, and
+rely on readers to remember. Here that window is its own record, `Verifying`,
+with no host field for a row's length; `sync` is the one way back to a
+mirrored record, and the one device read of the decode path.
+
+    Decoding --verify(draft_lens)--> Verifying --(verify forward)--> sync --> Filtered
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, NamedTuple, final
+
+import attrs
+import torch
+from returns.result import Failure, Result, Success
+
+from batchstate._decode import DecodeError
+from batchstate._errors import ContextTooLong, DraftError, PhaseError, RecordShapeError
+from batchstate._mirrored import DeviceOnly, Mirrored, host_int64
+from batchstate._phases import Decoding, Filtered, Step
+from batchstate._pools import Pools
+from batchstate._rows import Req, Rows
+from batchstate.audit import permitted_reads
+
+__all__ = ["VerifyStep", "Verifying", "sync", "verify"]
+
+
+@final
+@attrs.frozen(eq=False, repr=False)
+class Verifying:
+    """A decode batch in its verify window: row lengths are known only on the device.
+
+    Built by `verify` before the verify forward. That forward writes KV for
+    each row's decode token and its drafts at `out_cache_loc` and decides,
+    on the device, how many drafts each row accepts. `sync` reads those
+    counts and returns a mirrored `Filtered`. Until then there is no host
+    length to read, stale or otherwise: the host knows only what it
+    reserved (`draft_lens`, and the tokens each slot owns in the pools).
+
+    Row i's tokens in `out_cache_loc`, with `c` the length before drafts
+    (the decode token included) and `d = draft_lens[i]`:
+
+        positions  [c - 1, c + d)             the decode token, then d drafts
+        tokens     [sum(d[:i]) + i, sum(d[:i + 1]) + i + 1)
+    """
+
+    device: torch.device
+    reqs: tuple[Req, ...]
+    rids: torch.Tensor  # host int64 [num_reqs], row -> reqs[row].rid
+    req_pool_indices: Mirrored  # int64 [num_reqs], row -> request slot; speculation never moves it
+    draft_lens: torch.Tensor  # host int64 [num_reqs], row -> draft tokens with KV reserved
+    seq_lens: DeviceOnly  # int64 [num_reqs], row -> KV tokens the verify forward attends over
+    out_cache_loc: DeviceOnly  # int64 [num_reqs + sum(draft_lens)], token -> KV location
+
+    def __attrs_post_init__(self) -> None:
+        num_reqs = len(self.reqs)
+        num_tokens = num_reqs + int(self.draft_lens.sum())
+        columns = (
+            ("rids", self.rids, num_reqs, _CPU),
+            ("req_pool_indices.host", self.req_pool_indices.host, num_reqs, _CPU),
+            ("req_pool_indices.device", self.req_pool_indices.device, num_reqs, self.device),
+            ("draft_lens", self.draft_lens, num_reqs, _CPU),
+            ("seq_lens", self.seq_lens.device, num_reqs, self.device),
+            ("out_cache_loc", self.out_cache_loc.device, num_tokens, self.device),
+        )
+        for name, tensor, rows, device in columns:
+            if tensor.shape != (rows,) or tensor.dtype != torch.int64 or tensor.device != device:
+                raise RecordShapeError(
+                    f"Verifying.{name}: expected int64 [{rows}] on {device},"
+                    f" got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
+                )
+
+    def __repr__(self) -> str:
+        return (
+            f"Verifying(num_reqs={len(self.reqs)}, num_drafts={int(self.draft_lens.sum())},"
+            f" device={self.device})"
+        )
+
+
+class VerifyStep(NamedTuple):
+    """What `verify` returns: the verify window and the pools holding its drafts' KV."""
+
+    batch: Verifying
+    pools: Pools
+
+
+def verify(
+    batch: Decoding, draft_lens: Sequence[int] | torch.Tensor, pools: Pools
+) -> Result[VerifyStep, DecodeError]:
+    """Reserve KV for each row's drafts, up front, and open the verify window.
+
+    Row i gets locations for positions `[c, c + draft_lens[i])` past its
+    length `c`; the table is written (both sides) once that allocation has
+    succeeded. Reads nothing from the device.
+
+    Args:
+        batch: a decode batch; its `out_cache_loc` token leads each row.
+        draft_lens: draft tokens per row, >= 0: ints or a CPU integer
+            tensor `[num_reqs]`.
+        pools: the pools that own `batch`'s memory.
+
+    Returns:
+        `Success(VerifyStep(Verifying, Pools))`; or `Failure(OutOfKVTokens)`
+        or `Failure(ContextTooLong)`, with `batch` and `pools` unchanged.
+
+    Raises:
+        PhaseError: `batch` is not `Decoding`.
+        DraftError: `draft_lens` is not one non-negative integer per row on the CPU.
+    """
+    if not isinstance(batch, Decoding):
+        raise PhaseError(f"verify takes Decoding, got {type(batch).__name__}")
+    rows = batch.rows
+    drafts = _draft_lens(draft_lens, len(rows))
+    committed = rows.seq_lens.host
+    reserved = committed + drafts
+    too_long = reserved > pools.max_context_len
+    if bool(too_long.any()):
+        row = int(too_long.to(torch.int64).argmax())
+        return Failure(
+            ContextTooLong(rows.reqs[row].rid, int(reserved[row]), pools.max_context_len)
+        )
+    slots = rows.req_pool_indices.host
+    allocation = pools.allocate_tokens(slots, committed, reserved)
+    if not isinstance(allocation, Success):
+        return Failure(allocation.failure())
+    draft_locs, after = allocation.unwrap()
+    draft_rows = torch.repeat_interleave(torch.arange(len(rows)), drafts)
+    first_draft = torch.cumsum(drafts, 0) - drafts
+    draft_positions = (
+        committed[draft_rows] + torch.arange(draft_rows.shape[0]) - first_draft[draft_rows]
+    )
+    # One host-to-device copy for the table write, one for what the forward reads.
+    table_cells = Mirrored.from_host(
+        torch.stack((slots[draft_rows], draft_positions, draft_locs)), rows.device
+    )
+    after.table.write(*table_cells.unbind())
+    decode_locs = after.table.host[slots, committed - 1].to(torch.int64)
+    out_cache_loc = torch.empty(len(rows) + draft_locs.shape[0], dtype=torch.int64)
+    leads = first_draft + torch.arange(len(rows))  # each row's decode token
+    is_draft = torch.ones(out_cache_loc.shape[0], dtype=torch.bool)
+    is_draft[leads] = False
+    out_cache_loc[leads] = decode_locs
+    out_cache_loc[is_draft] = draft_locs
+    forward = DeviceOnly.from_host(torch.cat((out_cache_loc, reserved)), rows.device).device
+    verifying = Verifying(
+        rows.device,
+        rows.reqs,
+        rows.rids,
+        rows.req_pool_indices,
+        drafts,
+        DeviceOnly(forward[out_cache_loc.shape[0] :]),
+        DeviceOnly(forward[: out_cache_loc.shape[0]]),
+    )
+    return Success(VerifyStep(verifying, after))
+
+
+def sync(batch: Verifying, num_accepted: torch.Tensor, pools: Pools) -> Step[Filtered]:
+    """Read each row's accepted drafts from the device, free the rest, mirror the lengths again.
+
+    The one device read of the decode path: it waits for the verify forward
+    that wrote `num_accepted`. It runs inside `permitted_reads`, so an
+    audit counts it and does not forbid it. Row i's length becomes
+    `c + num_accepted[i]`; KV pages holding only unaccepted drafts go back
+    to the pools.
+
+    Args:
+        batch: the verify window.
+        num_accepted: int64 `[num_reqs]` on `batch.device`, each in
+            `[0, draft_lens[i]]`, written by the verify forward.
+        pools: the pools `verify` returned, or their successors.
+
+    Returns:
+        `Step(Filtered, Pools)`: a running batch to filter, merge or decode.
+
+    Raises:
+        DraftError: `num_accepted` has the wrong shape, dtype or device, a
+            count out of range, or `pools` do not hold `batch`'s drafts.
+    """
+    num_reqs = len(batch.reqs)
+    if (
+        num_accepted.shape != (num_reqs,)
+        or num_accepted.dtype != torch.int64
+        or num_accepted.device != batch.device
+    ):
+        raise DraftError(
+            f"num_accepted: expected int64 [{num_reqs}] on {batch.device}, got"
+            f" {num_accepted.dtype} {list(num_accepted.shape)} on {num_accepted.device}"
+        )
+    with permitted_reads("speculative sync: accepted draft counts"):
+        accepted = num_accepted.to("cpu")  # NOTE: the one device read; it waits for the forward
+    drafts = batch.draft_lens
+    bad = (accepted < 0) | (accepted > drafts)
+    if bool(bad.any()):
+        row = int(bad.to(torch.int64).argmax())
+        raise DraftError(f"row {row} accepted {int(accepted[row])} of {int(drafts[row])} drafts")
+    slots = batch.req_pool_indices.host
+    committed = pools.slot_tokens[slots] - drafts
+    if bool((committed < 1).any()):
+        raise DraftError(
+            "the pools do not hold this batch's drafts: pass the pools verify returned"
+        )
+    seq_lens_host = committed + accepted
+    shrunk = pools.shrink(slots, seq_lens_host)
+    if not isinstance(shrunk, Success):
+        raise DraftError(f"the pools do not own this batch's slots: {shrunk.failure()}")
+    seq_lens = Mirrored.from_host(seq_lens_host, batch.device)
+    rows = Rows(
+        batch.device,
+        batch.reqs,
+        batch.rids,
+        batch.req_pool_indices,
+        seq_lens,
+        DeviceOnly(seq_lens.device.to(torch.int32)),
+        int(seq_lens_host.sum()),
+        int(seq_lens_host.max()) if num_reqs else 0,
+    )
+    return Step(Filtered(rows), shrunk.unwrap())
+
+
+def _draft_lens(draft_lens: Sequence[int] | torch.Tensor, num_reqs: int) -> torch.Tensor:
+    if isinstance(draft_lens, torch.Tensor):
+        if draft_lens.device.type != "cpu":
+            raise DraftError(
+                f"draft_lens must be on the CPU, got {draft_lens.device}: reading it would sync"
+            )
+        if (
+            draft_lens.dtype.is_floating_point
+            or draft_lens.dtype.is_complex
+            or draft_lens.dtype == torch.bool
+        ):
+            raise DraftError(f"draft_lens must be integers, got {draft_lens.dtype}")
+        drafts = draft_lens.to(torch.int64)
+    elif any(isinstance(value, bool) for value in draft_lens):
+        raise DraftError("draft_lens must be integers, got a bool")
+    else:
+        try:
+            drafts = host_int64(draft_lens)
+        except TypeError as error:
+            raise DraftError(f"draft_lens must be integers: {error}") from None
+    if drafts.shape != (num_reqs,):
+        raise DraftError(f"draft_lens: expected [{num_reqs}], got {list(drafts.shape)}")
+    if bool((drafts < 0).any()):
+        raise DraftError(f"draft_lens must be >= 0, got {drafts.tolist()}")
+    return drafts
+
+
+_CPU: Final = torch.device("cpu")
