@@ -62,10 +62,15 @@ class Extended:
                 f" extend_num_tokens is {self.extend_num_tokens}"
             )
         for name, column in (("input_ids", self.input_ids), ("out_cache_loc", self.out_cache_loc)):
-            if len(column) != self.extend_num_tokens or column.dtype != torch.int64:
+            if (
+                len(column) != self.extend_num_tokens
+                or column.dtype != torch.int64
+                or column.device.device != self.rows.device
+            ):
                 raise RecordShapeError(
-                    f"Extended.{name}: expected int64 [{self.extend_num_tokens}],"
-                    f" got {column.dtype} [{len(column)}]"
+                    f"Extended.{name}: expected int64 [{self.extend_num_tokens}] on"
+                    f" {self.rows.device}, got {column.dtype} [{len(column)}] on"
+                    f" {column.device.device}"
                 )
 
     @property
@@ -82,10 +87,15 @@ class Decoding:
     out_cache_loc: DeviceOnly  # int64 [num_reqs], row -> KV location of its new token
 
     def __attrs_post_init__(self) -> None:
-        if len(self.out_cache_loc) != len(self.rows) or self.out_cache_loc.dtype != torch.int64:
+        locs = self.out_cache_loc
+        if (
+            len(locs) != len(self.rows)
+            or locs.dtype != torch.int64
+            or locs.device.device != self.rows.device
+        ):
             raise RecordShapeError(
-                f"Decoding.out_cache_loc: expected int64 [{len(self.rows)}],"
-                f" got {self.out_cache_loc.dtype} [{len(self.out_cache_loc)}]"
+                f"Decoding.out_cache_loc: expected int64 [{len(self.rows)}] on {self.rows.device},"
+                f" got {locs.dtype} [{len(locs)}] on {locs.device.device}"
             )
 
     @property
