@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from batchstate._errors import BatchConflict, PhaseError
+from batchstate._mirrored import overlap
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 
 __all__ = ["merge"]
@@ -40,6 +41,6 @@ def merge(running: Decoding | Filtered | Idle, incoming: Extended | Filtered) ->
 
 
 def _expect_disjoint(left: torch.Tensor, right: torch.Tensor, what: str) -> None:
-    shared = right[torch.isin(right, left)]
+    shared = overlap(right, left)
     if shared.shape[0]:
         raise BatchConflict(f"{what} {shared.tolist()} are in both batches")

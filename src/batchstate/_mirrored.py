@@ -9,7 +9,7 @@ from typing import Self, final
 import attrs
 import torch
 
-__all__ = ["DeviceOnly", "Mirrored", "host_int64", "to_device"]
+__all__ = ["DeviceOnly", "Mirrored", "host_int64", "overlap", "to_device"]
 
 
 @final
@@ -145,6 +145,21 @@ def host_int64(values: Sequence[int]) -> torch.Tensor:
     if not values:
         return torch.empty(0, dtype=torch.int64)
     return torch.frombuffer(array("q", values), dtype=torch.int64)
+
+
+def overlap(values: torch.Tensor, among: torch.Tensor) -> torch.Tensor:
+    """The elements of 1-D host tensor `values` that are also in `among`, in order.
+
+    `torch.isin` sorts and costs 35-150 µs on CPU; comparing every pair
+    costs ~5 µs while one side is small (one request joining, one leaving).
+    """
+    if values.shape[0] * among.shape[0] > _MAX_PAIRS:
+        return values[torch.isin(values, among)]
+    hits = (values.unsqueeze(1) == among).any(1)
+    return values[hits] if bool(hits.any()) else values[:0]
+
+
+_MAX_PAIRS = 1 << 16
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
