@@ -35,9 +35,12 @@ META = torch.device("meta")
 
 
 def _make_decoding(
-    page_size: int, lengths: Sequence[int] = (3, 16, 9), **pool_sizes: int
+    page_size: int,
+    lengths: Sequence[int] = (3, 16, 9),
+    max_context_len: int = 64,
+    num_kv_tokens: int = 512,
 ) -> tuple[Decoding, Pools]:
-    pools = make_test_pools(page_size, **pool_sizes)
+    pools = make_test_pools(page_size, max_context_len=max_context_len, num_kv_tokens=num_kv_tokens)
     extended, pools = make_extended(pools, lengths)
     return decode(extended, pools).unwrap()
 
@@ -234,15 +237,16 @@ def _meta_decoding(page_size: int) -> tuple[Decoding, Pools]:
     return decode(extended, pools).unwrap()
 
 
-@pytest.mark.parametrize("row", [row for row in TRANSITIONS if row.function in (verify, sync)])
-def test_speculative_rows_of_the_table(row: object) -> None:
+def test_speculative_rows_of_the_table() -> None:
     """The table's verify and sync rows name the phases the functions really take and return."""
     decoding, pools = _make_decoding(16)
     verifying, reserved = verify(decoding, [1, 2, 3], pools).unwrap()
     synced, _ = sync(verifying, host_int64([1, 1, 1]), reserved)
-    expected = {verify: (Decoding, Verifying), sync: (Verifying, Filtered)}
-    assert (row.source, row.target) == expected[row.function]  # type: ignore[attr-defined, index]  # parametrized as object
-    assert type(verifying) is Verifying and type(synced) is Filtered
+    rows = {row.function: row for row in TRANSITIONS if row.function in (verify, sync)}
+    assert (rows[verify].source, rows[verify].target) == (type(decoding), Verifying)
+    assert (rows[sync].source, rows[sync].target) == (Verifying, type(synced))
+    assert type(verifying) is Verifying
+    assert rows[verify].failures == (OutOfKVTokens, ContextTooLong)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
