@@ -45,8 +45,12 @@ class TokenTable:
 
     def write(self, slots: Mirrored, positions: Mirrored, locs: Mirrored) -> None:
         """Set `table[slots[i], positions[i]] = locs[i]` on both sides (mutates the table)."""
-        self.host[slots.host, positions.host] = locs.host.to(torch.int32)
-        self.device[slots.device, positions.device] = locs.device.to(torch.int32)
+        host_locs, device_locs = locs.host.to(torch.int32), locs.device.to(torch.int32)
+        # NOTE: convert both, then write the device side first: if it fails (out of
+        # memory, say) neither side has changed. The host write, last, indexes CPU
+        # memory at cells the device write just accepted.
+        self.device[slots.device, positions.device] = device_locs
+        self.host[slots.host, positions.host] = host_locs
 
     def __repr__(self) -> str:
         return _describe("TokenTable", self.device)
