@@ -177,10 +177,12 @@ def _place(
     tokens = Mirrored.from_host(
         torch.stack((slots_host[rows_of_tokens], positions, locs, input_ids)), batch.device
     )
+    rows = Rows.from_host(batch.device, reqs, slots, seq_lens)
+    admitted = _Admitted(rows, tokens, tuple(prefix_lens), tuple(extend_lens.tolist()), after)
+    # NOTE: the table write comes last: a failure before it leaves the table as it was.
     token_slots, token_positions, token_locs, _ = tokens.unbind()
     after.table.write(token_slots, token_positions, token_locs)
-    rows = Rows.from_host(batch.device, reqs, slots, seq_lens)
-    return Success(_Admitted(rows, tokens, tuple(prefix_lens), tuple(extend_lens.tolist()), after))
+    return Success(admitted)
 
 
 def _cached_tokens(pools: Pools, item: Req | Resumed) -> int | NotOwned:
