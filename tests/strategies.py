@@ -106,6 +106,16 @@ def assert_unchanged(before: object, value: object, what: str = "input") -> None
 
 
 def _first_difference(before: object, after: object, path: str = "") -> str:
+    if (
+        isinstance(before, TensorState)
+        and isinstance(after, TensorState)
+        and len(before.value) == len(after.value)
+    ):
+        pairs = zip(before.value, after.value, strict=True)
+        changed = [(i, old, new) for i, (old, new) in enumerate(pairs) if old != new]
+        cells = ", ".join(f"{i}: {old} -> {new}" for i, old, new in changed[:8])
+        if changed:
+            return f"at {path}, {len(changed)} elements of {before.shape} changed (flat {cells})"
     if isinstance(before, tuple) and isinstance(after, tuple) and len(before) == len(after):
         for index, (old, new) in enumerate(zip(before, after, strict=True)):
             if old != new:

@@ -1,0 +1,278 @@
+"""Faults midway through a transition: allocations that fail, exceptions from inside.
+
+Two kinds. An allocation that fails partway through a multi-request extend
+(request slots granted, KV tokens not; or the reverse) must return a
+`Failure` and leave the pools and the request-to-token table as they were.
+And an exception raised from inside a transition, at any of its seams (an
+allocation, a host-to-device copy, a device gather or concatenation, the
+device side of the table write), must leave every input valid and unchanged.
+
+The sweep counts the seam calls of a clean run, then reruns the transition
+once per call, raising at that call. Seams are the operations that can fail
+in production: allocating, copying to the device, device ops that allocate.
+The host side of the table write is not a seam: it indexes CPU memory at
+cells the device write just accepted (see `TokenTable.write`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Final, NamedTuple
+
+import pytest
+import torch
+from returns.result import Failure, Success
+
+import batchstate._extend
+import batchstate._mirrored
+import batchstate._rows
+from batchstate import (
+    Decoding,
+    Filtered,
+    OutOfKVTokens,
+    OutOfReqSlots,
+    Pools,
+    Req,
+    Resumed,
+    TokenTable,
+    check_batch,
+    check_pools,
+    decode,
+    extend,
+    filter_batch,
+    idle,
+    merge,
+    prebuilt,
+    release,
+)
+from tests.builders import CPU, make_extended, make_phase, make_reqs, make_test_pools
+from tests.strategies import assert_unchanged, snapshot
+
+# Setup for one transition: the call, and every value it is handed.
+Setup = tuple[Callable[[], object], tuple[object, ...]]
+
+
+class _Injected(RuntimeError):
+    """The fault the tests raise; nothing in batchstate catches it."""
+
+
+# (owner, attribute): every seam the sweep may raise at.
+_SEAMS: Final[tuple[tuple[object, str], ...]] = (
+    (Pools, "allocate_slots"),
+    (Pools, "allocate_tokens"),
+    (Pools, "allocate_next"),
+    (Pools, "free"),
+    (TokenTable, "write"),
+    (batchstate._mirrored, "to_device"),
+    (batchstate._mirrored, "host_int64"),
+    (batchstate._rows, "host_int64"),
+    (batchstate._extend, "host_int64"),
+    (torch, "cat"),
+    (torch, "stack"),
+    (torch.Tensor, "index_select"),
+    (torch.Tensor, "to"),
+)
+
+
+class _Injector:
+    """Counts seam calls while armed; raises `_Injected` at call number `fail_at`."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.calls = 0
+        self.fail_at: int | None = None
+        self.device_table: torch.Tensor | None = None  # its writes are a seam too
+
+    def tick(self, where: str) -> None:
+        if not self.armed:
+            return
+        self.calls += 1
+        if self.calls - 1 == self.fail_at:
+            raise _Injected(f"injected at call {self.fail_at}: {where}")
+
+    def wrap(self, owner: object, name: str) -> Callable[..., object]:
+        original: Callable[..., object] = getattr(owner, name)
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            self.tick(f"{getattr(owner, '__name__', owner)}.{name}")
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    def wrap_setitem(self) -> Callable[..., None]:
+        original = torch.Tensor.__setitem__
+
+        def setitem(tensor: torch.Tensor, index: object, value: object) -> None:
+            if tensor is self.device_table:
+                self.tick("table.device[...] = ...")
+            original(tensor, index, value)  # type: ignore[arg-type]  # torch's index union
+
+        return setitem
+
+
+@contextmanager
+def _seams(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Injector]:
+    injector = _Injector()
+    with monkeypatch.context() as patch:
+        for owner, name in _SEAMS:
+            patch.setattr(owner, name, injector.wrap(owner, name))
+        patch.setattr(torch.Tensor, "__setitem__", injector.wrap_setitem())
+        yield injector
+
+
+def _make_resumable(page_size: int) -> tuple[Pools, int]:
+    """Pools where request 7 owns a slot holding 5 cached tokens, out of any batch."""
+    pools = make_test_pools(page_size)
+    batch, pools = extend(idle(CPU), [Req(7, tuple(range(5)))], pools).unwrap()
+    return pools, int(batch.rows.req_pool_indices.host[0])
+
+
+def _extend_mixed(page_size: int) -> Setup:
+    pools, slot = _make_resumable(page_size)
+    items: list[Req | Resumed] = [*make_reqs([3, 20], first_rid=10)]
+    items.append(Resumed(Req(7, tuple(range(22))), slot))
+    return (lambda: extend(idle(CPU), items, pools)), (pools, items)
+
+
+def _prebuilt(page_size: int) -> Setup:
+    pools = make_test_pools(page_size)
+    reqs = make_reqs([4, 17, 16])
+    return (lambda: prebuilt(idle(CPU), reqs, pools)), (pools, reqs)
+
+
+def _decode(page_size: int) -> Setup:
+    # Lengths 16 and 5: with pages of 16 one row starts a page, the other does not.
+    batch, pools = make_extended(make_test_pools(page_size), [16, 5])
+    return (lambda: decode(batch, pools)), (batch, pools)
+
+
+def _filter(page_size: int) -> Setup:
+    batch, _ = make_phase(Decoding, make_test_pools(page_size), [3, 5, 7, 9])
+    return (lambda: filter_batch(batch, [0, 3])), (batch,)  # type: ignore[arg-type]  # a Decoding
+
+
+def _merge(page_size: int) -> Setup:
+    pools = make_test_pools(page_size)
+    running, pools = make_phase(Filtered, pools, [3, 5, 7])
+    incoming, pools = make_extended(pools, [4, 6], first_rid=20)
+    return (lambda: merge(running, incoming)), (running, incoming)  # type: ignore[arg-type]  # a Filtered
+
+
+def _release(page_size: int) -> Setup:
+    batch, pools = make_phase(Decoding, make_test_pools(page_size), [3, 5, 17])
+    left, running = filter_batch(batch, [0, 2]), filter_batch(batch, [1])  # type: ignore[arg-type]  # a Decoding
+    return (lambda: release(left, running, pools)), (left, running, pools)
+
+
+_TRANSITIONS: Final[dict[str, Callable[[int], Setup]]] = {
+    "extend-new-and-resumed": _extend_mixed,  # three allocations and the table write
+    "prebuilt": _prebuilt,  # the same admission without a forward
+    "decode": _decode,  # the per-step hot path: allocate_next, copy, table write
+    "filter": _filter,  # gathers on both sides
+    "merge": _merge,  # concatenations on both sides
+    "release": _release,  # the free list grows
+}
+
+
+def _assert_valid(inputs: tuple[object, ...]) -> None:
+    for value in inputs:
+        if isinstance(value, Pools):
+            check_pools(value, compare_device=True)
+        elif hasattr(value, "rows"):
+            check_batch(value, compare_device=True)  # type: ignore[arg-type]  # a record
+
+
+@pytest.mark.parametrize(
+    "page_size",
+    [
+        1,  # one token per page: the fast paths
+        16,  # partly filled pages, read back from the host table
+    ],
+)
+@pytest.mark.parametrize("name", _TRANSITIONS)
+def test_exception_at_every_seam(
+    monkeypatch: pytest.MonkeyPatch, name: str, page_size: int
+) -> None:
+    """An exception at any seam of a transition leaves every input valid and unchanged."""
+    setup = _TRANSITIONS[name]
+    with _seams(monkeypatch) as injector:
+        call, inputs = setup(page_size)
+        injector.armed = True
+        call()
+        injector.armed = False
+        num_calls = injector.calls
+        assert num_calls, f"{name} passed no seam: the sweep would prove nothing"
+        for fail_at in range(num_calls):
+            call, inputs = setup(page_size)
+            pools = [value for value in inputs if isinstance(value, Pools)]
+            injector.device_table = pools[0].table.device if pools else None
+            before = snapshot(inputs)
+            injector.calls, injector.fail_at, injector.armed = 0, fail_at, True
+            try:
+                with pytest.raises(_Injected) as raised:
+                    call()
+            finally:
+                injector.armed = False
+            assert_unchanged(before, inputs, f"{name} inputs after a fault {raised.value}")
+            _assert_valid(inputs)
+
+
+class _AllocFault(NamedTuple):
+    lengths: tuple[int, ...]  # fresh requests, admitted with request 7 resumed
+    max_reqs: int
+    num_pages: int
+    expected: type
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        # slots granted (two of three free), KV short by one page: the slots must go back
+        _AllocFault((16, 16), max_reqs=3, num_pages=3, expected=OutOfKVTokens),
+        # KV plenty, one slot short: nothing allocated at all
+        _AllocFault((1, 1, 1), max_reqs=3, num_pages=32, expected=OutOfReqSlots),
+        # both short: slots are checked first
+        _AllocFault((16, 16, 16), max_reqs=3, num_pages=1, expected=OutOfReqSlots),
+    ],
+)
+def test_allocation_fails_midway(fault: _AllocFault) -> None:
+    """A multi-request extend that runs out partway leaves pools and the table as they were."""
+    pools = make_test_pools(16, max_reqs=fault.max_reqs, num_kv_tokens=16 * fault.num_pages)
+    resumed, pools = extend(idle(CPU), [Req(7, tuple(range(5)))], pools).unwrap()
+    slot = int(resumed.rows.req_pool_indices.host[0])
+    items: list[Req | Resumed] = [*make_reqs(fault.lengths, first_rid=10)]
+    items.append(Resumed(Req(7, tuple(range(30))), slot))
+    before = snapshot((pools, items))
+    result = extend(idle(CPU), items, pools)
+    assert isinstance(result, Failure)
+    assert type(result.failure()) is fault.expected
+    assert_unchanged(before, (pools, items), "pools, table and requests after the failure")
+    check_pools(pools, compare_device=True)
+    # Nothing leaked: the same pools still admit what fits.
+    if pools.num_free_tokens:
+        assert isinstance(extend(idle(CPU), make_reqs([1], first_rid=30), pools), Success)
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "allocate_tokens",  # the request slots were granted, then the KV allocator fails
+        "allocate_slots",  # the first allocation fails
+    ],
+)
+def test_allocator_failure_value(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """An allocator that fails for its own reasons (not counted here) leaks nothing."""
+    pools = make_test_pools(16)
+    items = make_reqs([3, 20, 7])
+
+    def fail(*args: object) -> Failure[OutOfKVTokens]:
+        return Failure(OutOfKVTokens(1, 0, 16))
+
+    before = snapshot(pools)
+    monkeypatch.setattr(Pools, method, fail)
+    result = extend(idle(CPU), items, pools)
+    monkeypatch.undo()
+    assert result == Failure(OutOfKVTokens(1, 0, 16))
+    assert_unchanged(before, pools, "pools after the allocator failed")
+    check_pools(pools, compare_device=True)
