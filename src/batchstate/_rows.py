@@ -14,7 +14,7 @@ from batchstate._mirrored import DeviceOnly, Mirrored, host_int64
 
 __all__ = ["Req", "Rows"]
 
-# Concatenating up to this many slices of `reqs` beats gathering item by item.
+# Up to this many rows kept or dropped, a filter reads them one by one.
 _MAX_SLICED_RUNS: Final = 8
 
 
@@ -143,23 +143,22 @@ class Rows:
 
 
 def _take_tuple(items: tuple[Req, ...], index: torch.Tensor) -> tuple[Req, ...]:
-    # A filter usually drops a few rows: copy the runs of kept rows as slices.
-    if index.shape[0] == 0:
-        return ()
-    gaps = (index[1:] - index[:-1]) != 1
-    firsts = torch.cat((index[:1], index[1:][gaps])).tolist()
-    if len(firsts) <= _MAX_SLICED_RUNS:
-        lasts = torch.cat((index[:-1][gaps], index[-1:])).tolist()
+    # `index` is strictly increasing. A filter usually keeps a few rows (the
+    # batch that left) or drops a few (the one that goes on): read the short
+    # side to the host, then copy the runs of kept rows as slices.
+    num_kept = index.shape[0]
+    if num_kept <= _MAX_SLICED_RUNS:
+        return tuple(items[position] for position in index.tolist())
+    if len(items) - num_kept <= _MAX_SLICED_RUNS:
+        dropped = torch.ones(len(items), dtype=torch.bool)
+        dropped[index] = False
         taken: tuple[Req, ...] = ()
-        for first, last in zip(firsts, lasts, strict=True):
-            taken += items[first : last + 1]
-        return taken
-    positions = index.tolist()
-    return (
-        tuple(operator.itemgetter(*positions)(items))
-        if len(positions) > 1
-        else (items[positions[0]],)
-    )
+        start = 0
+        for stop in dropped.nonzero().flatten().tolist():
+            taken += items[start:stop]
+            start = stop + 1
+        return taken + items[start:]
+    return tuple(operator.itemgetter(*index.tolist())(items))
 
 
 def _check_rows(rows: Rows) -> None:
