@@ -78,7 +78,7 @@ class Engine:
         specs: the workload, in arrival order.
         pools: empty pools for the run.
         tokens: runs the forwards (a model) or draws tokens (meta).
-        counter: counts device reads on audited steps; None reports them as not measured.
+        counter: counts device reads on audited steps; None counts none.
     """
 
     def __init__(

@@ -111,7 +111,7 @@ class Simulation:
     pools: Pools  # after the run: everything should be free again
     oracle: OracleResult | None  # None: not run (meta, or switched off)
     oracle_s: float
-    reads_measured: bool  # False where batchstate.audit is missing
+    reads_measured: bool  # False when no step was audited
 
     @property
     def pools_conserved(self) -> bool:
@@ -161,7 +161,7 @@ def simulate(config: SimulationConfig, on_step: Callable[[int], None] | None = N
         engine.pools,
         oracle,
         perf_counter() - start - wall_s,
-        counter is not None,
+        engine.trace.num_audited > 0,
     )
 
 

@@ -1,0 +1,52 @@
+"""Plot a run: batch size, KV usage and step time over the steps (needs matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from batchstate.engine._simulate import Simulation
+
+__all__ = ["plot_run", "require_matplotlib"]
+
+
+def require_matplotlib() -> None:
+    """Raise `ImportError` with a one-line hint when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401, PLC0415  (optional dependency, checked on demand)
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'batchstate[plot]'") from None
+
+
+def plot_run(run: Simulation, path: Path) -> None:
+    """Write a three-panel PNG of `run` to `path` (headless: the Agg backend)."""
+    import matplotlib  # noqa: PLC0415  (optional dependency)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    trace, pools = run.trace, run.pools
+    steps = range(len(trace))
+    capacity = pools.num_pages * pools.page_size
+    extends = [step for step in steps if trace.is_extend[step]]
+    figure, (sizes, memory, times) = plt.subplots(3, 1, figsize=(8, 6.4), sharex=True)
+    sizes.plot(steps, trace.batch_size, linewidth=0.8, label="rows in forward")
+    sizes.scatter(extends, [trace.batch_size[s] for s in extends], s=4, c="C1", label="extend")
+    sizes.set_ylabel("batch size")
+    sizes.legend(loc="upper right", fontsize="small")
+    memory.plot(steps, [100 * used / max(capacity, 1) for used in trace.kv_tokens_used], c="C2")
+    memory.set_ylabel("KV in use (%)")
+    memory.set_ylim(0, 105)
+    times.plot(steps, [1e3 * t for t in trace.step_s], linewidth=0.6, label="step")
+    times.plot(steps, [1e3 * t for t in trace.bookkeeping_s], linewidth=0.6, label="bookkeeping")
+    times.set_ylabel("time (ms)")
+    times.set_yscale("log")
+    times.set_xlabel("engine step")
+    times.legend(loc="upper right", fontsize="small")
+    config = run.config
+    figure.suptitle(
+        f"batchstate simulate: {len(run.specs)} requests on {config.device},"
+        f" page size {pools.page_size}, {capacity} KV tokens"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)

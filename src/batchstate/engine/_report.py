@@ -1,0 +1,131 @@
+"""The end-of-run summary: one record, rendered as a table or as JSON."""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+
+from batchstate.engine._simulate import Simulation
+
+__all__ = ["Summary", "render_summary", "summarize"]
+
+
+@final
+@attrs.frozen
+class Summary:
+    """The numbers of one run; `ok` is False when the oracle or pool conservation failed."""
+
+    device: str
+    page_size: int
+    num_requests: int
+    num_finished: int
+    prompt_tokens: int
+    generated_tokens: int
+    steps: int
+    extend_steps: int
+    decode_steps: int
+    retractions: int
+    wall_s: float
+    steps_per_s: float
+    tokens_per_s: float  # generated tokens per second of the engine loop
+    bookkeeping_us_per_step: float  # mean inside batchstate calls, unaudited steps
+    bookkeeping_us_median: float
+    device_reads: int | None  # on audited steps' decode path; None: not measured
+    audited_steps: int
+    invariant_checks: int
+    pools_conserved: bool
+    pools: str
+    oracle: str  # "pass (...)", "FAIL (...)" or "skipped (...)"
+    oracle_passed: bool | None
+    oracle_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.pools_conserved and self.oracle_passed is not False
+
+
+def summarize(run: Simulation) -> Summary:
+    """The summary of a finished run."""
+    trace, pools = run.trace, run.pools
+    generated = sum(len(tokens) for tokens in run.outputs.values())
+    steps = len(trace)
+    wall = max(run.wall_s, 1e-9)
+    if run.oracle is not None:
+        oracle = str(run.oracle)
+    elif run.config.device == "meta":
+        oracle = "skipped (meta runs no model)"
+    else:
+        oracle = "skipped (--no-oracle)"
+    return Summary(
+        device=run.config.device,
+        page_size=pools.page_size,
+        num_requests=len(run.specs),
+        num_finished=len(run.outputs),
+        prompt_tokens=sum(len(spec.prompt) for spec in run.specs),
+        generated_tokens=generated,
+        steps=steps,
+        extend_steps=sum(trace.is_extend),
+        decode_steps=steps - sum(trace.is_extend),
+        retractions=trace.num_retractions,
+        wall_s=run.wall_s,
+        steps_per_s=steps / wall,
+        tokens_per_s=generated / wall,
+        bookkeeping_us_per_step=trace.bookkeeping_us_per_step()[0],
+        bookkeeping_us_median=trace.bookkeeping_us_per_step()[1],
+        device_reads=trace.device_reads if run.reads_measured else None,
+        audited_steps=trace.num_audited,
+        invariant_checks=trace.num_checks,
+        pools_conserved=run.pools_conserved,
+        pools=(
+            f"{pools.num_free_slots}/{pools.max_reqs} slots,"
+            f" {pools.num_free_tokens}/{pools.num_pages * pools.page_size} KV tokens free"
+        ),
+        oracle=oracle,
+        oracle_passed=None if run.oracle is None else run.oracle.passed,
+        oracle_s=run.oracle_s,
+    )
+
+
+def render_summary(summary: Summary) -> str:
+    """The summary as an aligned two-column table.
+
+    >>> print(render_summary(_EXAMPLE).splitlines()[1])
+    requests                  256 finished / 256
+    """
+    s = summary
+    if s.device_reads is None:
+        reads = "not counted (--audit-every 0)"
+    else:
+        reads = f"{s.device_reads} in {s.audited_steps} audited steps"
+        if s.device == "cpu":
+            reads += ", trivially: on cpu all data is host data"
+    rows = (
+        ("device", f"{s.device}, page size {s.page_size}"),
+        ("requests", f"{s.num_finished} finished / {s.num_requests}"),
+        ("tokens", f"{s.prompt_tokens} prompt, {s.generated_tokens} generated"),
+        ("steps", f"{s.steps} ({s.extend_steps} extend, {s.decode_steps} decode)"),
+        ("retractions", f"{s.retractions}"),
+        ("wall time", f"{s.wall_s:.2f} s (engine loop; oracle {s.oracle_s:.2f} s more)"),
+        ("steps/s", f"{s.steps_per_s:.0f}"),
+        ("tokens/s", f"{s.tokens_per_s:.0f} generated"),
+        (
+            "bookkeeping",
+            f"{s.bookkeeping_us_per_step:.0f} µs per step, median {s.bookkeeping_us_median:.0f}"
+            " (batchstate calls)",
+        ),
+        ("device reads", f"{reads} (decode path)"),
+        ("invariant checks", f"{s.invariant_checks} passed"),
+        ("pool conservation", f"{'ok' if s.pools_conserved else 'LEAK'}: {s.pools}"),
+        ("oracle", s.oracle),
+    )
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'batchstate simulate':<{width}}   {'OK' if s.ok else 'FAILED'}"]
+    lines += [f"{name:<{width}}   {value}" for name, value in rows]
+    return "\n".join(lines)
+
+
+_EXAMPLE = Summary(
+    "cpu", 16, 256, 256, 7000, 5000, 300, 100, 200, 0, 1.0, 300.0, 5000.0, 600.0, 500.0, 0, 20, 3,
+    True, "", "pass", True, 1.0,
+)  # fmt: skip
