@@ -52,9 +52,11 @@ class Trace:
     def num_audited(self) -> int:
         return sum(self.audited)
 
-    def bookkeeping_us_per_step(self) -> float:
-        """Mean bookkeeping time of the unaudited steps, in µs (0 when there are none)."""
-        times = [
+    def bookkeeping_us_per_step(self) -> tuple[float, float]:
+        """Mean and median bookkeeping time of the unaudited steps, in µs (0 when none)."""
+        times = sorted(
             t for t, audited in zip(self.bookkeeping_s, self.audited, strict=True) if not audited
-        ]
-        return 1e6 * sum(times) / len(times) if times else 0.0
+        )
+        if not times:
+            return 0.0, 0.0
+        return 1e6 * sum(times) / len(times), 1e6 * times[len(times) // 2]
