@@ -110,6 +110,17 @@ def verify(
     Raises:
         PhaseError: `batch` is not `Decoding`.
         DraftError: `draft_lens` is not one non-negative integer per row on the CPU.
+
+    >>> from batchstate import Req, decode, extend, idle, make_pools
+    >>> pools = make_pools(4, 32, 64, torch.device("cpu"))
+    >>> batch, pools = extend(idle("cpu"), [Req(0, (1, 2, 3))], pools).unwrap()
+    >>> batch, pools = decode(batch, pools).unwrap()  # 4 tokens
+    >>> window, pools = verify(batch, [3], pools).unwrap()
+    >>> int(pools.slot_tokens[1])  # the drafts' KV is reserved
+    7
+    >>> running, pools = sync(window, torch.tensor([1]), pools)  # one of three accepted
+    >>> running.rows.seq_lens.host.tolist(), int(pools.slot_tokens[1])
+    ([5], 5)
     """
     if not isinstance(batch, Decoding):
         raise PhaseError(f"verify takes Decoding, got {type(batch).__name__}")
