@@ -90,8 +90,8 @@ def summarize(run: Simulation) -> Summary:
 def render_summary(summary: Summary) -> str:
     """The summary as an aligned two-column table.
 
-    >>> print(render_summary(_EXAMPLE).splitlines()[1])
-    requests                  256 finished / 256
+    >>> print(render_summary(_EXAMPLE).splitlines()[2])
+    requests            256 finished / 256
     """
     s = summary
     if s.device_reads is None:
