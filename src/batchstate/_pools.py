@@ -161,19 +161,22 @@ class Pools:
 
     def free(self, slots: torch.Tensor) -> Result[Pools, NotOwned]:
         """Give back request slots and every KV page they own (host int64 slots)."""
-        in_range = (slots >= 1) & (slots <= self.max_reqs)
-        owned_tokens = torch.where(in_range, self.slot_tokens[slots.clamp(0, self.max_reqs)], 0)
-        unowned = slots[owned_tokens == 0]
-        if unowned.shape[0]:
-            return Failure(NotOwned(tuple(unowned.tolist())))
-        if torch.unique(slots).shape[0] != slots.shape[0]:
-            return Failure(NotOwned(tuple(slots.tolist())))  # the same slot twice in one call
+        owned_tokens = self._owned_tokens(slots)
+        if isinstance(owned_tokens, NotOwned):
+            return Failure(owned_tokens)
         page_size = self.page_size
-        num_pages = (owned_tokens + page_size - 1) // page_size
-        rows = torch.repeat_interleave(torch.arange(slots.shape[0]), num_pages)
-        first_page = torch.cumsum(num_pages, 0) - num_pages
-        columns = (torch.arange(rows.shape[0]) - first_page[rows]) * page_size
-        pages = self.table.host[slots[rows], columns].to(torch.int64) // page_size
+        if slots.shape[0] == 1:
+            # One request finishing, the common case: its pages are one strided row read.
+            ((slot, num_tokens),) = torch.stack((slots, owned_tokens), 1).tolist()
+            pages = self.table.host[slot, :num_tokens:page_size].to(torch.int64)
+        else:
+            num_pages = (owned_tokens + page_size - 1) // page_size
+            rows = torch.repeat_interleave(torch.arange(slots.shape[0]), num_pages)
+            first_page = torch.cumsum(num_pages, 0) - num_pages
+            columns = (torch.arange(rows.shape[0]) - first_page[rows]) * page_size
+            pages = self.table.host[slots[rows], columns].to(torch.int64)
+        if page_size > 1:
+            pages = pages // page_size
         slot_tokens = self.slot_tokens.clone()
         slot_tokens[slots] = 0
         return Success(
@@ -238,6 +241,25 @@ class Pools:
                 slot_tokens,
             )
         )
+
+    def _owned_tokens(self, slots: torch.Tensor) -> torch.Tensor | NotOwned:
+        # Tokens each of `slots` owns; NotOwned if one is out of range, free or repeated.
+        # The common case costs three ops; only a failure pays for naming the slots.
+        if slots.shape[0] == 0:
+            return slots
+        low, high = torch.aminmax(slots)
+        if int(low) >= 1 and int(high) <= self.max_reqs:
+            owned_tokens = self.slot_tokens[slots]
+            if bool(owned_tokens.all()) and (
+                slots.shape[0] == 1 or torch.unique(slots).shape[0] == slots.shape[0]
+            ):
+                return owned_tokens
+        in_range = (slots >= 1) & (slots <= self.max_reqs)
+        owned_tokens = torch.where(in_range, self.slot_tokens[slots.clamp(0, self.max_reqs)], 0)
+        unowned = slots[owned_tokens == 0]
+        if unowned.shape[0]:
+            return NotOwned(tuple(unowned.tolist()))
+        return NotOwned(tuple(slots.tolist()))  # the same slot twice in one call
 
     def __repr__(self) -> str:
         return (

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import torch
 from returns.result import Failure, Result
 
 from batchstate._errors import PhaseError, ReleaseError, StillRunning
+from batchstate._mirrored import overlap
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle
 from batchstate._pools import Pools
 
@@ -32,7 +32,7 @@ def release(left: Batch, running: Batch, pools: Pools) -> Result[Pools, ReleaseE
         if not isinstance(batch, Idle | Extended | Decoding | Filtered):
             raise PhaseError(f"release takes a batch as {name}, got {type(batch).__name__}")
     slots = left.rows.req_pool_indices.host
-    still = slots[torch.isin(slots, running.rows.req_pool_indices.host)]
+    still = overlap(slots, running.rows.req_pool_indices.host)
     if still.shape[0]:
         return Failure(StillRunning(tuple(still.tolist())))
     return pools.free(slots)
