@@ -95,6 +95,8 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
     engine = EngineConfig(
         max_running=args.max_running,
         max_prefill_tokens=args.max_prefill_tokens,
+        new_token_ratio=args.new_token_ratio,
+        headroom_pages=args.headroom_pages,
         check_every=args.check_every,
         audit_every=args.audit_every,
     )
@@ -132,6 +134,8 @@ def _parser() -> _Parser:
     add("--page-size", type=int, default=16, help="KV tokens per page")
     add("--max-context-len", type=int, default=None, help="table width (default: longest)")
     add("--max-prefill-tokens", type=int, default=1024, help="input ids per extend")
+    add("--new-token-ratio", type=float, default=0.3, help="share of output reserved at admission")
+    add("--headroom-pages", type=int, default=1, help="pages reserved per request at admission")
     add("--seed", type=int, default=0, help="workload and sampling seed")
     add("--device", default="cpu", help=f"one of {', '.join(DEVICES)} (meta: no model)")
     add("--no-oracle", action="store_true", help="skip the oracle check")

@@ -31,6 +31,7 @@ class Budget:
         max_prefill_tokens: input ids one extend may compute (at least one request goes).
         page_size: KV tokens per page; a request's prompt costs whole pages.
         new_token_ratio: share of a request's remaining output held back for it.
+        headroom_pages: pages held back per request for its next decode steps.
         anything_running: False lets the first request skip the reserve, so an
             empty engine always admits.
     """
@@ -41,6 +42,7 @@ class Budget:
     max_prefill_tokens: int
     page_size: int
     new_token_ratio: float
+    headroom_pages: int
     anything_running: bool
 
 
@@ -51,7 +53,7 @@ def choose(waiting: Iterable[Req], remaining: Iterable[int], budget: Budget) -> 
         waiting: the queue, front first.
         remaining: output tokens each waiting request may still generate, in queue order.
 
-    >>> budget = Budget(8, 64, 0.0, 1024, 16, 0.5, anything_running=True)
+    >>> budget = Budget(8, 64, 0.0, 1024, 16, 0.5, 1, anything_running=True)
     >>> choose([Req(0, (1,) * 20), Req(1, (1,) * 20)], [8, 8], budget)
     1
     """
@@ -63,8 +65,9 @@ def choose(waiting: Iterable[Req], remaining: Iterable[int], budget: Budget) -> 
         if chosen == budget.num_rows:
             break
         num_input = len(req.input_ids)
-        # Whole pages for the prompt, one page of headroom, a share of the output.
-        cost = -(-num_input // page) * page + page + budget.new_token_ratio * left
+        # Whole pages for the prompt, pages of headroom, a share of the output.
+        headroom = budget.headroom_pages * page
+        cost = -(-num_input // page) * page + headroom + budget.new_token_ratio * left
         first_alone = chosen == 0 and not budget.anything_running
         if not first_alone and (cost > tokens_left or (chosen and num_input > prefill_left)):
             break
@@ -74,6 +77,8 @@ def choose(waiting: Iterable[Req], remaining: Iterable[int], budget: Budget) -> 
     return chosen
 
 
-def reserve(remaining: Iterable[int], page_size: int, new_token_ratio: float) -> float:
-    """KV tokens to hold back for running requests: a page each and a share of their output."""
-    return sum(page_size + new_token_ratio * left for left in remaining)
+def reserve(
+    remaining: Iterable[int], page_size: int, new_token_ratio: float, headroom_pages: int
+) -> float:
+    """KV tokens to hold back for running requests: headroom pages and a share of their output."""
+    return sum(headroom_pages * page_size + new_token_ratio * left for left in remaining)

@@ -59,6 +59,7 @@ class EngineConfig:
     max_running: int = 32
     max_prefill_tokens: int = 1024
     new_token_ratio: float = 0.3  # share of remaining output reserved at admission
+    headroom_pages: int = 1  # pages reserved per request at admission
     check_every: int = 0  # check_batch/check_pools every N steps; 0 = only at the end
     audit_every: int = 16  # count device reads on every Nth step's decode path
 
@@ -173,10 +174,12 @@ class Engine:
                 map(self._remaining, running.rids.tolist()),
                 pools.page_size,
                 self.config.new_token_ratio,
+                self.config.headroom_pages,
             ),
             self.config.max_prefill_tokens,
             pools.page_size,
             self.config.new_token_ratio,
+            self.config.headroom_pages,
             anything_running=bool(len(running)),
         )
         # Lazily: `choose` stops early, so a long queue costs nothing past its front.

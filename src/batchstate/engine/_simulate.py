@@ -70,7 +70,10 @@ class SimulationConfig:
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if engine.new_token_ratio < 0:
+            raise ValueError(f"--new-token-ratio must be >= 0, got {engine.new_token_ratio}")
         for name, value in (
+            ("--headroom-pages", engine.headroom_pages),
             ("--check-every", engine.check_every),
             ("--audit-every", engine.audit_every),
         ):
