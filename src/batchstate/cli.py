@@ -41,7 +41,10 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as done:  # argparse printed its one-line error, or the help
+        return done.code if isinstance(done.code, int) else _USAGE
     prog = "batchstate simulate"
     try:
         config = _config(args)
