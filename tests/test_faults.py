@@ -203,6 +203,7 @@ def test_exception_at_every_seam(
         injector.armed = False
         num_calls = injector.calls
         assert num_calls, f"{name} passed no seam: the sweep would prove nothing"
+        print(f"{name}, page size {page_size}: {num_calls} faults injected")
         for fail_at in range(num_calls):
             call, inputs = setup(page_size)
             pools = [value for value in inputs if isinstance(value, Pools)]
