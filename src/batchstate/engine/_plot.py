@@ -28,9 +28,10 @@ def plot_run(run: Simulation, path: Path) -> None:
     steps = range(len(trace))
     capacity = pools.num_pages * pools.page_size
     extends = [step for step in steps if trace.is_extend[step]]
+    decodes = [step for step in steps if not trace.is_extend[step]]
     figure, (sizes, memory, times) = plt.subplots(3, 1, figsize=(8, 6.4), sharex=True)
-    sizes.plot(steps, trace.batch_size, linewidth=0.8, label="rows in forward")
-    sizes.scatter(extends, [trace.batch_size[s] for s in extends], s=4, c="C1", label="extend")
+    sizes.plot(decodes, [trace.batch_size[s] for s in decodes], linewidth=0.8, label="decode rows")
+    sizes.scatter(extends, [trace.batch_size[s] for s in extends], s=4, c="C1", label="extend rows")
     sizes.set_ylabel("batch size")
     sizes.legend(loc="upper right", fontsize="small")
     memory.plot(steps, [100 * used / max(capacity, 1) for used in trace.kv_tokens_used], c="C2")
@@ -48,5 +49,5 @@ def plot_run(run: Simulation, path: Path) -> None:
         f" page size {pools.page_size}, {capacity} KV tokens"
     )
     figure.tight_layout()
-    figure.savefig(path, dpi=80)
+    figure.savefig(path, dpi=64)
     plt.close(figure)

@@ -11,7 +11,7 @@ import torch
 
 from batchstate import Pools, make_pools
 from batchstate.engine._engine import Engine, EngineConfig
-from batchstate.engine._model import ModelConfig, make_model
+from batchstate.engine._model import ModelConfig, TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
 from batchstate.engine._paged import make_kv_cache
 from batchstate.engine._reads import read_counter
@@ -135,7 +135,6 @@ def simulate(config: SimulationConfig, on_step: Callable[[int], None] | None = N
     config.validate()
     device = torch.device(config.device)
     specs = make_workload(config.workload)
-    _warm_up(device)
     pools = make_pools(
         config.num_slots, config.context_len, config.num_kv_tokens, device, config.page_size
     )
@@ -146,6 +145,7 @@ def simulate(config: SimulationConfig, on_step: Callable[[int], None] | None = N
     else:
         model = make_model(config.model, device)
         source = ModelTokens(model, make_kv_cache(model, pools))
+    _warm_up(device, model)
     counter = read_counter()
     engine = Engine(config.engine, specs, pools, source, counter)
     start = perf_counter()
@@ -168,13 +168,15 @@ def simulate(config: SimulationConfig, on_step: Callable[[int], None] | None = N
     )
 
 
-def _warm_up(device: torch.device) -> None:
+def _warm_up(device: torch.device, model: TinyModel | None) -> None:
     # The first ops on a device load lazy machinery (on meta, torch's fake
-    # tensors and sympy: about a second): pay for it outside the timed run.
+    # tensors and sympy: about a second; on cpu, the model's first forward):
+    # pay for it outside the timed run, on throwaway pools.
     specs = make_workload(
         WorkloadConfig(num_requests=2, arrival="all", prompt_len=(2, 2), output_len=(3, 3))
     )
-    engine = Engine(
-        EngineConfig(audit_every=0), specs, make_pools(2, 8, 16, device), RandomTokens(96, 0)
-    )
-    engine.run()
+    pools = make_pools(2, 8, 16, device)
+    source: TokenSource = RandomTokens(96, 0)
+    if model is not None:
+        source = ModelTokens(model, make_kv_cache(model, pools))
+    Engine(EngineConfig(audit_every=0), specs, pools, source).run()
