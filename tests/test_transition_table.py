@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from batchstate import (
     TRANSITIONS,
     Batch,
+    Decoding,
     Pools,
     Transition,
+    Verifying,
     check_batch,
     check_pools,
     decode,
@@ -21,7 +23,10 @@ from batchstate import (
     idle,
     merge,
     prebuilt,
+    sync,
+    verify,
 )
+from batchstate._mirrored import host_int64
 from tests.builders import CPU, make_phase, make_reqs, make_test_pools
 
 Caller = Callable[[Batch | None, Batch | None, Pools], tuple[Batch, Pools, list[Batch]]]
@@ -71,6 +76,25 @@ def _call_merge(
     return batch, pools, [batch]
 
 
+def _call_verify(
+    source: Batch | None, operand: Batch | None, pools: Pools
+) -> tuple[Batch, Pools, list[Batch]]:
+    # The window is not a Batch: the pools are checked alone, with no rows to match.
+    assert source is not None
+    verifying, pools = verify(source, [2] * len(source.rows), pools).unwrap()  # type: ignore[arg-type]  # as above
+    return verifying, pools, []  # type: ignore[return-value]  # the one target outside Batch
+
+
+def _call_sync(
+    source: Batch | None, operand: Batch | None, pools: Pools
+) -> tuple[Batch, Pools, list[Batch]]:
+    # The source is a Decoding (see test_transition_row): open the window, reject every draft.
+    assert source is not None
+    verifying, pools = verify(source, [3] * len(source.rows), pools).unwrap()  # type: ignore[arg-type]  # as above
+    synced, pools = sync(verifying, host_int64([0] * len(source.rows)), pools)
+    return synced, pools, [synced]
+
+
 CALLERS: dict[Callable[..., object], Caller] = {
     idle: _call_idle,
     extend: _call_extend,
@@ -78,6 +102,8 @@ CALLERS: dict[Callable[..., object], Caller] = {
     decode: _call_decode,
     filter_batch: _call_filter,
     merge: _call_merge,
+    verify: _call_verify,
+    sync: _call_sync,
 }
 
 
@@ -99,10 +125,15 @@ def test_transition_row(
 ) -> None:
     """Each legal transition yields its target phase, and every invariant holds after it."""
     pools = make_test_pools(page_size)
-    source, pools = make_phase(row.source, pools, source_lengths) if row.source else (None, pools)
+    # make_phase builds mirrored phases only: sync's caller opens its window from a Decoding.
+    phase = Decoding if row.source is not None and issubclass(row.source, Verifying) else row.source
+    source, pools = make_phase(phase, pools, source_lengths) if phase else (None, pools)
+    operand_phase = (
+        None if row.operand is None or issubclass(row.operand, Verifying) else row.operand
+    )
     operand, pools = (
-        make_phase(row.operand, pools, operand_lengths, first_rid=20)
-        if row.operand
+        make_phase(operand_phase, pools, operand_lengths, first_rid=20)
+        if operand_phase
         else (None, pools)
     )
     caller = CALLERS.get(row.function)
@@ -111,7 +142,7 @@ def test_transition_row(
     assert type(result) is row.target
     for batch in live:
         check_batch(batch, compare_device=True)
-    check_pools(pools, [result], compare_device=True)
+    check_pools(pools, live if row.function is verify else [result], compare_device=True)
     if row.function is merge and source is not None and operand is not None:
         assert len(result.rows) == len(source.rows) + len(operand.rows)
         assert result.rows.seq_lens_sum == source.rows.seq_lens_sum + operand.rows.seq_lens_sum
