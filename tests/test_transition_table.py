@@ -23,6 +23,8 @@ from batchstate import (
     idle,
     merge,
     prebuilt,
+    release,
+    split,
     sync,
     verify,
 )
@@ -69,6 +71,16 @@ def _call_filter(
     return kept, pools, [kept, dropped]
 
 
+def _call_split(
+    source: Batch | None, operand: Batch | None, pools: Pools
+) -> tuple[Batch, Pools, list[Batch]]:
+    assert source is not None
+    kept, left = split(source, list(range(1, len(source.rows))))  # type: ignore[arg-type]  # as above
+    assert len(left.slots) == len(source.rows) - len(kept.rows)
+    pools = release(left, kept, pools).unwrap()  # the rows that left give their memory back
+    return kept, pools, [kept]
+
+
 def _call_merge(
     source: Batch | None, operand: Batch | None, pools: Pools
 ) -> tuple[Batch, Pools, list[Batch]]:
@@ -101,6 +113,7 @@ CALLERS: dict[Callable[..., object], Caller] = {
     prebuilt: _call_prebuilt,
     decode: _call_decode,
     filter_batch: _call_filter,
+    split: _call_split,
     merge: _call_merge,
     verify: _call_verify,
     sync: _call_sync,

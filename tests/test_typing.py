@@ -31,6 +31,7 @@ _CALL: Final = {
     "prebuilt": "prebuilt({}, reqs, pools)",
     "decode": "decode({}, pools)",
     "filter_batch": "filter_batch({}, [0])",
+    "split": "split({}, [0])",
 }
 
 
@@ -84,7 +85,8 @@ ACCEPTED: Final = {
         for _ in range(3):
             decoded, pools = decode(batch, pools).unwrap()
             batch = filter_batch(decoded, [0])
-        pools = release(filter_batch(batch, []), batch, pools).unwrap()
+        kept, left = split(batch, [])
+        pools = release(left, kept, pools).unwrap()
         running = merge(idle_, filter_batch(batch, [0]))
         assert running.rows.seq_lens.host.sum() >= 0
     """,
@@ -120,9 +122,9 @@ def _errors() -> dict[str, list[str]]:
 
 
 def test_illegal_pairs_are_the_complement_of_the_table() -> None:
-    """Four phases by four one-batch transitions, and 4 x 4 merge pairs, less the legal rows."""
+    """Four phases by five one-batch transitions, and 4 x 4 merge pairs, less the legal rows."""
     illegal = _illegal_transitions()
-    assert len(illegal) == (3 + 3 + 1 + 1) + (16 - 6)
+    assert len(illegal) == (3 + 3 + 1 + 1 + 1) + (16 - 6)
     assert illegal["reject_decode_from_idle"] == "decode(idle_, pools)"
     assert illegal["reject_merge_extended_with_filtered"] == "merge(extended, filtered)"
 

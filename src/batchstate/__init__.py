@@ -24,7 +24,7 @@ from batchstate._errors import (
     StillRunning,
 )
 from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
-from batchstate._filter import filter_batch, keep_indices
+from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
 from batchstate._invariants import check_batch, check_pools
 from batchstate._merge import merge
 from batchstate._mirrored import DeviceOnly, Mirrored
@@ -45,6 +45,7 @@ __all__ = [
     "ContextTooLong",
     "DecodeError",
     "Decoding",
+    "Departed",
     "DeviceOnly",
     "DraftError",
     "EmptyExtend",
@@ -67,6 +68,7 @@ __all__ = [
     "Resumed",
     "Rows",
     "Running",
+    "Split",
     "Step",
     "StillRunning",
     "TokenTable",
@@ -84,6 +86,7 @@ __all__ = [
     "merge",
     "prebuilt",
     "release",
+    "split",
     "sync",
     "verify",
 ]

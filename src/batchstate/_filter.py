@@ -1,25 +1,77 @@
-"""Filter: keep some rows of a running batch, by position."""
+"""Filter: keep some rows of a running batch, by position, and hand over the rest."""
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import Final, NamedTuple, final
 
+import attrs
 import torch
 
 from batchstate._errors import KeepIndicesError, PhaseError
-from batchstate._mirrored import Mirrored
+from batchstate._mirrored import Mirrored, _describe
 from batchstate._phases import Decoding, Extended, Filtered, Running
+from batchstate._rows import Req
 
-__all__ = ["filter_batch"]
+__all__ = ["Departed", "Split", "filter_batch", "keep_indices", "split"]
+
+
+@final
+@attrs.frozen(eq=False, repr=False)
+class Departed:
+    """The rows that left a batch, host side only: what `release` needs to free them."""
+
+    reqs: tuple[Req, ...]
+    slots: torch.Tensor  # host int64 [num_left], the request slots they own
+
+    def __repr__(self) -> str:
+        return f"Departed(rids={[req.rid for req in self.reqs]}, {_describe('slots', self.slots)})"
+
+
+class Split(NamedTuple):
+    """A batch cut in two: the rows that go on, and the rows that left."""
+
+    kept: Filtered
+    left: Departed
+
+
+def split(batch: Running, keep: Sequence[int] | torch.Tensor) -> Split:
+    """The rows at `keep` as a `Filtered`, and the others as `Departed`, in one pass.
+
+    What an engine does when requests finish: `kept` goes on, `left` goes to
+    `release`. Keep positions are checked once; host values of `kept` are
+    derived from the rows that left. Reads nothing from the device.
+
+    Args:
+        batch: a running batch.
+        keep: strictly increasing row positions: a list of ints, or a CPU
+            integer tensor `[num_kept]`.
+
+    Raises:
+        PhaseError: `batch` is `Idle` (or not a batch at all).
+        KeepIndicesError: `keep` is not strictly increasing positions in
+            `[0, num_reqs)`, is not integer, or is on a device.
+
+    >>> from batchstate import Req, extend, idle, make_pools, release
+    >>> pools = make_pools(4, 16, 32, torch.device("cpu"))
+    >>> reqs = [Req(rid, (1, 2, 3)) for rid in range(3)]
+    >>> batch, pools = extend(idle("cpu"), reqs, pools).unwrap()
+    >>> kept, left = split(batch, [0, 2])
+    >>> kept.rows.req_pool_indices.host.tolist(), left.slots.tolist()
+    ([1, 3], [2])
+    >>> release(left, kept, pools).unwrap().num_free_slots
+    2
+    """
+    return _split(batch, keep, "split")
 
 
 def filter_batch(batch: Running, keep: Sequence[int] | torch.Tensor) -> Filtered:
     """The rows at `keep`, in order, on every column, device and host.
 
     Keeping none gives a well-formed empty `Filtered`: zero rows on every
-    field and `seq_lens_sum == 0`. Reads nothing from the device. Does not
-    free memory: hand the rows that left to `release`.
+    field and `seq_lens_sum == 0`. Reads nothing from the device. Frees
+    nothing: `split` also hands over the rows that left, for `release`.
 
     Args:
         batch: a running batch.
@@ -40,38 +92,61 @@ def filter_batch(batch: Running, keep: Sequence[int] | torch.Tensor) -> Filtered
     >>> filter_batch(batch, []).rows.seq_lens_sum
     0
     """
-    if not isinstance(batch, Extended | Decoding | Filtered):
-        raise PhaseError(
-            f"filter_batch takes Extended, Decoding or Filtered, got {type(batch).__name__}"
-        )
-    rows = batch.rows
-    index = keep_indices(keep, len(rows))
-    if index.shape[0] == len(rows):
-        return Filtered(rows)  # every row, in order: nothing to copy
-    return Filtered(rows.take(Mirrored.from_host(index, rows.device)))
+    return _split(batch, keep, "filter_batch").kept
 
 
 def keep_indices(keep: Sequence[int] | torch.Tensor, num_rows: int) -> torch.Tensor:
-    """Check keep positions on the host and return them as CPU int64 `[num_kept]`."""
+    """Check keep positions on the host and return them as CPU int64 `[num_kept]`.
+
+    Raises:
+        KeepIndicesError: naming the first bad position.
+    """
     index = _as_host_int64(keep)
     if index.dim() != 1:
         raise KeepIndicesError(f"keep indices must be 1-D, got shape {list(index.shape)}")
     if index.shape[0] == 0:
         return index
-    steps = index.diff()
-    if not bool((steps > 0).all()):
-        at = int((steps <= 0).nonzero()[0])
-        kind = "a duplicate" if int(steps[at]) == 0 else "out of order"
-        raise KeepIndicesError(
-            f"keep indices must be strictly increasing: {kind} at position {at + 1}"
-            f" ({int(index[at])} then {int(index[at + 1])})"
-        )
-    first, last = index[_ENDS].tolist()
+    if index.shape[0] > 1:
+        steps = index.diff()
+        if int(steps.min()) <= 0:
+            at = int((steps <= 0).nonzero()[0])
+            kind = "a duplicate" if int(steps[at]) == 0 else "out of order"
+            raise KeepIndicesError(
+                f"keep indices must be strictly increasing: {kind} at position {at + 1}"
+                f" ({int(index[at])} then {int(index[at + 1])})"
+            )
+    # Sorted: the ends bound the rest. A list gives them without a tensor op.
+    first, last = index[_ENDS].tolist() if isinstance(keep, torch.Tensor) else (keep[0], keep[-1])
     if first < 0:
         raise KeepIndicesError(f"keep index {first} is negative")
     if last >= num_rows:
         raise KeepIndicesError(f"keep index {last} is out of range for {num_rows} rows")
     return index
+
+
+def _split(batch: Running, keep: Sequence[int] | torch.Tensor, transition: str) -> Split:
+    if not isinstance(batch, Extended | Decoding | Filtered):
+        raise PhaseError(
+            f"{transition} takes Extended, Decoding or Filtered, got {type(batch).__name__}"
+        )
+    rows = batch.rows
+    num_rows = len(rows)
+    index = keep_indices(keep, num_rows)
+    if index.shape[0] == num_rows:
+        return Split(Filtered(rows), _NOBODY)  # every row, in order: nothing to copy
+    dropped = torch.ones(num_rows, dtype=torch.bool)
+    dropped[index] = False
+    left_index = dropped.nonzero().flatten()
+    positions = left_index.tolist()
+    left = Departed(
+        tuple(rows.reqs[position] for position in positions),
+        rows.req_pool_indices.host.index_select(0, left_index),
+    )
+    kept = Mirrored.from_host(index, rows.device)
+    if len(positions) > index.shape[0]:
+        return Split(Filtered(rows.take(kept)), left)  # few kept: sum over them
+    lengths = rows.seq_lens.host.index_select(0, left_index).tolist()
+    return Split(Filtered(rows.without(kept, positions, lengths)), left)
 
 
 def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -93,5 +168,6 @@ def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:
         raise KeepIndicesError(f"keep indices must fit in int64: {error}") from None
 
 
-_EMPTY = torch.empty(0, dtype=torch.int64)
-_ENDS = torch.tensor([0, -1])
+_EMPTY: Final = torch.empty(0, dtype=torch.int64)
+_ENDS: Final = torch.tensor([0, -1])
+_NOBODY: Final = Departed((), _EMPTY)

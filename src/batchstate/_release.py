@@ -5,6 +5,7 @@ from __future__ import annotations
 from returns.result import Failure, Result
 
 from batchstate._errors import PhaseError, ReleaseError, StillRunning
+from batchstate._filter import Departed
 from batchstate._mirrored import overlap
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle
 from batchstate._pools import Pools
@@ -12,11 +13,12 @@ from batchstate._pools import Pools
 __all__ = ["release"]
 
 
-def release(left: Batch, running: Batch, pools: Pools) -> Result[Pools, ReleaseError]:
+def release(left: Departed | Batch, running: Batch, pools: Pools) -> Result[Pools, ReleaseError]:
     """Free the request slots and KV tokens of every row of `left`.
 
     Args:
-        left: the rows that left (usually `filter_batch` of the finished rows).
+        left: the rows that left: `split(batch, keep).left`, or a batch whose
+            rows all leave (a retracted or abandoned one).
         running: the batch that goes on; none of `left`'s slots may be in it.
         pools: the pools that own `left`'s memory.
 
@@ -28,10 +30,11 @@ def release(left: Batch, running: Batch, pools: Pools) -> Result[Pools, ReleaseE
     Raises:
         PhaseError: `left` or `running` is not a batch (arguments swapped, say).
     """
-    for name, batch in (("left", left), ("running", running)):
-        if not isinstance(batch, Idle | Extended | Decoding | Filtered):
-            raise PhaseError(f"release takes a batch as {name}, got {type(batch).__name__}")
-    slots = left.rows.req_pool_indices.host
+    if not isinstance(left, Departed | Idle | Extended | Decoding | Filtered):
+        raise PhaseError(f"release takes Departed or a batch as left, got {type(left).__name__}")
+    if not isinstance(running, Idle | Extended | Decoding | Filtered):
+        raise PhaseError(f"release takes a batch as running, got {type(running).__name__}")
+    slots = left.slots if isinstance(left, Departed) else left.rows.req_pool_indices.host
     still = overlap(slots, running.rows.req_pool_indices.host)
     if still.shape[0]:
         return Failure(StillRunning(tuple(still.tolist())))

@@ -14,8 +14,8 @@ from batchstate._mirrored import DeviceOnly, Mirrored, host_int64
 
 __all__ = ["Req", "Rows"]
 
-# Up to this many rows kept or dropped, a filter reads them one by one.
-_MAX_SLICED_RUNS: Final = 8
+# Up to this many rows, picking them one by one beats `operator.itemgetter`.
+_MAX_ONE_BY_ONE: Final = 8
 
 
 @final
@@ -90,6 +90,35 @@ class Rows:
             max(seq_lens, default=0),
         )
 
+    @classmethod
+    def _trusted(  # noqa: PLR0917  # the attrs __init__ it stands in for is positional too
+        cls,
+        device: torch.device,
+        reqs: tuple[Req, ...],
+        rids: torch.Tensor,
+        req_pool_indices: Mirrored,
+        seq_lens: Mirrored,
+        orig_seq_lens: DeviceOnly,
+        seq_lens_sum: int,
+        max_seq_len: int,
+    ) -> Rows:
+        # NOTE: skips `__attrs_post_init__`'s checks (~5 µs): only for columns
+        # that a transition derived from checked ones, row for row. The table
+        # tests check every such result.
+        rows = object.__new__(cls)
+        for name, value in (
+            ("device", device),
+            ("reqs", reqs),
+            ("rids", rids),
+            ("req_pool_indices", req_pool_indices),
+            ("seq_lens", seq_lens),
+            ("orig_seq_lens", orig_seq_lens),
+            ("seq_lens_sum", seq_lens_sum),
+            ("max_seq_len", max_seq_len),
+        ):
+            object.__setattr__(rows, name, value)
+        return rows
+
     def __len__(self) -> int:
         return len(self.reqs)
 
@@ -98,20 +127,49 @@ class Rows:
         if len(index) == len(self.reqs):
             return self  # strictly increasing and in range: every row, in order
         seq_lens = self.seq_lens.take(index)
-        return Rows(
+        lengths = seq_lens.host
+        return Rows._trusted(
             self.device,
             _take_tuple(self.reqs, index.host),
             self.rids.index_select(0, index.host),
             self.req_pool_indices.take(index),
             seq_lens,
             self.orig_seq_lens.take(index),
-            int(seq_lens.host.sum()),
-            int(seq_lens.host.max()) if len(index) else 0,
+            int(lengths.sum()),
+            int(lengths.max()) if len(index) else 0,
+        )
+
+    def without(self, kept: Mirrored, dropped: Sequence[int], dropped_lens: Sequence[int]) -> Rows:
+        """The rows at `kept`, given the few rows it drops and their lengths (the host knows them).
+
+        The same as `take(kept)`, with the host values derived from the
+        dropped rows instead of summed over the kept ones, and `reqs` copied
+        as slices between the dropped positions.
+        """
+        reqs: tuple[Req, ...] = ()
+        start = 0
+        for stop in dropped:
+            reqs += self.reqs[start:stop]
+            start = stop + 1
+        reqs += self.reqs[start:]
+        seq_lens = self.seq_lens.take(kept)
+        longest = self.max_seq_len
+        if max(dropped_lens, default=0) >= longest:
+            longest = int(seq_lens.host.max()) if reqs else 0  # the longest row may have left
+        return Rows._trusted(
+            self.device,
+            reqs,
+            self.rids.index_select(0, kept.host),
+            self.req_pool_indices.take(kept),
+            seq_lens,
+            self.orig_seq_lens.take(kept),
+            self.seq_lens_sum - sum(dropped_lens),
+            longest,
         )
 
     def cat(self, other: Rows) -> Rows:
         """These rows followed by `other`'s."""
-        return Rows(
+        return Rows._trusted(
             self.device,
             self.reqs + other.reqs,
             torch.cat((self.rids, other.rids)),
@@ -124,7 +182,7 @@ class Rows:
 
     def grow(self, num_tokens: int) -> Rows:
         """Every row `num_tokens` longer."""
-        return Rows(
+        return Rows._trusted(
             self.device,
             self.reqs,
             self.rids,
@@ -143,22 +201,11 @@ class Rows:
 
 
 def _take_tuple(items: tuple[Req, ...], index: torch.Tensor) -> tuple[Req, ...]:
-    # `index` is strictly increasing. A filter usually keeps a few rows (the
-    # batch that left) or drops a few (the one that goes on): read the short
-    # side to the host, then copy the runs of kept rows as slices.
-    num_kept = index.shape[0]
-    if num_kept <= _MAX_SLICED_RUNS:
-        return tuple(items[position] for position in index.tolist())
-    if len(items) - num_kept <= _MAX_SLICED_RUNS:
-        dropped = torch.ones(len(items), dtype=torch.bool)
-        dropped[index] = False
-        taken: tuple[Req, ...] = ()
-        start = 0
-        for stop in dropped.nonzero().flatten().tolist():
-            taken += items[start:stop]
-            start = stop + 1
-        return taken + items[start:]
-    return tuple(operator.itemgetter(*index.tolist())(items))
+    # `index` is strictly increasing; read it to the host once.
+    positions = index.tolist()
+    if len(positions) <= _MAX_ONE_BY_ONE:
+        return tuple(items[position] for position in positions)
+    return tuple(operator.itemgetter(*positions)(items))
 
 
 def _check_rows(rows: Rows) -> None:

@@ -20,7 +20,7 @@ from batchstate._errors import (
     OutOfReqSlots,
 )
 from batchstate._extend import extend, idle, prebuilt
-from batchstate._filter import filter_batch
+from batchstate._filter import filter_batch, split
 from batchstate._merge import merge
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 from batchstate._speculative import Verifying, sync, verify
@@ -67,7 +67,8 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         for source in _RUNNING
     ),
     *(
-        Transition(source, filter_batch, Filtered, raises=(KeepIndicesError,))
+        Transition(source, function, Filtered, raises=(KeepIndicesError,))
+        for function in (filter_batch, split)  # split also hands over the rows that left
         for source in _RUNNING
     ),
     *(
