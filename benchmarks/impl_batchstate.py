@@ -9,17 +9,18 @@ import torch
 
 from batchstate import (
     Decoding,
+    Departed,
     Extended,
     Filtered,
     Pools,
     Req,
     decode,
     extend,
-    filter_batch,
     idle,
     make_pools,
     merge,
     release,
+    split,
 )
 from benchmarks.scenario import DEVICE, Join, Outcome, Plan
 
@@ -43,15 +44,14 @@ class BatchstateStep:
         reqs = [Req(rid, input_ids) for rid, input_ids in plan.initial]
         extended, self.pools = extend(self._idle, reqs, pools).unwrap()
         self.batch: Decoding | Filtered = merge(self._idle, extended)
-        self._left: Filtered | None = None
+        self._left: Departed | None = None
         self._incoming: Extended | None = None
 
     def decode(self) -> None:
         self.batch, self.pools = decode(self.batch, self.pools).unwrap()
 
     def filter(self, join: Join) -> None:
-        self._left = filter_batch(self.batch, [join.finished_row])
-        self.batch = filter_batch(self.batch, join.keep)
+        self.batch, self._left = split(self.batch, join.keep)
 
     def release(self) -> None:
         assert self._left is not None

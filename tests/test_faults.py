@@ -258,7 +258,7 @@ def test_allocation_fails_midway(fault: _AllocFault) -> None:
 @pytest.mark.parametrize(
     "method",
     [
-        "allocate_tokens",  # the request slots were granted, then the KV allocator fails
+        "allocate_fresh",  # the request slots were granted, then the KV allocator fails
         "allocate_slots",  # the first allocation fails
     ],
 )

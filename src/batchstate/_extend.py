@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain
-from typing import NamedTuple, TypeAlias, final
+from typing import Final, NamedTuple, TypeAlias, final
 
 import attrs
 import torch
@@ -76,8 +76,8 @@ def extend(
         lambda admitted: Step(
             Extended(
                 admitted.rows,
-                DeviceOnly(admitted.tokens.device[_INPUT_IDS]),
-                DeviceOnly(admitted.tokens.device[_LOCS]),
+                admitted.input_ids,
+                admitted.out_cache_loc,
                 admitted.prefix_lens,
                 admitted.extend_lens,
                 sum(admitted.extend_lens),
@@ -107,13 +107,15 @@ def prebuilt(batch: Idle, reqs: Sequence[Req], pools: Pools) -> Result[Step[Filt
 
 class _Admitted(NamedTuple):
     rows: Rows
-    tokens: Mirrored  # int64 [4, num_tokens]: slot, position, location, input id
+    input_ids: DeviceOnly  # int64 [num_tokens]
+    out_cache_loc: DeviceOnly  # int64 [num_tokens]
     prefix_lens: tuple[int, ...]
     extend_lens: tuple[int, ...]
     pools: Pools
 
 
-_SLOTS, _POSITIONS, _LOCS, _INPUT_IDS = range(4)
+# Up to this many fresh requests, writing the table row by row beats index tensors.
+_MAX_ROW_WRITES: Final = 8
 
 
 def _admit(
@@ -128,18 +130,55 @@ def _admit(
     _expect_unique(resumed_slots, "slot")
     cached = [_cached_tokens(pools, item) for item in inputs]
     prefix_lens = [prefix for prefix in cached if not isinstance(prefix, NotOwned)]
-    for req, prefix_len in zip(reqs, cached, strict=True):
-        if isinstance(prefix_len, NotOwned):
-            return Failure(prefix_len)
-        if len(req.input_ids) <= prefix_len:
-            return Failure(EmptyPrompt(req.rid, len(req.input_ids), prefix_len))
-        if len(req.input_ids) > pools.max_context_len:
-            return Failure(ContextTooLong(req.rid, len(req.input_ids), pools.max_context_len))
+    problem = _first_problem(reqs, cached, pools.max_context_len)
+    if problem is not None:
+        return Failure(problem)
     num_new = len(inputs) - len(resumed_slots)
     allocated = pools.allocate_slots(num_new)
     if not isinstance(allocated, Success):
         return Failure(allocated.failure())
+    if not resumed_slots and len(reqs) <= _MAX_ROW_WRITES:
+        return _place_fresh(batch, reqs, allocated.unwrap())
     return _place(batch, inputs, reqs, prefix_lens, allocated.unwrap())
+
+
+def _place_fresh(
+    batch: Idle, reqs: Sequence[Req], allocated: tuple[torch.Tensor, Pools]
+) -> Result[_Admitted, ExtendError]:
+    # A few new requests, the common extend: every position from 0, so rows
+    # take whole pages in order and the table is written one slice per row.
+    slots_host, pools = allocated
+    seq_lens = [len(req.input_ids) for req in reqs]
+    allocation = pools.allocate_fresh(slots_host, seq_lens)
+    if not isinstance(allocation, Success):
+        return Failure(allocation.failure())
+    locs_host, after = allocation.unwrap()
+    input_ids_host = host_int64(list(chain.from_iterable(req.input_ids for req in reqs)))
+    slots, lengths, locs, input_ids = Mirrored.from_hosts(
+        (slots_host, host_int64(seq_lens), locs_host, input_ids_host), batch.device
+    )
+    rows = Rows._trusted(
+        batch.device,
+        tuple(reqs),
+        host_int64([req.rid for req in reqs]),
+        slots,
+        lengths,
+        DeviceOnly(lengths.device.to(torch.int32)),
+        sum(seq_lens),
+        max(seq_lens),
+    )
+    # NOTE: the table write comes last: a failure before it leaves the table as it was.
+    after.table.write_rows(slots_host.tolist(), seq_lens, locs)
+    return Success(
+        _Admitted(
+            rows,
+            DeviceOnly(input_ids.device),
+            DeviceOnly(locs.device),
+            (0,) * len(reqs),
+            tuple(seq_lens),
+            after,
+        )
+    )
 
 
 def _place(
@@ -174,15 +213,34 @@ def _place(
         )
     )
     # One host-to-device copy for everything the table write and the forward need.
-    tokens = Mirrored.from_host(
-        torch.stack((slots_host[rows_of_tokens], positions, locs, input_ids)), batch.device
+    token_slots, token_positions, token_locs, token_ids = Mirrored.from_hosts(
+        (slots_host[rows_of_tokens], positions, locs, input_ids), batch.device
     )
     rows = Rows.from_host(batch.device, reqs, slots, seq_lens)
-    admitted = _Admitted(rows, tokens, tuple(prefix_lens), tuple(extend_lens.tolist()), after)
+    admitted = _Admitted(
+        rows,
+        DeviceOnly(token_ids.device),
+        DeviceOnly(token_locs.device),
+        tuple(prefix_lens),
+        tuple(extend_lens.tolist()),
+        after,
+    )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
-    token_slots, token_positions, token_locs, _ = tokens.unbind()
     after.table.write(token_slots, token_positions, token_locs)
     return Success(admitted)
+
+
+def _first_problem(
+    reqs: Sequence[Req], cached: Sequence[int | NotOwned], max_context_len: int
+) -> NotOwned | EmptyPrompt | ContextTooLong | None:
+    for req, prefix_len in zip(reqs, cached, strict=True):
+        if isinstance(prefix_len, NotOwned):
+            return prefix_len
+        if len(req.input_ids) <= prefix_len:
+            return EmptyPrompt(req.rid, len(req.input_ids), prefix_len)
+        if len(req.input_ids) > max_context_len:
+            return ContextTooLong(req.rid, len(req.input_ids), max_context_len)
+    return None
 
 
 def _cached_tokens(pools: Pools, item: Req | Resumed) -> int | NotOwned:

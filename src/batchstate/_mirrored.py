@@ -40,6 +40,18 @@ class Mirrored:
         return cls._pair(host, to_device(host, device))
 
     @classmethod
+    def from_hosts(cls, hosts: Sequence[torch.Tensor], device: torch.device) -> list[Self]:
+        """Mirror several 1-D int64 CPU tensors with one host-to-device copy.
+
+        Off the CPU each copy has a fixed cost; packing them pays it once.
+        """
+        if device.type == "cpu":
+            return [cls._pair(host, host) for host in hosts]
+        packed = to_device(torch.cat(tuple(hosts)), device)
+        sides = torch.split(packed, [host.shape[0] for host in hosts])
+        return [cls._pair(host, side) for host, side in zip(hosts, sides, strict=True)]
+
+    @classmethod
     def from_ints(cls, values: Sequence[int], dtype: torch.dtype, device: torch.device) -> Self:
         """Mirror a list of Python ints as a 1-D tensor of `dtype`."""
         host = host_int64(values)

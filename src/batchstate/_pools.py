@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import NamedTuple, final
 
 import attrs
@@ -9,7 +11,7 @@ import torch
 from returns.result import Failure, Result, Success
 
 from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots
-from batchstate._mirrored import _describe
+from batchstate._mirrored import _describe, host_int64
 from batchstate._token_table import TokenTable
 
 __all__ = ["Allocation", "Pools", "make_pools"]
@@ -112,6 +114,30 @@ class Pools:
             new_index = (first_new + page_of_req - pages_before[rows]).clamp(0, num_new_pages - 1)
             page = torch.where(is_new, new_pages[new_index], page)
         return Success(Allocation(page * page_size + positions % page_size, pools))
+
+    def allocate_fresh(
+        self, slots: torch.Tensor, seq_lens: Sequence[int]
+    ) -> Result[Allocation, OutOfKVTokens]:
+        """Locations for positions `[0, seq_lens[i])` of each newly owned slot `slots[i]`.
+
+        The extend fast path: pages are counted in Python and each row's
+        locations are its whole pages laid out in order.
+        """
+        page_size = self.page_size
+        pages_per_row = [-(-length // page_size) for length in seq_lens]
+        taken = self._take_pages(slots, host_int64(seq_lens), sum(pages_per_row))
+        if not isinstance(taken, Success):
+            return Failure(taken.failure())
+        new_pages, pools = taken.unwrap()
+        if page_size == 1:
+            return Success(Allocation(new_pages, pools))
+        tokens = (new_pages.unsqueeze(1) * page_size + _lanes(page_size)).flatten()
+        first_page = 0
+        runs = []
+        for length, num_pages in zip(seq_lens, pages_per_row, strict=True):
+            runs.append(tokens[first_page * page_size : first_page * page_size + length])
+            first_page += num_pages
+        return Success(Allocation(runs[0] if len(runs) == 1 else torch.cat(runs), pools))
 
     def allocate_next(
         self, slots: torch.Tensor, new_lens: torch.Tensor
@@ -267,6 +293,12 @@ class Pools:
             f" free_pages={self.free_pages.shape[0]}/{self.num_pages}, page_size={self.page_size},"
             f" table={_describe('TokenTable', self.table.device)})"
         )
+
+
+@functools.cache
+def _lanes(page_size: int) -> torch.Tensor:
+    # Offsets of the tokens within a page, `[page_size]`; shared, never written.
+    return torch.arange(page_size)
 
 
 def make_pools(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import final
 
 import attrs
@@ -45,12 +46,31 @@ class TokenTable:
 
     def write(self, slots: Mirrored, positions: Mirrored, locs: Mirrored) -> None:
         """Set `table[slots[i], positions[i]] = locs[i]` on both sides (mutates the table)."""
-        host_locs, device_locs = locs.host.to(torch.int32), locs.device.to(torch.int32)
+        host_locs, device_locs = _as_int32(locs)
         # NOTE: convert both, then write the device side first: if it fails (out of
         # memory, say) neither side has changed. The host write, last, indexes CPU
         # memory at cells the device write just accepted.
         self.device[slots.device, positions.device] = device_locs
         self.host[slots.host, positions.host] = host_locs
 
+    def write_rows(self, slots: Sequence[int], lengths: Sequence[int], locs: Mirrored) -> None:
+        """Set `table[slots[i], :lengths[i]]` to the next `lengths[i]` of `locs` (mutates it).
+
+        For freshly admitted rows: one slice per row and side, no index tensors.
+        """
+        host_locs, device_locs = _as_int32(locs)
+        rows = list(zip(slots, lengths, strict=True))
+        for side, values in ((self.device, device_locs), (self.host, host_locs)):  # as `write`
+            start = 0
+            for slot, length in rows:
+                side[slot, :length] = values[start : start + length]
+                start += length
+
     def __repr__(self) -> str:
         return _describe("TokenTable", self.device)
+
+
+def _as_int32(locs: Mirrored) -> tuple[torch.Tensor, torch.Tensor]:
+    # Both sides as int32; on a CPU device they share storage, so convert once.
+    host = locs.host.to(torch.int32)
+    return host, host if locs.device is locs.host else locs.device.to(torch.int32)
