@@ -25,6 +25,7 @@ from batchstate._errors import (
 )
 from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
 from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
+from batchstate._free_list import FreeList
 from batchstate._invariants import check_batch, check_pools
 from batchstate._merge import merge
 from batchstate._mirrored import DeviceOnly, Mirrored
@@ -53,6 +54,7 @@ __all__ = [
     "ExtendError",
     "Extended",
     "Filtered",
+    "FreeList",
     "Idle",
     "InvariantViolation",
     "KeepIndicesError",

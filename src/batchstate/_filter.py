@@ -12,7 +12,7 @@ import torch
 from batchstate._errors import KeepIndicesError, PhaseError
 from batchstate._mirrored import Mirrored, _describe
 from batchstate._phases import Decoding, Extended, Filtered, Running
-from batchstate._rows import Req
+from batchstate._rows import Req, Rows
 
 __all__ = ["Departed", "Split", "filter_batch", "keep_indices", "split"]
 
@@ -24,6 +24,9 @@ class Departed:
 
     reqs: tuple[Req, ...]
     slots: torch.Tensor  # host int64 [num_left], the request slots they own
+    # The rows that stayed, from the same split: disjoint from these by
+    # construction, so `release` need not compare slots against them.
+    stayed: Rows | None = None
 
     def __repr__(self) -> str:
         return f"Departed(rids={[req.rid for req in self.reqs]}, {_describe('slots', self.slots)})"
@@ -138,15 +141,18 @@ def _split(batch: Running, keep: Sequence[int] | torch.Tensor, transition: str) 
     dropped[index] = False
     left_index = dropped.nonzero().flatten()
     positions = left_index.tolist()
+    kept = Mirrored.from_host(index, rows.device)
+    if len(positions) > index.shape[0]:
+        stayed = rows.take(kept)  # few kept: sum over them
+    else:
+        lengths = rows.seq_lens.host.index_select(0, left_index).tolist()
+        stayed = rows.without(kept, positions, lengths)
     left = Departed(
         tuple(rows.reqs[position] for position in positions),
         rows.req_pool_indices.host.index_select(0, left_index),
+        stayed,
     )
-    kept = Mirrored.from_host(index, rows.device)
-    if len(positions) > index.shape[0]:
-        return Split(Filtered(rows.take(kept)), left)  # few kept: sum over them
-    lengths = rows.seq_lens.host.index_select(0, left_index).tolist()
-    return Split(Filtered(rows.without(kept, positions, lengths)), left)
+    return Split(Filtered(stayed), left)
 
 
 def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import NamedTuple, final
+from typing import Final, NamedTuple, final
 
 import attrs
 import torch
 from returns.result import Failure, Result, Success
 
 from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots
+from batchstate._free_list import FreeList
 from batchstate._mirrored import _describe, host_int64
 from batchstate._token_table import TokenTable
 
@@ -43,9 +44,19 @@ class Pools:
     table: TokenTable
     page_size: int
     num_pages: int  # usable pages; page 0 is padding and never handed out
-    free_slots: torch.Tensor  # host int64 [num_free_slots], handed out from the front
-    free_pages: torch.Tensor  # host int64 [num_free_pages], handed out from the front
+    slot_list: FreeList  # free request slots, handed out from the front
+    page_list: FreeList  # free KV pages, handed out from the front
     slot_tokens: torch.Tensor  # host int64 [max_reqs + 1], slot -> KV tokens it owns
+
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """Free request slots, host int64 `[num_free_slots]`, in hand-out order."""
+        return self.slot_list.ids
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """Free KV pages, host int64 `[num_free_pages]`, in hand-out order."""
+        return self.page_list.ids
 
     @property
     def max_reqs(self) -> int:
@@ -57,11 +68,11 @@ class Pools:
 
     @property
     def num_free_slots(self) -> int:
-        return self.free_slots.shape[0]
+        return len(self.slot_list)
 
     @property
     def num_free_tokens(self) -> int:
-        return self.free_pages.shape[0] * self.page_size
+        return len(self.page_list) * self.page_size
 
     @property
     def kv_cache_size(self) -> int:
@@ -72,10 +83,18 @@ class Pools:
         """Take `num_slots` free request slots (host int64), owning no tokens yet."""
         if num_slots > self.num_free_slots:
             return Failure(OutOfReqSlots(num_slots, self.num_free_slots))
+        slots, rest = self.slot_list.take(num_slots)
         return Success(
             (
-                self.free_slots[:num_slots],
-                attrs.evolve(self, free_slots=self.free_slots[num_slots:]),
+                slots,
+                Pools(
+                    self.table,
+                    self.page_size,
+                    self.num_pages,
+                    rest,
+                    self.page_list,
+                    self.slot_tokens,
+                ),
             )
         )
 
@@ -171,36 +190,32 @@ class Pools:
         self, slots: torch.Tensor, new_lens: torch.Tensor, num_pages: int
     ) -> Result[tuple[torch.Tensor, Pools], OutOfKVTokens]:
         # The first `num_pages` free pages, and pools where `slots` own `new_lens` tokens.
-        if num_pages > self.free_pages.shape[0]:
-            return Failure(OutOfKVTokens(num_pages, self.free_pages.shape[0], self.page_size))
+        if num_pages > len(self.page_list):
+            return Failure(OutOfKVTokens(num_pages, len(self.page_list), self.page_size))
+        pages, rest = self.page_list.take(num_pages)
         slot_tokens = self.slot_tokens.clone()
         slot_tokens[slots] = new_lens
-        pools = Pools(
-            self.table,
-            self.page_size,
-            self.num_pages,
-            self.free_slots,
-            self.free_pages[num_pages:],
-            slot_tokens,
-        )
-        return Success((self.free_pages[:num_pages], pools))
+        pools = Pools(self.table, self.page_size, self.num_pages, self.slot_list, rest, slot_tokens)
+        return Success((pages, pools))
 
     def free(self, slots: torch.Tensor) -> Result[Pools, NotOwned]:
         """Give back request slots and every KV page they own (host int64 slots)."""
-        owned_tokens = self._owned_tokens(slots)
-        if isinstance(owned_tokens, NotOwned):
-            return Failure(owned_tokens)
-        page_size = self.page_size
-        if slots.shape[0] == 1:
-            # One request finishing, the common case: its pages are one strided row read.
-            ((slot, num_tokens),) = torch.stack((slots, owned_tokens), 1).tolist()
-            pages = self.table.host[slot, :num_tokens:page_size].to(torch.int64)
+        owned = self._owned_tokens(slots)
+        if isinstance(owned, NotOwned):
+            return Failure(owned)
+        if not owned:
+            return Success(self)  # nothing to give back
+        page_size, table = self.page_size, self.table.host
+        if len(owned) <= _MAX_ROW_READS:
+            # A few requests finishing, the common case: one strided row read each.
+            rows = [table[slot, :tokens:page_size] for slot, tokens in owned]
+            pages = (rows[0] if len(rows) == 1 else torch.cat(rows)).to(torch.int64)
         else:
-            num_pages = (owned_tokens + page_size - 1) // page_size
-            rows = torch.repeat_interleave(torch.arange(slots.shape[0]), num_pages)
+            num_pages = (self.slot_tokens[slots] + page_size - 1) // page_size
+            rows_of_pages = torch.repeat_interleave(torch.arange(slots.shape[0]), num_pages)
             first_page = torch.cumsum(num_pages, 0) - num_pages
-            columns = (torch.arange(rows.shape[0]) - first_page[rows]) * page_size
-            pages = self.table.host[slots[rows], columns].to(torch.int64)
+            columns = (torch.arange(rows_of_pages.shape[0]) - first_page[rows_of_pages]) * page_size
+            pages = table[slots[rows_of_pages], columns].to(torch.int64)
         if page_size > 1:
             pages = pages // page_size
         slot_tokens = self.slot_tokens.clone()
@@ -210,8 +225,8 @@ class Pools:
                 self.table,
                 page_size,
                 self.num_pages,
-                torch.cat((self.free_slots, slots)),
-                torch.cat((self.free_pages, pages)),
+                self.slot_list.give(slots),
+                self.page_list.give(pages),
                 slot_tokens,
             )
         )
@@ -262,37 +277,38 @@ class Pools:
                 self.table,
                 page_size,
                 self.num_pages,
-                self.free_slots,
-                torch.cat((self.free_pages, pages)),
+                self.slot_list,
+                self.page_list.give(pages),
                 slot_tokens,
             )
         )
 
-    def _owned_tokens(self, slots: torch.Tensor) -> torch.Tensor | NotOwned:
-        # Tokens each of `slots` owns; NotOwned if one is out of range, free or repeated.
-        # The common case costs three ops; only a failure pays for naming the slots.
-        if slots.shape[0] == 0:
-            return slots
-        low, high = torch.aminmax(slots)
-        if int(low) >= 1 and int(high) <= self.max_reqs:
-            owned_tokens = self.slot_tokens[slots]
-            if bool(owned_tokens.all()) and (
-                slots.shape[0] == 1 or torch.unique(slots).shape[0] == slots.shape[0]
-            ):
-                return owned_tokens
-        in_range = (slots >= 1) & (slots <= self.max_reqs)
-        owned_tokens = torch.where(in_range, self.slot_tokens[slots.clamp(0, self.max_reqs)], 0)
-        unowned = slots[owned_tokens == 0]
-        if unowned.shape[0]:
-            return NotOwned(tuple(unowned.tolist()))
-        return NotOwned(tuple(slots.tolist()))  # the same slot twice in one call
+    def _owned_tokens(self, slots: torch.Tensor) -> list[tuple[int, int]] | NotOwned:
+        # (slot, tokens it owns) for each of `slots`; NotOwned if one is out of
+        # range, free or repeated. Few slots leave at a time: check them in Python.
+        values = slots.tolist()
+        if not values:
+            return []
+        unowned = [slot for slot in values if not 1 <= slot <= self.max_reqs]
+        if not unowned:
+            owned = list(zip(values, self.slot_tokens[slots].tolist(), strict=True))
+            unowned = [slot for slot, tokens in owned if tokens == 0]
+            if not unowned:
+                if len(set(values)) == len(values):
+                    return owned
+                unowned = values  # the same slot twice in one call
+        return NotOwned(tuple(unowned))
 
     def __repr__(self) -> str:
         return (
             f"Pools(free_slots={self.num_free_slots}/{self.max_reqs},"
-            f" free_pages={self.free_pages.shape[0]}/{self.num_pages}, page_size={self.page_size},"
+            f" free_pages={len(self.page_list)}/{self.num_pages}, page_size={self.page_size},"
             f" table={_describe('TokenTable', self.table.device)})"
         )
+
+
+# Up to this many slots freed at once, reading each one's row beats index tensors.
+_MAX_ROW_READS: Final = 8
 
 
 @functools.cache
@@ -339,7 +355,7 @@ def make_pools(
         TokenTable.zeros(max_reqs, max_context_len, device),
         page_size,
         num_pages,
-        torch.arange(1, max_reqs + 1, dtype=torch.int64),
-        torch.arange(1, num_pages + 1, dtype=torch.int64),
+        FreeList.of(torch.arange(1, max_reqs + 1, dtype=torch.int64)),
+        FreeList.of(torch.arange(1, num_pages + 1, dtype=torch.int64)),
         torch.zeros(max_reqs + 1, dtype=torch.int64),
     )

@@ -35,7 +35,9 @@ def release(left: Departed | Batch, running: Batch, pools: Pools) -> Result[Pool
     if not isinstance(running, Idle | Extended | Decoding | Filtered):
         raise PhaseError(f"release takes a batch as running, got {type(running).__name__}")
     slots = left.slots if isinstance(left, Departed) else left.rows.req_pool_indices.host
-    still = overlap(slots, running.rows.req_pool_indices.host)
-    if still.shape[0]:
-        return Failure(StillRunning(tuple(still.tolist())))
+    # Rows that stayed in the same split as `left` cannot share its slots.
+    if not (isinstance(left, Departed) and left.stayed is running.rows):
+        still = overlap(slots, running.rows.req_pool_indices.host)
+        if still.shape[0]:
+            return Failure(StillRunning(tuple(still.tolist())))
     return pools.free(slots)
