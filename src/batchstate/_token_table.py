@@ -60,11 +60,20 @@ class TokenTable:
         """
         host_locs, device_locs = _as_int32(locs)
         rows = list(zip(slots, lengths, strict=True))
-        for side, values in ((self.device, device_locs), (self.host, host_locs)):  # as `write`
-            start = 0
-            for slot, length in rows:
-                side[slot, :length] = values[start : start + length]
-                start += length
+        done = 0  # rows written on the device side
+        try:
+            for side, values in ((self.device, device_locs), (self.host, host_locs)):  # as `write`
+                start = 0
+                for slot, length in rows:
+                    side[slot, :length] = values[start : start + length]
+                    start += length
+                    done += side is self.device
+        except BaseException:
+            # NOTE: a row write failing after others leaves the sides different:
+            # put the device rows back from the host side, untouched until now.
+            for slot, length in rows[:done]:
+                self.device[slot, :length] = self.host[slot, :length].to(self.device.device)
+            raise
 
     def __repr__(self) -> str:
         return _describe("TokenTable", self.device)
