@@ -30,6 +30,7 @@ import batchstate._rows
 from batchstate import (
     Decoding,
     Filtered,
+    Mirrored,
     OutOfKVTokens,
     OutOfReqSlots,
     Pools,
@@ -62,9 +63,11 @@ _SEAMS: Final[tuple[tuple[object, str], ...]] = (
     (Pools, "allocate_slots"),
     (Pools, "allocate_tokens"),
     (Pools, "allocate_next"),
+    (Pools, "allocate_fresh"),
     (Pools, "free"),
     (TokenTable, "write"),
     (batchstate._mirrored, "to_device"),
+    (Mirrored, "from_hosts"),
     (batchstate._mirrored, "host_int64"),
     (batchstate._rows, "host_int64"),
     (batchstate._extend, "host_int64"),
@@ -175,6 +178,11 @@ _TRANSITIONS: Final[dict[str, Callable[[int], Setup]]] = {
 }
 
 
+def _device_table(inputs: tuple[object, ...]) -> torch.Tensor | None:
+    pools = [value for value in inputs if isinstance(value, Pools)]
+    return pools[0].table.device if pools else None
+
+
 def _assert_valid(inputs: tuple[object, ...]) -> None:
     for value in inputs:
         if isinstance(value, Pools):
@@ -198,6 +206,7 @@ def test_exception_at_every_seam(
     setup = _TRANSITIONS[name]
     with _seams(monkeypatch) as injector:
         call, inputs = setup(page_size)
+        injector.device_table = _device_table(inputs)
         injector.armed = True
         call()
         injector.armed = False
@@ -206,8 +215,7 @@ def test_exception_at_every_seam(
         print(f"{name}, page size {page_size}: {num_calls} faults injected")
         for fail_at in range(num_calls):
             call, inputs = setup(page_size)
-            pools = [value for value in inputs if isinstance(value, Pools)]
-            injector.device_table = pools[0].table.device if pools else None
+            injector.device_table = _device_table(inputs)
             before = snapshot(inputs)
             injector.calls, injector.fail_at, injector.armed = 0, fail_at, True
             try:
