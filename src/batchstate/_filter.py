@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Sequence
+from itertools import islice
 from typing import Final, NamedTuple, final
 
 import attrs
@@ -109,15 +111,14 @@ def keep_indices(keep: Sequence[int] | torch.Tensor, num_rows: int) -> torch.Ten
         raise KeepIndicesError(f"keep indices must be 1-D, got shape {list(index.shape)}")
     if index.shape[0] == 0:
         return index
-    if index.shape[0] > 1:
+    if not _increasing(keep, index):
         steps = index.diff()
-        if int(steps.min()) <= 0:
-            at = int((steps <= 0).nonzero()[0])
-            kind = "a duplicate" if int(steps[at]) == 0 else "out of order"
-            raise KeepIndicesError(
-                f"keep indices must be strictly increasing: {kind} at position {at + 1}"
-                f" ({int(index[at])} then {int(index[at + 1])})"
-            )
+        at = int((steps <= 0).nonzero()[0])
+        kind = "a duplicate" if int(steps[at]) == 0 else "out of order"
+        raise KeepIndicesError(
+            f"keep indices must be strictly increasing: {kind} at position {at + 1}"
+            f" ({int(index[at])} then {int(index[at + 1])})"
+        )
     # Sorted: the ends bound the rest. A list gives them without a tensor op.
     first, last = index[_ENDS].tolist() if isinstance(keep, torch.Tensor) else (keep[0], keep[-1])
     if first < 0:
@@ -155,6 +156,15 @@ def _split(batch: Running, keep: Sequence[int] | torch.Tensor, transition: str) 
     return Split(Filtered(stayed), left)
 
 
+def _increasing(keep: Sequence[int] | torch.Tensor, index: torch.Tensor) -> bool:
+    # Short lists are checked faster in Python than with three tensor ops.
+    if index.shape[0] < 2:
+        return True
+    if not isinstance(keep, torch.Tensor) and len(keep) <= _MAX_PYTHON_CHECK:
+        return all(map(operator.lt, keep, islice(keep, 1, None)))
+    return int(index.diff().min()) > 0
+
+
 def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:
     if isinstance(keep, torch.Tensor):
         if keep.device.type != "cpu":
@@ -175,5 +185,6 @@ def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:
 
 
 _EMPTY: Final = torch.empty(0, dtype=torch.int64)
+_MAX_PYTHON_CHECK: Final = 128
 _ENDS: Final = torch.tensor([0, -1])
 _NOBODY: Final = Departed((), _EMPTY)

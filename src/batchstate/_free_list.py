@@ -57,7 +57,7 @@ class FreeList:
         return self.buffer[self.head : head], FreeList(self.buffer, head, self.tail)
 
     def give(self, ids: torch.Tensor) -> FreeList:
-        """The list with `ids` (host int64, 1-D) appended. Writes only past `tail`."""
+        """The list with `ids` (a host integer tensor, 1-D) appended. Writes only past `tail`."""
         count = ids.shape[0]
         tail = self.tail + count
         if tail <= self.buffer.shape[0]:

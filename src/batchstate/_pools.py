@@ -208,14 +208,15 @@ class Pools:
         page_size, table = self.page_size, self.table.host
         if len(owned) <= _MAX_ROW_READS:
             # A few requests finishing, the common case: one strided row read each.
+            # int32 table cells: the free list's buffer converts as it copies them.
             rows = [table[slot, :tokens:page_size] for slot, tokens in owned]
-            pages = (rows[0] if len(rows) == 1 else torch.cat(rows)).to(torch.int64)
+            pages = rows[0] if len(rows) == 1 else torch.cat(rows)
         else:
             num_pages = (self.slot_tokens[slots] + page_size - 1) // page_size
             rows_of_pages = torch.repeat_interleave(torch.arange(slots.shape[0]), num_pages)
             first_page = torch.cumsum(num_pages, 0) - num_pages
             columns = (torch.arange(rows_of_pages.shape[0]) - first_page[rows_of_pages]) * page_size
-            pages = table[slots[rows_of_pages], columns].to(torch.int64)
+            pages = table[slots[rows_of_pages], columns]
         if page_size > 1:
             pages = pages // page_size
         slot_tokens = self.slot_tokens.clone()
