@@ -35,7 +35,7 @@ class Mirrored:
     @classmethod
     def from_host(cls, host: torch.Tensor, device: torch.device) -> Self:
         """Mirror a CPU tensor on `device` (pinned, non-blocking where `device` is CUDA)."""
-        if host.device.type != "cpu":
+        if not host.is_cpu:
             raise ValueError(f"a mirror's source must be a CPU tensor, got one on {host.device}")
         return cls._pair(host, to_device(host, device))
 

@@ -168,9 +168,10 @@ class Pools:
         """
         page_size = self.page_size
         if page_size == 1:
-            return self._take_pages(slots, new_lens, slots.shape[0]).map(
-                lambda taken: Allocation(taken[0], taken[1])
-            )
+            taken = self._take_pages(slots, new_lens, slots.shape[0])
+            if not isinstance(taken, Success):
+                return Failure(taken.failure())
+            return Success(Allocation(*taken.unwrap()))
         positions = new_lens - 1
         is_new = positions % page_size == 0
         new_page_index = torch.cumsum(is_new, 0) - 1

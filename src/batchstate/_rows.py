@@ -106,17 +106,15 @@ class Rows:
         # that a transition derived from checked ones, row for row. The table
         # tests check every such result.
         rows = object.__new__(cls)
-        for name, value in (
-            ("device", device),
-            ("reqs", reqs),
-            ("rids", rids),
-            ("req_pool_indices", req_pool_indices),
-            ("seq_lens", seq_lens),
-            ("orig_seq_lens", orig_seq_lens),
-            ("seq_lens_sum", seq_lens_sum),
-            ("max_seq_len", max_seq_len),
-        ):
-            object.__setattr__(rows, name, value)
+        put = object.__setattr__  # what attrs' frozen __init__ does, unrolled
+        put(rows, "device", device)
+        put(rows, "reqs", reqs)
+        put(rows, "rids", rids)
+        put(rows, "req_pool_indices", req_pool_indices)
+        put(rows, "seq_lens", seq_lens)
+        put(rows, "orig_seq_lens", orig_seq_lens)
+        put(rows, "seq_lens_sum", seq_lens_sum)
+        put(rows, "max_seq_len", max_seq_len)
         return rows
 
     def __len__(self) -> int:
