@@ -63,7 +63,13 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     Transition(Idle, extend, Extended, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
     Transition(Idle, prebuilt, Filtered, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
     *(
-        Transition(source, decode, Decoding, failures=(OutOfKVTokens, ContextTooLong))
+        Transition(
+            source,
+            decode,
+            Decoding,
+            failures=(OutOfKVTokens, ContextTooLong),
+            raises=(BatchConflict,),  # batch and pools on different devices
+        )
         for source in _RUNNING
     ),
     *(
