@@ -27,11 +27,11 @@ from batchstate import (
     Verifying,
     decode,
     extend,
-    filter_batch,
     idle,
     make_pools,
     merge,
     release,
+    split,
     sync,
     verify,
 )
@@ -167,8 +167,7 @@ def _finish(
     done = [row for row, target in enumerate(targets) if seq_lens[row] >= target]
     if not done:
         return running, pools
-    kept = filter_batch(running, [row for row in range(len(rows)) if row not in done])
-    left = filter_batch(running, done)
+    kept, left = split(running, [row for row in range(len(rows)) if row not in done])
     record(step, "filter", kept, pools)
     freed = release(left, kept, pools)
     assert isinstance(freed, Success), freed

@@ -33,7 +33,6 @@ from returns.result import Success
 from batchstate import (
     Batch,
     Extended,
-    Filtered,
     Idle,
     OutOfKVTokens,
     Pools,
@@ -48,6 +47,7 @@ from batchstate import (
     make_pools,
     merge,
     release,
+    split,
 )
 
 
@@ -233,8 +233,8 @@ def _drop(running: Batch, pools: Pools, gone: list[int]) -> tuple[Batch, Pools]:
     """Filter rows `gone` out of `running` and release them."""
     assert not isinstance(running, Idle)
     keep = [row for row in range(len(running.rows)) if row not in set(gone)]
-    kept: Filtered = filter_batch(running, keep)
-    pools = release(filter_batch(running, gone), kept, pools).unwrap()
+    kept, left = split(running, keep)
+    pools = release(left, kept, pools).unwrap()
     return kept, pools
 
 

@@ -19,6 +19,7 @@ import attrs
 
 from batchstate import (
     Decoding,
+    Departed,
     Extended,
     Filtered,
     Idle,
@@ -31,10 +32,10 @@ from batchstate import (
     check_pools,
     decode,
     extend,
-    filter_batch,
     idle,
     merge,
     release,
+    split,
 )
 from batchstate.engine._admission import Budget, choose, reserve
 from batchstate.engine._reads import ReadCounter
@@ -222,8 +223,8 @@ class Engine:
         last = len(running.rows) - 1
 
         def drop_last() -> Filtered:
-            kept = filter_batch(running, list(range(last)))
-            self.pools = self._release(filter_batch(running, [last]), kept)
+            kept, left = split(running, list(range(last)))
+            self.pools = self._release(left, kept)
             return kept
 
         self.running = self._timed(drop_last)
@@ -248,13 +249,12 @@ class Engine:
         return keep, done
 
     def _retire(self, batch: Extended | Decoding, keep: list[int], done: list[int]) -> None:
-        kept = filter_batch(batch, keep)
-        running = merge(self.running, kept) if isinstance(batch, Extended) else kept
+        kept, left = split(batch, keep)
         if done:
-            self.pools = self._release(filter_batch(batch, done), running)
-        self.running = running
+            self.pools = self._release(left, kept)
+        self.running = merge(self.running, kept) if isinstance(batch, Extended) else kept
 
-    def _release(self, left: Filtered, running: Filtered) -> Pools:
+    def _release(self, left: Departed, running: Filtered) -> Pools:
         result = release(left, running, self.pools)
         pools = result.value_or(None)
         if pools is None:
