@@ -67,7 +67,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=40, help="untimed steps per point first")
     parser.add_argument("--out", type=Path, default=_ROOT / "benchmarks" / "results")
     parser.add_argument("--docs", action="store_true", help="rewrite docs/performance.md results")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args(argv)
+    # Engines pin host threads; on a small machine torch's pool makes tiny host
+    # ops erratic (a 64-element op taking milliseconds), for all three alike.
+    torch.set_num_threads(args.threads)
     started = time.perf_counter()
     points, extras = run(args.sizes, args.pages, args.repeats, args.warmup)
     extras["wall_s"] = round(time.perf_counter() - started, 1)

@@ -174,7 +174,10 @@ def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:
         if keep.dtype.is_floating_point or keep.dtype.is_complex or keep.dtype == torch.bool:
             raise KeepIndicesError(f"keep indices must be integers, got {keep.dtype}")
         return keep.to(torch.int64)
-    if bool in map(type, keep):  # C-speed scan: a generator costs 80 ns a row
+    # A bool equals 0 or 1, so in strictly increasing non-negative positions it
+    # can only stand first or second: checking those two catches every mask
+    # that the later checks would not, without scanning thousands of rows.
+    if bool in map(type, keep[:2]):
         raise KeepIndicesError("keep indices must be integers, got a bool")
     try:
         return torch.frombuffer(array("q", keep), dtype=torch.int64) if keep else _EMPTY
