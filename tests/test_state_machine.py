@@ -17,7 +17,7 @@ Run with `-s` to see how many steps ran.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import attrs
@@ -436,12 +436,16 @@ class BatchMachine(RuleBasedStateMachine):
             self.locs[row.req.rid] = locs
 
 
+# Older hypothesis releases leave this unannotated; a typed alias works with both.
+run_machine: Callable[..., None] = run_state_machine_as_test
+
+
 def test_state_machine() -> None:
     """No sequence of public transitions breaks an invariant or disagrees with the model."""
     started = time.perf_counter()
     _counts.update(examples=0, steps=0, resumed=0)
     _failures.clear()
-    run_state_machine_as_test(  # type: ignore[no-untyped-call]  # hypothesis leaves it unannotated
+    run_machine(
         BatchMachine,
         settings=settings(
             max_examples=MAX_EXAMPLES,
