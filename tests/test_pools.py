@@ -16,21 +16,7 @@ from batchstate import (
 )
 from batchstate._mirrored import host_int64
 from tests.builders import CPU
-
-
-def _snapshot(pools: Pools) -> list[torch.Tensor]:
-    return [
-        pools.free_slots.clone(),
-        pools.free_pages.clone(),
-        pools.slot_tokens.clone(),
-        pools.table.host.clone(),
-        pools.table.device.clone(),
-    ]
-
-
-def _assert_unchanged(pools: Pools, before: list[torch.Tensor]) -> None:
-    for old, new in zip(before, _snapshot(pools), strict=True):
-        assert torch.equal(old, new)
+from tests.strategies import assert_unchanged, snapshot
 
 
 @pytest.mark.parametrize(
@@ -59,9 +45,9 @@ def test_make_pools_rejects_bad_sizes(kwargs: dict[str, int], message: str) -> N
 def test_out_of_slots_is_a_failure_and_changes_nothing() -> None:
     """Asking for more slots than are free returns the numbers and keeps the pools."""
     pools = make_pools(2, 8, 16, CPU)
-    before = _snapshot(pools)
+    before = snapshot(pools)
     assert pools.allocate_slots(3) == Failure(OutOfReqSlots(3, 2))
-    _assert_unchanged(pools, before)
+    assert_unchanged(before, pools)
 
 
 @pytest.mark.parametrize(
@@ -93,10 +79,10 @@ def test_out_of_kv_tokens_is_a_failure_and_changes_nothing() -> None:
     """A request larger than the free pages fails with the page counts."""
     pools = make_pools(4, 64, 32, CPU, page_size=16)
     slots, pools = pools.allocate_slots(1).unwrap()
-    before = _snapshot(pools)
+    before = snapshot(pools)
     result = pools.allocate_tokens(slots, host_int64([0]), host_int64([33]))
     assert result == Failure(OutOfKVTokens(3, 2, 16))
-    _assert_unchanged(pools, before)
+    assert_unchanged(before, pools)
 
 
 @pytest.mark.parametrize(
@@ -116,9 +102,9 @@ def test_freeing_what_is_not_owned_is_a_failure(
     pools = make_pools(4, 16, 64, CPU)
     owned, pools = pools.allocate_slots(2).unwrap()
     pools = pools.allocate_tokens(owned, host_int64([0, 0]), host_int64([2, 2])).unwrap().pools
-    before = _snapshot(pools)
+    before = snapshot(pools)
     assert pools.free(host_int64(slots)) == Failure(NotOwned(offending))
-    _assert_unchanged(pools, before)
+    assert_unchanged(before, pools)
 
 
 def test_free_returns_every_page_and_conserves_capacity() -> None:

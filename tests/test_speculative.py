@@ -30,6 +30,7 @@ from batchstate import (
 from batchstate._mirrored import host_int64
 from batchstate.audit import device_reads
 from tests.builders import make_extended, make_test_pools
+from tests.strategies import assert_unchanged, snapshot
 
 META = torch.device("meta")
 
@@ -43,21 +44,6 @@ def _make_decoding(
     pools = make_test_pools(page_size, max_context_len=max_context_len, num_kv_tokens=num_kv_tokens)
     extended, pools = make_extended(pools, lengths)
     return decode(extended, pools).unwrap()
-
-
-def _snapshot(pools: Pools) -> list[torch.Tensor]:
-    return [
-        pools.free_slots.clone(),
-        pools.free_pages.clone(),
-        pools.slot_tokens.clone(),
-        pools.table.host.clone(),
-        pools.table.device.clone(),
-    ]
-
-
-def _assert_unchanged(pools: Pools, before: list[torch.Tensor]) -> None:
-    for old, new in zip(before, _snapshot(pools), strict=True):
-        assert torch.equal(old, new)
 
 
 def _pages_for(num_tokens: torch.Tensor, page_size: int) -> int:
@@ -139,14 +125,14 @@ def test_verify_failures_change_nothing(page_size: int) -> None:
     decoding, pools = _make_decoding(page_size, max_context_len=32, num_kv_tokens=80)
     fits = verify(decoding, [0, 15, 0], pools)  # row 1: 17 + 15 = 32 fits, 16 would not
     assert isinstance(fits, Success)  # it writes unused table cells, so snapshot after it
-    before = _snapshot(pools)
+    before = snapshot(pools)
     too_long = verify(decoding, [0, 16, 0], pools)
     assert too_long == Failure(ContextTooLong(1, 33, 32))
-    _assert_unchanged(pools, before)
+    assert_unchanged(before, pools)
     out_of_kv = verify(decoding, [22, 15, 22], pools)
     assert isinstance(out_of_kv, Failure)
     assert isinstance(out_of_kv.failure(), OutOfKVTokens)
-    _assert_unchanged(pools, before)
+    assert_unchanged(before, pools)
 
 
 @pytest.mark.parametrize(
@@ -189,10 +175,10 @@ def test_sync_rejects_bad_accepted_counts(accepted: torch.Tensor, match: str) ->
     """Counts no verify kernel could produce raise DraftError; the pools stay as they were."""
     decoding, pools = _make_decoding(16)
     verifying, reserved = verify(decoding, [2, 0, 5], pools).unwrap()
-    before = _snapshot(reserved)
+    before = snapshot(reserved)
     with pytest.raises(DraftError, match=match):
         sync(verifying, accepted, reserved)
-    _assert_unchanged(reserved, before)
+    assert_unchanged(before, reserved)
 
 
 def test_sync_rejects_pools_from_before_verify() -> None:
