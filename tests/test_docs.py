@@ -30,7 +30,10 @@ def test_readme_example_runs_and_prints_what_it_says() -> None:
 
 
 def test_transitions_doc_is_rendered_from_the_table() -> None:
-    """docs/transitions.md holds exactly the table that TRANSITIONS renders to."""
+    """docs/transitions.md holds exactly the table that TRANSITIONS renders to.
+
+    To update it: `python tools/render_transitions.py`.
+    """
     text = (DOCS / "transitions.md").read_text()
     block = re.search(r"<!-- transitions:begin -->\n(.*?)<!-- transitions:end -->", text, re.S)
     assert block is not None

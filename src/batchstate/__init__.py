@@ -21,6 +21,7 @@ from batchstate._errors import (
     PhaseError,
     RecordShapeError,
     ReleaseError,
+    StaleRecord,
     StillRunning,
 )
 from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
@@ -71,6 +72,7 @@ __all__ = [
     "Rows",
     "Running",
     "Split",
+    "StaleRecord",
     "Step",
     "StillRunning",
     "TokenTable",

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
+import torch
 from returns.result import Failure, Result, Success
 
-from batchstate._errors import BatchConflict, ContextTooLong, OutOfKVTokens, PhaseError
+from batchstate._errors import (
+    BatchConflict,
+    ContextTooLong,
+    OutOfKVTokens,
+    PhaseError,
+    StaleRecord,
+)
 from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._phases import Decoding, Extended, Filtered, Running, Step
 from batchstate._pools import Pools
+from batchstate._rows import Rows
 
 __all__ = ["DecodeError", "decode"]
 
@@ -30,6 +38,8 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
     Raises:
         PhaseError: `batch` is `Idle` (or not a batch at all).
         BatchConflict: `batch` and `pools` live on different devices.
+        StaleRecord: a row's slot does not own exactly that row's tokens in
+            `pools` (one of the two is from an earlier step).
     """
     if not isinstance(batch, Extended | Decoding | Filtered):
         raise PhaseError(f"decode takes Extended, Decoding or Filtered, got {type(batch).__name__}")
@@ -40,6 +50,7 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
         )
     if rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(batch, pools.max_context_len))
+    _expect_current(rows, pools)
     grown = rows.grow(1)
     allocation = pools.allocate_next(rows.req_pool_indices.host, grown.seq_lens.host)
     if not isinstance(allocation, Success):
@@ -49,6 +60,23 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
     # The new token sits at position old seq_len of its row.
     after.table.write(rows.req_pool_indices, rows.seq_lens, locs)
     return Success(Step(Decoding(grown, DeviceOnly(locs.device)), after))
+
+
+def _expect_current(rows: Rows, pools: Pools) -> None:
+    # Each row's slot must own exactly its length: one host gather and compare.
+    slots, lengths = rows.req_pool_indices.host, rows.seq_lens.host
+    in_range = not slots.shape[0] or int(slots.max()) <= pools.max_reqs
+    if in_range and torch.equal(pools.slot_tokens[slots], lengths):
+        return
+    owned = pools.slot_tokens[slots.clamp(0, pools.max_reqs)].tolist()
+    rows_seen = zip(slots.tolist(), lengths.tolist(), owned, strict=True)
+    for row, (slot, length, held) in enumerate(rows_seen):
+        if slot > pools.max_reqs or held != length:
+            raise StaleRecord(
+                f"row {row} (request {rows.reqs[row].rid}) has {length} tokens in slot {slot},"
+                f" the pools hold {held if slot <= pools.max_reqs else 'no such slot'}:"
+                " the batch or the pools are stale"
+            )
 
 
 def _too_long(batch: Running, max_context_len: int) -> ContextTooLong:

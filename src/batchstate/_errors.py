@@ -28,6 +28,7 @@ __all__ = [
     "PhaseError",
     "RecordShapeError",
     "ReleaseError",
+    "StaleRecord",
     "StillRunning",
 ]
 
@@ -142,6 +143,15 @@ class KeepIndicesError(IndexError):
 
 class BatchConflict(ValueError):
     """Two batches being merged share a request or a request slot."""
+
+
+class StaleRecord(ValueError):
+    """A record and the pools disagree about what a request slot owns.
+
+    One of them is older than the other: a batch decoded with pools from
+    before its last step, or after its rows were released. Caught before
+    anything is allocated or written.
+    """
 
 
 class DraftError(ValueError):

@@ -26,6 +26,7 @@ class Departed:
 
     reqs: tuple[Req, ...]
     slots: torch.Tensor  # host int64 [num_left], the request slots they own
+    seq_lens: torch.Tensor  # host int64 [num_left], the tokens each holds in its slot
     # The rows that stayed, from the same split: disjoint from these by
     # construction, so `release` need not compare slots against them.
     stayed: Rows | None = None
@@ -143,14 +144,15 @@ def _split(batch: Running, keep: Sequence[int] | torch.Tensor, transition: str) 
     left_index = dropped.nonzero().flatten()
     positions = left_index.tolist()
     kept = Mirrored.from_host(index, rows.device)
+    left_lens = rows.seq_lens.host.index_select(0, left_index)
     if len(positions) > index.shape[0]:
         stayed = rows.take(kept)  # few kept: sum over them
     else:
-        lengths = rows.seq_lens.host.index_select(0, left_index).tolist()
-        stayed = rows.without(kept, positions, lengths)
+        stayed = rows.without(kept, positions, left_lens.tolist())
     left = Departed(
         tuple(rows.reqs[position] for position in positions),
         rows.req_pool_indices.host.index_select(0, left_index),
+        left_lens,
         stayed,
     )
     return Split(Filtered(stayed), left)
@@ -190,4 +192,4 @@ def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:
 _EMPTY: Final = torch.empty(0, dtype=torch.int64)
 _MAX_PYTHON_CHECK: Final = 128
 _ENDS: Final = torch.tensor([0, -1])
-_NOBODY: Final = Departed((), _EMPTY)
+_NOBODY: Final = Departed((), _EMPTY, _EMPTY)

@@ -199,9 +199,23 @@ class Pools:
         pools = Pools(self.table, self.page_size, self.num_pages, self.slot_list, rest, slot_tokens)
         return Success((pages, pools))
 
-    def free(self, slots: torch.Tensor) -> Result[Pools, NotOwned]:
-        """Give back request slots and every KV page they own (host int64 slots)."""
-        owned = self._owned_tokens(slots)
+    def free(
+        self, slots: torch.Tensor, seq_lens: torch.Tensor | None = None
+    ) -> Result[Pools, NotOwned]:
+        """Give back request slots and every KV page they own.
+
+        Args:
+            slots: host int64 `[num_slots]`, distinct owned request slots.
+            seq_lens: host int64 `[num_slots]`, the tokens the caller's rows
+                hold in those slots, if known: a slot holding a different
+                count belongs to someone else now (the rows are stale).
+
+        Returns:
+            `Success(Pools)`; `Failure(NotOwned)` naming the slots that are
+            out of range, free, repeated or held at another length. `self`
+            is unchanged either way.
+        """
+        owned = self._owned_tokens(slots, None if seq_lens is None else seq_lens.tolist())
         if isinstance(owned, NotOwned):
             return Failure(owned)
         if not owned:
@@ -285,9 +299,12 @@ class Pools:
             )
         )
 
-    def _owned_tokens(self, slots: torch.Tensor) -> list[tuple[int, int]] | NotOwned:
+    def _owned_tokens(
+        self, slots: torch.Tensor, expected: list[int] | None
+    ) -> list[tuple[int, int]] | NotOwned:
         # (slot, tokens it owns) for each of `slots`; NotOwned if one is out of
-        # range, free or repeated. Few slots leave at a time: check them in Python.
+        # range, free, repeated, or owns other than `expected` tokens. Few
+        # slots leave at a time: check them in Python.
         values = slots.tolist()
         if not values:
             return []
@@ -295,6 +312,9 @@ class Pools:
         if not unowned:
             owned = list(zip(values, self.slot_tokens[slots].tolist(), strict=True))
             unowned = [slot for slot, tokens in owned if tokens == 0]
+            if expected is not None and not unowned:
+                pairs = zip(owned, expected, strict=True)
+                unowned = [slot for (slot, tokens), length in pairs if tokens != length]
             if not unowned:
                 if len(set(values)) == len(values):
                     return owned

@@ -25,7 +25,8 @@ def release(left: Departed | Batch, running: Batch, pools: Pools) -> Result[Pool
     Returns:
         `Success(Pools)` with the memory free; `Failure(StillRunning)` if a
         slot is still in `running`; `Failure(NotOwned)` if a slot was already
-        released. `pools` is unchanged either way. Reads nothing from the device.
+        released, or now holds another count of tokens (`left` is stale).
+        `pools` is unchanged either way. Reads nothing from the device.
 
     Raises:
         PhaseError: `left` or `running` is not a batch (arguments swapped, say).
@@ -34,10 +35,13 @@ def release(left: Departed | Batch, running: Batch, pools: Pools) -> Result[Pool
         raise PhaseError(f"release takes Departed or a batch as left, got {type(left).__name__}")
     if not isinstance(running, Idle | Extended | Decoding | Filtered):
         raise PhaseError(f"release takes a batch as running, got {type(running).__name__}")
-    slots = left.slots if isinstance(left, Departed) else left.rows.req_pool_indices.host
+    if isinstance(left, Departed):
+        slots, seq_lens = left.slots, left.seq_lens
+    else:
+        slots, seq_lens = left.rows.req_pool_indices.host, left.rows.seq_lens.host
     # Rows that stayed in the same split as `left` cannot share its slots.
     if not (isinstance(left, Departed) and left.stayed is running.rows):
         still = overlap(slots, running.rows.req_pool_indices.host)
         if still.shape[0]:
             return Failure(StillRunning(tuple(still.tolist())))
-    return pools.free(slots)
+    return pools.free(slots, seq_lens)

@@ -18,6 +18,7 @@ from batchstate._errors import (
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
+    StaleRecord,
 )
 from batchstate._extend import extend, idle, prebuilt
 from batchstate._filter import filter_batch, split
@@ -68,7 +69,7 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
             decode,
             Decoding,
             failures=(OutOfKVTokens, ContextTooLong),
-            raises=(BatchConflict,),  # batch and pools on different devices
+            raises=(BatchConflict, StaleRecord),  # other devices; a batch or pools out of date
         )
         for source in _RUNNING
     ),
