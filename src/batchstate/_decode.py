@@ -66,7 +66,7 @@ def _expect_current(rows: Rows, pools: Pools) -> None:
     # Each row's slot must own exactly its length: one host gather and compare.
     slots, lengths = rows.req_pool_indices.host, rows.seq_lens.host
     in_range = not slots.shape[0] or int(slots.max()) <= pools.max_reqs
-    if in_range and torch.equal(pools.slot_tokens[slots], lengths):
+    if in_range and torch.equal(pools.slot_tokens.index_select(0, slots), lengths):
         return
     owned = pools.slot_tokens[slots.clamp(0, pools.max_reqs)].tolist()
     rows_seen = zip(slots.tolist(), lengths.tolist(), owned, strict=True)
