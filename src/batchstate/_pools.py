@@ -37,8 +37,11 @@ class Pools:
     Ownership is `slot_tokens`: a slot with tokens is owned, its pages are
     `table[slot, 0:slot_tokens[slot]:page_size] // page_size`.
 
-    NOTE: pools are linear: thread the newest value through; two
-    transitions from the same `Pools` would hand out the same memory.
+    NOTE: pools are linear: thread the newest value through. Two
+    transitions from the same `Pools` would hand out the same memory, and
+    two releases from it would give back into the same free-list cells.
+    A value that a transition failed on, or whose result was dropped, is
+    still the newest and stays valid.
     """
 
     table: TokenTable
