@@ -75,19 +75,10 @@ def split(batch: Running, keep: Sequence[int] | torch.Tensor) -> Split:
 def filter_batch(batch: Running, keep: Sequence[int] | torch.Tensor) -> Filtered:
     """The rows at `keep`, in order, on every column, device and host.
 
-    Keeping none gives a well-formed empty `Filtered`: zero rows on every
-    field and `seq_lens_sum == 0`. Reads nothing from the device. Frees
-    nothing: `split` also hands over the rows that left, for `release`.
-
-    Args:
-        batch: a running batch.
-        keep: strictly increasing row positions: a list of ints, or a CPU
-            integer tensor `[num_kept]`.
-
-    Raises:
-        PhaseError: `batch` is `Idle` (or not a batch at all).
-        KeepIndicesError: `keep` is not strictly increasing positions in
-            `[0, num_reqs)`, is not integer, or is on a device.
+    `split(batch, keep).kept`: the same arguments and errors. Keeping none
+    gives a well-formed empty `Filtered`: zero rows on every field and
+    `seq_lens_sum == 0`. Reads nothing from the device. Frees nothing: use
+    `split` to hand the rows that left to `release`.
 
     >>> from batchstate import Req, extend, idle, make_pools
     >>> pools = make_pools(4, 16, 32, torch.device("cpu"))
