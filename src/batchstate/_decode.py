@@ -8,7 +8,6 @@ import torch
 from returns.result import Failure, Result, Success
 
 from batchstate._errors import (
-    BatchConflict,
     ContextTooLong,
     OutOfKVTokens,
     PhaseError,
@@ -44,10 +43,7 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
     if not isinstance(batch, Extended | Decoding | Filtered):
         raise PhaseError(f"decode takes Extended, Decoding or Filtered, got {type(batch).__name__}")
     rows = batch.rows
-    if pools.table.device.device != rows.device:
-        raise BatchConflict(
-            f"the batch is on {rows.device}, the pools' table on {pools.table.device.device}"
-        )
+    pools.table.expect_on(rows.device)
     if rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(batch, pools.max_context_len))
     _expect_current(rows, pools)

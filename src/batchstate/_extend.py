@@ -121,7 +121,7 @@ _MAX_ROW_WRITES: Final = 8
 def _admit(
     batch: Idle, inputs: Sequence[Req | Resumed], pools: Pools
 ) -> Result[_Admitted, ExtendError]:
-    _expect_same_device(batch, pools)
+    pools.table.expect_on(batch.device)
     if not inputs:
         return Failure(EmptyExtend())
     reqs = [item.req if isinstance(item, Resumed) else item for item in inputs]
@@ -254,15 +254,6 @@ def _expect_unique(values: Sequence[int], what: str) -> None:
     if len(set(values)) != len(values):
         repeated = sorted({value for value in values if values.count(value) > 1})
         raise BatchConflict(f"the same {what} appears twice among the requests: {repeated}")
-
-
-def _expect_same_device(batch: Idle, pools: Pools) -> None:
-    # NOTE: the table is written on both sides with the batch's index tensors;
-    # on another device the device side would be left unwritten.
-    if pools.table.device.device != batch.device:
-        raise BatchConflict(
-            f"the batch is on {batch.device}, the pools' table on {pools.table.device.device}"
-        )
 
 
 def _expect_idle(batch: object, transition: str) -> None:

@@ -109,6 +109,7 @@ def verify(
 
     Raises:
         PhaseError: `batch` is not `Decoding`.
+        BatchConflict: `batch` and `pools` live on different devices.
         DraftError: `draft_lens` is not one non-negative integer per row on the CPU.
 
     >>> from batchstate import Req, decode, extend, idle, make_pools
@@ -125,6 +126,7 @@ def verify(
     if not isinstance(batch, Decoding):
         raise PhaseError(f"verify takes Decoding, got {type(batch).__name__}")
     rows = batch.rows
+    pools.table.expect_on(rows.device)
     drafts = _draft_lens(draft_lens, len(rows))
     committed = rows.seq_lens.host
     reserved = committed + drafts

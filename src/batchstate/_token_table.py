@@ -8,6 +8,7 @@ from typing import final
 import attrs
 import torch
 
+from batchstate._errors import BatchConflict
 from batchstate._mirrored import Mirrored, _describe
 
 __all__ = ["TokenTable"]
@@ -43,6 +44,17 @@ class TokenTable:
     @property
     def max_context_len(self) -> int:
         return self.host.shape[1]
+
+    def expect_on(self, device: torch.device) -> None:
+        """Raise `BatchConflict` unless the device side lives on `device` (a batch's).
+
+        NOTE: transitions write both sides with the batch's index tensors; on
+        another device the device side would be left unwritten.
+        """
+        if self.device.device != device:
+            raise BatchConflict(
+                f"the batch is on {device}, the pools' table on {self.device.device}"
+            )
 
     def write(self, slots: Mirrored, positions: Mirrored, locs: Mirrored) -> None:
         """Set `table[slots[i], positions[i]] = locs[i]` on both sides (mutates the table)."""

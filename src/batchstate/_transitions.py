@@ -85,7 +85,11 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     ),
     # Speculative decoding: `sync` is the one transition that reads the device.
     Transition(
-        Decoding, verify, Verifying, failures=(OutOfKVTokens, ContextTooLong), raises=(DraftError,)
+        Decoding,
+        verify,
+        Verifying,
+        failures=(OutOfKVTokens, ContextTooLong),
+        raises=(DraftError, BatchConflict),
     ),
     Transition(Verifying, sync, Filtered, raises=(DraftError,)),
 )
