@@ -61,16 +61,21 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
 def _expect_current(rows: Rows, pools: Pools) -> None:
     # Each row's slot must own exactly its length: one host gather and compare.
     slots, lengths = rows.req_pool_indices.host, rows.seq_lens.host
-    in_range = not slots.shape[0] or int(slots.max()) <= pools.max_reqs
-    if in_range and torch.equal(pools.slot_tokens.index_select(0, slots), lengths):
-        return
+    try:
+        held = pools.slot_tokens.index_select(0, slots)  # raises past either end
+    except IndexError:
+        pass  # a slot outside the table: say which below
+    else:
+        if torch.equal(held, lengths):
+            return
     owned = pools.slot_tokens[slots.clamp(0, pools.max_reqs)].tolist()
     rows_seen = zip(slots.tolist(), lengths.tolist(), owned, strict=True)
-    for row, (slot, length, held) in enumerate(rows_seen):
-        if slot > pools.max_reqs or held != length:
+    for row, (slot, length, owns) in enumerate(rows_seen):
+        in_table = 1 <= slot <= pools.max_reqs
+        if not in_table or owns != length:
             raise StaleRecord(
                 f"row {row} (request {rows.reqs[row].rid}) has {length} tokens in slot {slot},"
-                f" the pools hold {held if slot <= pools.max_reqs else 'no such slot'}:"
+                f" the pools hold {owns if in_table else 'no such slot'}:"
                 " the batch or the pools are stale"
             )
 
