@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import re
 from pathlib import Path
 from typing import Final
 
 import batchstate
+import batchstate.audit
 from batchstate._render import render_transitions
 
 DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
@@ -45,6 +47,20 @@ def test_api_doc_names_every_public_name() -> None:
     text = (DOCS / "api.md").read_text()
     missing = [name for name in batchstate.__all__ if f"**`{name}" not in text]
     assert missing == []
+
+
+def test_api_doc_signatures_are_current() -> None:
+    """Every public function's entry in docs/api.md shows its signature as the code has it."""
+    text = (DOCS / "api.md").read_text()
+    stale = []
+    for module in (batchstate, batchstate.audit):
+        for name in module.__all__:
+            function = getattr(module, name)
+            if inspect.isfunction(function):
+                signature = name + str(inspect.signature(function)).replace("'", "")
+                if f"**`{signature}`**" not in text:
+                    stale.append(signature)
+    assert stale == []
 
 
 def test_readme_has_exactly_two_setup_commands() -> None:
