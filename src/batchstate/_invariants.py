@@ -6,9 +6,10 @@ from collections.abc import Iterable
 
 import torch
 
-from batchstate._errors import InvariantViolation
+from batchstate._errors import InvariantViolation, RecordShapeError
 from batchstate._phases import Batch, Decoding, Extended
 from batchstate._pools import Pools
+from batchstate._rows import check_columns
 
 __all__ = ["check_batch", "check_pools"]
 
@@ -21,18 +22,10 @@ def check_batch(batch: Batch, *, compare_device: bool = False) -> None:
     """
     rows = batch.rows
     num_reqs = len(rows.reqs)
-    columns = {
-        "rids": rows.rids,
-        "req_pool_indices.host": rows.req_pool_indices.host,
-        "req_pool_indices.device": rows.req_pool_indices.device,
-        "seq_lens.host": rows.seq_lens.host,
-        "seq_lens.device": rows.seq_lens.device,
-        "orig_seq_lens": rows.orig_seq_lens.device,
-    }
-    for name, column in columns.items():
-        _expect(
-            column.shape == (num_reqs,), f"{name} has shape {list(column.shape)}, {num_reqs} reqs"
-        )
+    try:
+        check_columns(rows)  # transitions build Rows without running it
+    except RecordShapeError as error:
+        raise InvariantViolation(str(error)) from error
     _expect(rows.rids.tolist() == [req.rid for req in rows.reqs], "rids differ from the reqs' rids")
     seq_lens = rows.seq_lens.host
     _expect(

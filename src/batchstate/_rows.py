@@ -52,7 +52,7 @@ class Rows:
     max_seq_len: int  # host only: equals seq_lens.host.max(), 0 when empty
 
     def __attrs_post_init__(self) -> None:
-        _check_rows(self)
+        check_columns(self)
 
     @classmethod
     def empty(cls, device: torch.device) -> Self:
@@ -206,7 +206,8 @@ def _take_tuple(items: tuple[Req, ...], index: torch.Tensor) -> tuple[Req, ...]:
     return tuple(operator.itemgetter(*positions)(items))
 
 
-def _check_rows(rows: Rows) -> None:
+def check_columns(rows: Rows) -> None:
+    """Raise `RecordShapeError` unless every column has `len(reqs)` rows, its dtype and device."""
     num_reqs = len(rows.reqs)
     columns: tuple[tuple[str, torch.Tensor, torch.dtype, torch.device], ...] = (
         ("rids", rows.rids, torch.int64, _CPU),
