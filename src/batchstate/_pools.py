@@ -268,13 +268,10 @@ class Pools:
         Raises:
             ValueError: a new length below 1 or above what the slot owns.
         """
-        in_range = (slots >= 1) & (slots <= self.max_reqs)
-        owned_tokens = torch.where(in_range, self.slot_tokens[slots.clamp(0, self.max_reqs)], 0)
-        unowned = slots[owned_tokens == 0]
-        if unowned.shape[0]:
-            return Failure(NotOwned(tuple(unowned.tolist())))
-        if torch.unique(slots).shape[0] != slots.shape[0]:
-            return Failure(NotOwned(tuple(slots.tolist())))  # the same slot twice in one call
+        owned = self._owned_tokens(slots, None)
+        if isinstance(owned, NotOwned):
+            return Failure(owned)
+        owned_tokens = self.slot_tokens[slots]
         bad = (new_lens < 1) | (new_lens > owned_tokens)
         if bool(bad.any()):
             at = int(bad.nonzero()[0])
