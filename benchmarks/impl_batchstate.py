@@ -22,7 +22,7 @@ from batchstate import (
     release,
     split,
 )
-from benchmarks.scenario import DEVICE, Join, Outcome, Plan
+from benchmarks.scenario import Join, Outcome, Plan
 
 __all__ = ["BatchstateStep"]
 
@@ -37,10 +37,10 @@ class BatchstateStep:
             plan.config.batch_size + 1,
             plan.max_context_len,
             plan.num_kv_tokens,
-            DEVICE,
+            plan.device,
             plan.config.page_size,
         )
-        self._idle = idle(DEVICE)
+        self._idle = idle(plan.device)
         reqs = [Req(rid, input_ids) for rid, input_ids in plan.initial]
         extended, self.pools = extend(self._idle, reqs, pools).unwrap()
         self.batch: Decoding | Filtered = merge(self._idle, extended)

@@ -11,8 +11,8 @@ from typing import Final
 
 import torch
 
-from batchstate._mirrored import host_int64, to_device
-from benchmarks.scenario import DEVICE, Join, Outcome, Plan
+from benchmarks.scenario import Join, Outcome, Plan
+from benchmarks.torch_host import host_int64, to_device
 
 __all__ = ["FloorStep"]
 
@@ -23,11 +23,12 @@ class FloorStep:
     name: Final = "floor"
 
     def __init__(self, plan: Plan) -> None:
+        self.device = plan.device
         page_size = self.page_size = plan.config.page_size
         max_reqs = plan.config.batch_size + 1
         shape = (max_reqs + 1, plan.max_context_len)
         self.table_cpu = torch.zeros(shape, dtype=torch.int32)
-        self.table = torch.zeros(shape, dtype=torch.int32, device=DEVICE)
+        self.table = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.free_slots = list(range(1, max_reqs + 1))
         self.free_pages = torch.arange(1, plan.num_kv_tokens // page_size + 1)
         self.rids: list[int] = []
@@ -38,12 +39,12 @@ class FloorStep:
             slots.append(slot)
             seq_lens.append(seq_len)
         self.slots_cpu = host_int64(slots)
-        self.slots = to_device(self.slots_cpu, DEVICE)
+        self.slots = to_device(self.slots_cpu, self.device)
         self.seq_lens_cpu = host_int64(seq_lens)
-        self.seq_lens = to_device(self.seq_lens_cpu, DEVICE)
+        self.seq_lens = to_device(self.seq_lens_cpu, self.device)
         self.orig_seq_lens = self.seq_lens.to(torch.int32)
         self.seq_lens_sum = sum(seq_lens)
-        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=DEVICE)
+        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=self.device)
         self._finished = (0, 0)
         self._new = (0, 0, 0)
 
@@ -62,8 +63,8 @@ class FloorStep:
                 :seq_len
             ]
         self.table_cpu[slot, :seq_len] = locs
-        self.table[slot, :seq_len] = to_device(locs, DEVICE)
-        self.input_ids = to_device(host_int64(input_ids), DEVICE)
+        self.table[slot, :seq_len] = to_device(locs, self.device)
+        self.input_ids = to_device(host_int64(input_ids), self.device)
         return slot, seq_len
 
     def decode(self) -> None:
@@ -80,8 +81,8 @@ class FloorStep:
             locs[is_new] = new_pages * page_size
         locs32 = locs.to(torch.int32)
         self.table_cpu[self.slots_cpu, positions] = locs32
-        self.table[self.slots, self.seq_lens] = to_device(locs32, DEVICE)
-        self.out_cache_loc = to_device(locs, DEVICE)
+        self.table[self.slots, self.seq_lens] = to_device(locs32, self.device)
+        self.out_cache_loc = to_device(locs, self.device)
         self.seq_lens_cpu = positions + 1
         self.seq_lens = self.seq_lens + 1
         self.orig_seq_lens = self.orig_seq_lens + 1
@@ -91,7 +92,7 @@ class FloorStep:
         row = join.finished_row
         self._finished = (int(self.slots_cpu[row]), int(self.seq_lens_cpu[row]))
         keep_cpu = host_int64(join.keep)
-        keep = to_device(keep_cpu, DEVICE)
+        keep = to_device(keep_cpu, self.device)
         del self.rids[row]
         self.slots_cpu = self.slots_cpu[keep_cpu]
         self.slots = self.slots[keep]
@@ -115,7 +116,7 @@ class FloorStep:
     def merge(self) -> None:
         rid, slot, seq_len = self._new
         new_cpu = host_int64((slot, seq_len))
-        new = to_device(new_cpu, DEVICE)
+        new = to_device(new_cpu, self.device)
         self.rids.append(rid)
         self.slots_cpu = torch.cat((self.slots_cpu, new_cpu[:1]))
         self.slots = torch.cat((self.slots, new[:1]))

@@ -17,8 +17,8 @@ from typing import Final
 
 import torch
 
-from batchstate._mirrored import host_int64, to_device
-from benchmarks.scenario import DEVICE, Join, Outcome, Plan
+from benchmarks.scenario import Join, Outcome, Plan
+from benchmarks.torch_host import host_int64, to_device
 
 __all__ = ["MutableStep"]
 
@@ -37,13 +37,14 @@ class _Allocator:
     """Request slots (a Python free list) and KV pages (a tensor free list), mutated in place."""
 
     def __init__(self, plan: Plan) -> None:
+        self.device = plan.device
         self.page_size = plan.config.page_size
         max_reqs = plan.config.batch_size + 1
         self.free_slots = list(range(1, max_reqs + 1))
         self.free_pages = torch.arange(1, plan.num_kv_tokens // self.page_size + 1)
         shape = (max_reqs + 1, plan.max_context_len)
         self.table_cpu = torch.zeros(shape, dtype=torch.int32)
-        self.table = torch.zeros(shape, dtype=torch.int32, device=DEVICE)
+        self.table = torch.zeros(shape, dtype=torch.int32, device=self.device)
 
     def alloc_pages(self, num_pages: int) -> torch.Tensor:
         pages = self.free_pages[:num_pages]
@@ -60,15 +61,16 @@ class _Batch:
     """The batch object: every field and its mirror, updated by hand in each method."""
 
     def __init__(self, allocator: _Allocator) -> None:
+        self.device = allocator.device
         self.allocator = allocator
         self.reqs: list[_Req] = []
-        self.req_pool_indices = torch.empty(0, dtype=torch.int64, device=DEVICE)
+        self.req_pool_indices = torch.empty(0, dtype=torch.int64, device=self.device)
         self.req_pool_indices_cpu = torch.empty(0, dtype=torch.int64)
-        self.seq_lens = torch.empty(0, dtype=torch.int64, device=DEVICE)
+        self.seq_lens = torch.empty(0, dtype=torch.int64, device=self.device)
         self.seq_lens_cpu = torch.empty(0, dtype=torch.int64)
-        self.orig_seq_lens = torch.empty(0, dtype=torch.int32, device=DEVICE)
-        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=DEVICE)
-        self.input_ids = torch.empty(0, dtype=torch.int64, device=DEVICE)
+        self.orig_seq_lens = torch.empty(0, dtype=torch.int32, device=self.device)
+        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.input_ids = torch.empty(0, dtype=torch.int64, device=self.device)
         self.prefix_lens: list[int] = []
         self.extend_lens: list[int] = []
         self._seq_lens_sum: int | None = 0
@@ -92,17 +94,17 @@ class _Batch:
             if page_size > 1:
                 slot_locs = slot_locs + torch.arange(seq_len) % page_size
             alloc.table_cpu[slot, :seq_len] = slot_locs.to(torch.int32)
-            alloc.table[slot, :seq_len] = to_device(slot_locs, DEVICE).to(torch.int32)
+            alloc.table[slot, :seq_len] = to_device(slot_locs, self.device).to(torch.int32)
             locs.append(slot_locs)
         self.reqs = reqs
         self.req_pool_indices_cpu = host_int64(slots)
-        self.req_pool_indices = to_device(self.req_pool_indices_cpu, DEVICE)
+        self.req_pool_indices = to_device(self.req_pool_indices_cpu, self.device)
         self.seq_lens_cpu = host_int64(seq_lens)
-        self.seq_lens = to_device(self.seq_lens_cpu, DEVICE)
+        self.seq_lens = to_device(self.seq_lens_cpu, self.device)
         self.orig_seq_lens = self.seq_lens.to(torch.int32)
-        self.out_cache_loc = to_device(torch.cat(locs), DEVICE)
+        self.out_cache_loc = to_device(torch.cat(locs), self.device)
         ids = [token for req in reqs for token in req.input_ids]
-        self.input_ids = to_device(host_int64(ids), DEVICE)
+        self.input_ids = to_device(host_int64(ids), self.device)
         self.prefix_lens = [0] * len(reqs)
         self.extend_lens = seq_lens
         self._seq_lens_sum = sum(seq_lens)
@@ -120,7 +122,7 @@ class _Batch:
             locs = locs.to(torch.int64) + 1
             locs[is_new] = new_pages * page_size
         alloc.table_cpu[self.req_pool_indices_cpu, positions] = locs.to(torch.int32)
-        self.out_cache_loc = to_device(locs, DEVICE)
+        self.out_cache_loc = to_device(locs, self.device)
         alloc.table[self.req_pool_indices, self.seq_lens] = self.out_cache_loc.to(torch.int32)
         # Host mirror out of place, first: on a CPU "device" the two may share storage.
         self.seq_lens_cpu = self.seq_lens_cpu + 1
@@ -131,14 +133,14 @@ class _Batch:
 
     def filter_batch(self, keep: list[int]) -> None:
         keep_cpu = host_int64(keep)
-        keep_device = to_device(keep_cpu, DEVICE)
+        keep_device = to_device(keep_cpu, self.device)
         self.reqs = [self.reqs[i] for i in keep]
         self.req_pool_indices = self.req_pool_indices[keep_device]
         self.req_pool_indices_cpu = self.req_pool_indices_cpu[keep_cpu]
         self.seq_lens = self.seq_lens[keep_device]
         self.seq_lens_cpu = self.seq_lens_cpu[keep_cpu]
         self.orig_seq_lens = self.orig_seq_lens[keep_device]
-        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=DEVICE)
+        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=self.device)
         self._seq_lens_sum = None
 
     def merge_batch(self, other: _Batch) -> None:

@@ -50,6 +50,7 @@ class Plan(NamedTuple):
     steps: list[Join]
     max_context_len: int
     num_kv_tokens: int
+    device: torch.device = DEVICE  # where the "device" tensors live: the CPU, or meta to count
 
 
 class Outcome(NamedTuple):
@@ -87,7 +88,7 @@ class Implementation(Protocol):
         """The per-row Python objects the batch holds (its request list)."""
 
 
-def make_plan(config: Config, num_steps: int, seed: int = 0) -> Plan:
+def make_plan(config: Config, num_steps: int, seed: int = 0, device: torch.device = DEVICE) -> Plan:
     """A steady batch of `config.batch_size` requests and `num_steps` steps to replay.
 
     One request joins per step, so (Little's law) a request lives about
@@ -127,4 +128,4 @@ def make_plan(config: Config, num_steps: int, seed: int = 0) -> Plan:
     # Decode writes position `max_len`; page-size slack keeps paged rounding in range.
     max_context_len = max_len + 2 * page_size
     num_kv_tokens = (max_pages + batch_size // 4 + 64) * page_size
-    return Plan(config, initial, steps, max_context_len, num_kv_tokens)
+    return Plan(config, initial, steps, max_context_len, num_kv_tokens, device)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 import attrs
+import numpy as np
 import torch
 from hypothesis import strategies as st
 
@@ -79,13 +80,15 @@ class TensorState:
     """A tensor's value, dtype, shape and device, copied to the host."""
 
     value: tuple[object, ...]
-    dtype: torch.dtype
+    dtype: torch.dtype | np.dtype[np.generic]
     shape: tuple[int, ...]
-    device: torch.device
+    device: torch.device | None  # None: a numpy array on the host
 
 
 def snapshot(value: object) -> object:
-    """A deep, comparable copy of `value`: attrs records, tuples and tensors, walked."""
+    """A deep, comparable copy of `value`: attrs records, tuples, arrays and tensors, walked."""
+    if isinstance(value, np.ndarray):
+        return TensorState(tuple(value.ravel().tolist()), value.dtype, value.shape, None)
     if isinstance(value, torch.Tensor):
         data = value if value.device.type == "meta" else value.detach().cpu()
         flat = () if value.device.type == "meta" else tuple(data.flatten().tolist())

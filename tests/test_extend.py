@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from returns.result import Failure
 
 from batchstate import (
@@ -25,6 +24,7 @@ from batchstate import (
     idle,
 )
 from tests.builders import CPU, make_extended, make_reqs, make_test_pools
+from tests.strategies import assert_unchanged, snapshot
 
 
 def test_extend_lays_tokens_out_back_to_back() -> None:
@@ -80,10 +80,9 @@ def test_resumed_request_continues_in_its_own_slot(page_size: int) -> None:
 def test_extend_failures_change_nothing(inputs: list[Req | Resumed], expected: object) -> None:
     """Each bad or too-large admission is its Failure, and the pools and table are untouched."""
     pools = make_test_pools()
-    before = (pools.free_slots.clone(), pools.free_pages.clone(), pools.table.device.clone())
+    before = snapshot(pools)
     assert extend(idle(CPU), inputs, pools) == Failure(expected)
-    after = (pools.free_slots, pools.free_pages, pools.table.device)
-    assert all(torch.equal(old, new) for old, new in zip(before, after, strict=True))
+    assert_unchanged(before, pools, "pools")
 
 
 def test_extend_rejects_duplicate_rids_and_wrong_phases() -> None:

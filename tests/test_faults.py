@@ -20,10 +20,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final, NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from returns.result import Failure, Success
 
+import batchstate._decode
 import batchstate._extend
 import batchstate._mirrored
 import batchstate._rows
@@ -66,14 +68,16 @@ _SEAMS: Final[tuple[tuple[object, str], ...]] = (
     (Pools, "allocate_fresh"),
     (Pools, "free"),
     (TokenTable, "write"),
-    (batchstate._mirrored, "to_device"),
+    (TokenTable, "write_rows"),
     (Mirrored, "from_hosts"),
-    (batchstate._mirrored, "host_int64"),
+    (batchstate._mirrored, "upload"),
+    (batchstate._rows, "upload"),
+    (batchstate._decode, "build_rows"),
+    (batchstate._extend, "build_rows"),
     (batchstate._rows, "host_int64"),
     (batchstate._extend, "host_int64"),
-    (torch, "cat"),
-    (torch, "stack"),
-    (torch.Tensor, "index_select"),
+    (np, "concatenate"),
+    (torch, "from_numpy"),
     (torch.Tensor, "to"),
 )
 

@@ -39,10 +39,10 @@ def test_take_and_give_match_a_python_list_and_keep_old_values(counts: list[int]
 def test_give_past_the_buffer_moves_the_ids_to_a_new_buffer() -> None:
     """Once the buffer's end is reached, the live ids move to a new buffer, none lost."""
     free = FreeList.of(torch.arange(4), 4)
-    buffer = free.buffer
+    buffer = free._buffer
     for _ in range(5):  # each round takes and gives back two ids
         taken, free = free.take(2)
-        free = free.give(taken.clone())
-    assert free.buffer is not buffer
+        free = free.give(taken.copy())
+    assert free._buffer is not buffer
     assert sorted(free.ids.tolist()) == [0, 1, 2, 3]
     assert len(free) == 4

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from returns.result import Failure
@@ -55,6 +56,7 @@ from batchstate import (
     prebuilt,
     release,
 )
+from batchstate._mirrored import host_int64
 from tests.builders import CPU, make_extended, make_phase, make_reqs, make_test_pools
 from tests.strategies import assert_unchanged, snapshot
 
@@ -311,7 +313,7 @@ def _check(value: Callable[[], tuple[object, ...]]) -> Callable[[], Setup]:
 
 def _pools_sharing_a_page() -> tuple[object, ...]:
     batch, pools = _make_running()
-    free_pages = torch.cat((pools.free_pages, pools.table.host[1, :1].to(torch.int64)))
+    free_pages = np.concatenate((pools.free_pages, pools.table.host[1, :1].astype(np.int64)))
     return (
         Pools(
             pools.table,
@@ -559,32 +561,42 @@ HOSTILE: Final = {
     "mirror-from-device": Case(
         lambda: _call(Mirrored.from_host, torch.zeros(2, device=META), CPU),
         ValueError,
-        r"must be a CPU tensor, got one on meta",
+        r"must be a 1-D numpy array, got Tensor",
     ),  # a mirror built from the device side would need a sync
     # ---- records built by hand ----
     "rows-short-rids": Case(
-        _hand_record(lambda: _make_hand_rows(rids=torch.tensor([0, 1, 2]))),
+        _hand_record(lambda: _make_hand_rows(rids=host_int64([0, 1, 2]))),
         RecordShapeError,
-        r"Rows.rids: expected torch.int64 \[2\] on cpu, got torch.int64 \[3\]",
+        r"Rows.rids: expected a read-only int64 array \[2\], got a read-only int64 array \[3\]",
     ),  # a column one row too long
+    "rows-torch-rids": Case(
+        _hand_record(lambda: _make_hand_rows(rids=torch.tensor([0, 1]))),
+        RecordShapeError,
+        r"Rows.rids: expected a read-only int64 array \[2\], got Tensor",
+    ),  # a host column that is not numpy
+    "rows-writable-rids": Case(
+        _hand_record(lambda: _make_hand_rows(rids=np.array([0, 1]))),
+        RecordShapeError,
+        r"Rows.rids: expected a read-only int64 array \[2\], got a writable int64 array",
+    ),  # a host column that could be changed without its device side
     "rows-int32-lens": Case(
         _hand_record(
-            lambda: _make_hand_rows(seq_lens=Mirrored.from_ints([3, 4], torch.int32, CPU))
+            lambda: _make_hand_rows(
+                seq_lens=Mirrored.from_host(np.array([3, 4], dtype=np.int32), CPU)
+            )
         ),
         RecordShapeError,
-        r"seq_lens.host: expected torch.int64 \[2\] on cpu, got torch.int32",
+        r"seq_lens.host: expected a read-only int64 array \[2\], got a read-only int32",
     ),  # a wrong dtype on both sides
     "rows-device-on-meta": Case(
-        _hand_record(
-            lambda: _make_hand_rows(req_pool_indices=Mirrored.from_ints([1, 2], torch.int64, META))
-        ),
+        _hand_record(lambda: _make_hand_rows(req_pool_indices=Mirrored.from_ints([1, 2], META))),
         RecordShapeError,
         r"req_pool_indices.device: expected .* on cpu, got .* on meta",
     ),  # a device side on another device
     "rows-no-reqs": Case(
         _hand_record(lambda: _make_hand_rows(reqs=())),
         RecordShapeError,
-        r"expected torch.int64 \[0\]",
+        r"expected a read-only int64 array \[0\]",
     ),  # seed 000: zero requests but stale rows
     "idle-with-rows": Case(
         _hand_record(lambda: Idle(_make_rows([1], [3]))),
@@ -630,7 +642,7 @@ HOSTILE: Final = {
         r"seq_lens_sum=8, seq_lens sum to 7",
     ),  # seed 003: a derived value out of step
     "check-wrong-rids": Case(
-        _check(lambda: (Filtered(_make_hand_rows(rids=torch.tensor([5, 6]))),)),
+        _check(lambda: (Filtered(_make_hand_rows(rids=host_int64([5, 6]))),)),
         InvariantViolation,
         r"rids differ from the reqs' rids",
     ),  # the rid column out of step with the requests

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 from returns.result import Failure
 
 from batchstate import (
+    Mirrored,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
@@ -14,7 +15,7 @@ from batchstate import (
     check_pools,
     make_pools,
 )
-from batchstate._mirrored import host_int64
+from batchstate._mirrored import HostArray, host_int64
 from tests.builders import CPU
 from tests.strategies import assert_unchanged, snapshot
 
@@ -122,13 +123,12 @@ def test_free_returns_every_page_and_conserves_capacity() -> None:
     assert pools.free_pages.shape[0] == 8
 
 
-def _write(
-    pools: Pools, slots: torch.Tensor, old: list[int], new: list[int], locs: torch.Tensor
-) -> None:
+def _write(pools: Pools, slots: HostArray, old: list[int], new: list[int], locs: HostArray) -> None:
     # What a transition does after allocating: record the locations in the table.
-    rows = torch.repeat_interleave(
-        slots, host_int64([n - o for o, n in zip(old, new, strict=True)])
+    rows = np.repeat(slots, [n - o for o, n in zip(old, new, strict=True)])
+    columns = np.concatenate([np.arange(o, n) for o, n in zip(old, new, strict=True)])
+    pools.table.write(
+        Mirrored.from_host(rows, CPU),
+        Mirrored.from_host(columns, CPU),
+        Mirrored.from_host(locs.astype(np.int32), CPU),
     )
-    columns = torch.cat([torch.arange(o, n) for o, n in zip(old, new, strict=True)])
-    pools.table.host[rows, columns] = locs.to(torch.int32)
-    pools.table.device[rows, columns] = locs.to(torch.int32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +29,6 @@ from batchstate import (
     sync,
     verify,
 )
-from batchstate._mirrored import host_int64
 from tests.builders import CPU, make_phase, make_reqs, make_test_pools
 
 Caller = Callable[[Batch | None, Batch | None, Pools], tuple[Batch, Pools, list[Batch]]]
@@ -103,7 +103,7 @@ def _call_sync(
     # The source is a Decoding (see test_transition_row): open the window, reject every draft.
     assert source is not None
     verifying, pools = verify(source, [3] * len(source.rows), pools).unwrap()  # type: ignore[arg-type]  # as above
-    synced, pools = sync(verifying, host_int64([0] * len(source.rows)), pools)
+    synced, pools = sync(verifying, torch.zeros(len(source.rows), dtype=torch.int64), pools)
     return synced, pools, [synced]
 
 

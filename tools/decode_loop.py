@@ -134,7 +134,7 @@ def run_loop(
 
 def scripted_accept(batch: Verifying, step: int) -> torch.Tensor:
     """Accepted drafts that vary by row and step, copied to the batch's device without waiting."""
-    host = (batch.rids * 7 + step) % (batch.draft_lens + 1)
+    host = torch.from_numpy((batch.rids * 7 + step) % (batch.draft_lens + 1))
     if batch.device.type == "cuda":
         host = host.pin_memory()
     return host.to(batch.device, non_blocking=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-import torch
+import numpy as np
 from returns.result import Failure, Result, Success
 
 from batchstate._errors import (
@@ -16,7 +16,7 @@ from batchstate._errors import (
 from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._phases import Decoding, Extended, Filtered, Running, Step
 from batchstate._pools import Pools
-from batchstate._rows import Rows
+from batchstate._rows import Rows, build_rows
 
 __all__ = ["DecodeError", "decode"]
 
@@ -47,28 +47,39 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
     if rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(batch, pools.max_context_len))
     _expect_current(rows, pools)
-    grown = rows.grow(1)
-    allocation = pools.allocate_next(rows.req_pool_indices.host, grown.seq_lens.host)
+    seq_lens = rows.seq_lens.host + 1
+    allocation = pools.allocate_next(rows.req_pool_indices.host, seq_lens)
     if not isinstance(allocation, Success):
         return Failure(allocation.failure())
-    locs_host, after = allocation.unwrap()
-    locs = Mirrored.from_host(locs_host, rows.device)
+    locs, after = allocation.unwrap()
+    locs32 = locs.astype(np.int32)
+    # One upload: the new lengths (both dtypes), the locations (both dtypes).
+    grown, (out_cache_loc, table_locs) = build_rows(
+        rows.device,
+        rows.reqs,
+        rows.rids,
+        rows.req_pool_indices,
+        seq_lens,
+        rows.seq_lens_sum + len(rows.reqs),
+        rows.max_seq_len + 1 if rows.reqs else 0,
+        (locs, locs32),
+    )
     # The new token sits at position old seq_len of its row.
-    after.table.write(rows.req_pool_indices, rows.seq_lens, locs)
-    return Success(Step(Decoding(grown, DeviceOnly(locs.device)), after))
+    after.table.write(rows.req_pool_indices, rows.seq_lens, Mirrored._pair(locs32, table_locs))
+    return Success(Step(Decoding(grown, DeviceOnly(out_cache_loc)), after))
 
 
 def _expect_current(rows: Rows, pools: Pools) -> None:
     # Each row's slot must own exactly its length: one host gather and compare.
     slots, lengths = rows.req_pool_indices.host, rows.seq_lens.host
     try:
-        held = pools.slot_tokens.index_select(0, slots)  # raises past either end
+        held = pools.slot_tokens[slots]
     except IndexError:
         pass  # a slot outside the table: say which below
     else:
-        if torch.equal(held, lengths):
+        if np.array_equal(held, lengths) and (not slots.shape[0] or slots.min() >= 1):
             return
-    owned = pools.slot_tokens[slots.clamp(0, pools.max_reqs)].tolist()
+    owned = pools.slot_tokens[slots.clip(0, pools.max_reqs)].tolist()
     rows_seen = zip(slots.tolist(), lengths.tolist(), owned, strict=True)
     for row, (slot, length, owns) in enumerate(rows_seen):
         in_table = 1 <= slot <= pools.max_reqs

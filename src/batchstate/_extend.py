@@ -7,6 +7,7 @@ from itertools import chain
 from typing import Final, NamedTuple, TypeAlias, final
 
 import attrs
+import numpy as np
 import torch
 from returns.result import Failure, Result, Success
 
@@ -19,10 +20,10 @@ from batchstate._errors import (
     NotOwned,
     PhaseError,
 )
-from batchstate._mirrored import DeviceOnly, Mirrored, host_int64
+from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
 from batchstate._phases import Extended, Filtered, Idle, Step
 from batchstate._pools import Pools
-from batchstate._rows import Req, Rows
+from batchstate._rows import Req, Rows, build_rows
 
 __all__ = ["ExtendError", "Resumed", "extend", "idle", "prebuilt"]
 
@@ -143,37 +144,34 @@ def _admit(
 
 
 def _place_fresh(
-    batch: Idle, reqs: Sequence[Req], allocated: tuple[torch.Tensor, Pools]
+    batch: Idle, reqs: Sequence[Req], allocated: tuple[HostArray, Pools]
 ) -> Result[_Admitted, ExtendError]:
     # A few new requests, the common extend: every position from 0, so rows
     # take whole pages in order and the table is written one slice per row.
-    slots_host, pools = allocated
+    slots, pools = allocated
     seq_lens = [len(req.input_ids) for req in reqs]
-    allocation = pools.allocate_fresh(slots_host, seq_lens)
+    allocation = pools.allocate_fresh(slots, seq_lens)
     if not isinstance(allocation, Success):
         return Failure(allocation.failure())
-    locs_host, after = allocation.unwrap()
-    input_ids_host = host_int64(list(chain.from_iterable(req.input_ids for req in reqs)))
-    slots, lengths, locs, input_ids = Mirrored.from_hosts(
-        (slots_host, host_int64(seq_lens), locs_host, input_ids_host), batch.device
-    )
-    rows = Rows._trusted(
+    locs, after = allocation.unwrap()
+    locs32 = locs.astype(np.int32)
+    rows, (input_ids, out_cache_loc, table_locs) = build_rows(
         batch.device,
         tuple(reqs),
         host_int64([req.rid for req in reqs]),
         slots,
-        lengths,
-        DeviceOnly(lengths.device.to(torch.int32)),
+        host_int64(seq_lens),
         sum(seq_lens),
         max(seq_lens),
+        (_token_ids(reqs, [0] * len(reqs)), locs, locs32),
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
-    after.table.write_rows(slots_host.tolist(), seq_lens, locs)
+    after.table.write_rows(slots.tolist(), seq_lens, Mirrored._pair(frozen(locs32), table_locs))
     return Success(
         _Admitted(
             rows,
-            DeviceOnly(input_ids.device),
-            DeviceOnly(locs.device),
+            DeviceOnly(input_ids),
+            DeviceOnly(out_cache_loc),
             (0,) * len(reqs),
             tuple(seq_lens),
             after,
@@ -186,7 +184,7 @@ def _place(
     inputs: Sequence[Req | Resumed],
     reqs: Sequence[Req],
     prefix_lens: Sequence[int],
-    allocated: tuple[torch.Tensor, Pools],
+    allocated: tuple[HostArray, Pools],
 ) -> Result[_Admitted, ExtendError]:
     new_slots, pools = allocated
     new_slot_iter = iter(new_slots.tolist())
@@ -200,34 +198,46 @@ def _place(
         return Failure(allocation.failure())
     locs, after = allocation.unwrap()
     extend_lens = seq_lens_host - prefix_host
-    rows_of_tokens = torch.repeat_interleave(torch.arange(len(reqs)), extend_lens)
-    first_token = torch.cumsum(extend_lens, 0) - extend_lens
-    positions = (
-        prefix_host[rows_of_tokens] + torch.arange(locs.shape[0]) - first_token[rows_of_tokens]
+    rows_of_tokens = np.repeat(np.arange(len(reqs)), extend_lens)
+    first_token = np.cumsum(extend_lens) - extend_lens
+    positions = prefix_host[rows_of_tokens] + np.arange(locs.shape[0]) - first_token[rows_of_tokens]
+    token_slots = slots_host[rows_of_tokens]
+    locs32 = locs.astype(np.int32)
+    # One host-to-device copy for every column, the table write and the forward.
+    rows, (input_ids, out_cache_loc, *cells) = build_rows(
+        batch.device,
+        tuple(reqs),
+        host_int64([req.rid for req in reqs]),
+        slots_host,
+        seq_lens_host,
+        sum(seq_lens),
+        max(seq_lens),
+        (_token_ids(reqs, prefix_lens), locs, token_slots, positions, locs32),
     )
-    input_ids = host_int64(
-        list(
-            chain.from_iterable(
-                req.input_ids[prefix:] for req, prefix in zip(reqs, prefix_lens, strict=True)
-            )
-        )
-    )
-    # One host-to-device copy for everything the table write and the forward need.
-    token_slots, token_positions, token_locs, token_ids = Mirrored.from_hosts(
-        (slots_host[rows_of_tokens], positions, locs, input_ids), batch.device
-    )
-    rows = Rows.from_host(batch.device, reqs, slots, seq_lens)
     admitted = _Admitted(
         rows,
-        DeviceOnly(token_ids.device),
-        DeviceOnly(token_locs.device),
+        DeviceOnly(input_ids),
+        DeviceOnly(out_cache_loc),
         tuple(prefix_lens),
         tuple(extend_lens.tolist()),
         after,
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
-    after.table.write(token_slots, token_positions, token_locs)
+    after.table.write(
+        *(
+            Mirrored._pair(frozen(host), side)
+            for host, side in zip((token_slots, positions, locs32), cells, strict=True)
+        )
+    )
     return Success(admitted)
+
+
+def _token_ids(reqs: Sequence[Req], prefix_lens: Sequence[int]) -> HostArray:
+    # The input ids each row computes, back to back.
+    ids = chain.from_iterable(
+        req.input_ids[prefix:] for req, prefix in zip(reqs, prefix_lens, strict=True)
+    )
+    return np.fromiter(ids, dtype=np.int64)
 
 
 def _first_problem(

@@ -6,17 +6,22 @@ import operator
 from array import array
 from collections.abc import Sequence
 from itertools import islice
-from typing import Final, NamedTuple, final
+from typing import Final, NamedTuple, TypeAlias, final
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from batchstate._errors import KeepIndicesError, PhaseError
-from batchstate._mirrored import Mirrored, _describe
+from batchstate._mirrored import HostArray, frozen, host_int64
 from batchstate._phases import Decoding, Extended, Filtered, Running
 from batchstate._rows import Req, Rows
 
-__all__ = ["Departed", "Split", "filter_batch", "keep_indices", "split"]
+__all__ = ["Departed", "Keep", "Split", "filter_batch", "keep_indices", "split"]
+
+# Row positions to keep: Python ints, or a 1-D integer numpy array or CPU tensor.
+Keep: TypeAlias = Sequence[int] | npt.NDArray[np.integer] | torch.Tensor
 
 
 @final
@@ -25,14 +30,14 @@ class Departed:
     """The rows that left a batch, host side only: what `release` needs to free them."""
 
     reqs: tuple[Req, ...]
-    slots: torch.Tensor  # host int64 [num_left], the request slots they own
-    seq_lens: torch.Tensor  # host int64 [num_left], the tokens each holds in its slot
+    slots: HostArray  # read-only int64 [num_left], the request slots they own
+    seq_lens: HostArray  # read-only int64 [num_left], the tokens each holds in its slot
     # The rows that stayed, from the same split: disjoint from these by
     # construction, so `release` need not compare slots against them.
     stayed: Rows | None = None
 
     def __repr__(self) -> str:
-        return f"Departed(rids={[req.rid for req in self.reqs]}, {_describe('slots', self.slots)})"
+        return f"Departed(rids={[req.rid for req in self.reqs]}, slots={self.slots.tolist()})"
 
 
 class Split(NamedTuple):
@@ -42,7 +47,7 @@ class Split(NamedTuple):
     left: Departed
 
 
-def split(batch: Running, keep: Sequence[int] | torch.Tensor) -> Split:
+def split(batch: Running, keep: Keep) -> Split:
     """The rows at `keep` as a `Filtered`, and the others as `Departed`, in one pass.
 
     What an engine does when requests finish: `kept` goes on, `left` goes to
@@ -51,8 +56,8 @@ def split(batch: Running, keep: Sequence[int] | torch.Tensor) -> Split:
 
     Args:
         batch: a running batch.
-        keep: strictly increasing row positions: a list of ints, or a CPU
-            integer tensor `[num_kept]`.
+        keep: strictly increasing row positions: a list of ints, or a 1-D
+            integer numpy array or CPU tensor `[num_kept]`.
 
     Raises:
         PhaseError: `batch` is `Idle` (or not a batch at all).
@@ -72,7 +77,7 @@ def split(batch: Running, keep: Sequence[int] | torch.Tensor) -> Split:
     return _split(batch, keep, "split")
 
 
-def filter_batch(batch: Running, keep: Sequence[int] | torch.Tensor) -> Filtered:
+def filter_batch(batch: Running, keep: Keep) -> Filtered:
     """The rows at `keep`, in order, on every column, device and host.
 
     `split(batch, keep).kept`: the same arguments and errors. Keeping none
@@ -92,27 +97,27 @@ def filter_batch(batch: Running, keep: Sequence[int] | torch.Tensor) -> Filtered
     return _split(batch, keep, "filter_batch").kept
 
 
-def keep_indices(keep: Sequence[int] | torch.Tensor, num_rows: int) -> torch.Tensor:
-    """Check keep positions on the host and return them as CPU int64 `[num_kept]`.
+def keep_indices(keep: Keep, num_rows: int) -> HostArray:
+    """Check keep positions on the host and return them as a read-only int64 array `[num_kept]`.
 
     Raises:
         KeepIndicesError: naming the first bad position.
     """
     index = _as_host_int64(keep)
-    if index.dim() != 1:
+    if index.ndim != 1:
         raise KeepIndicesError(f"keep indices must be 1-D, got shape {list(index.shape)}")
     if index.shape[0] == 0:
         return index
     if not _increasing(keep, index):
-        steps = index.diff()
-        at = int((steps <= 0).nonzero()[0])
+        steps = np.diff(index)
+        at = int((steps <= 0).argmax())
         kind = "a duplicate" if int(steps[at]) == 0 else "out of order"
         raise KeepIndicesError(
             f"keep indices must be strictly increasing: {kind} at position {at + 1}"
             f" ({int(index[at])} then {int(index[at + 1])})"
         )
     # Sorted: the ends bound the rest. A list gives them without a tensor op.
-    first, last = index[_ENDS].tolist() if isinstance(keep, torch.Tensor) else (keep[0], keep[-1])
+    first, last = (keep[0], keep[-1]) if isinstance(keep, Sequence) else (index[0], index[-1])
     if first < 0:
         raise KeepIndicesError(f"keep index {first} is negative")
     if last >= num_rows:
@@ -120,7 +125,7 @@ def keep_indices(keep: Sequence[int] | torch.Tensor, num_rows: int) -> torch.Ten
     return index
 
 
-def _split(batch: Running, keep: Sequence[int] | torch.Tensor, transition: str) -> Split:
+def _split(batch: Running, keep: Keep, transition: str) -> Split:
     if not isinstance(batch, Extended | Decoding | Filtered):
         raise PhaseError(
             f"{transition} takes Extended, Decoding or Filtered, got {type(batch).__name__}"
@@ -130,35 +135,34 @@ def _split(batch: Running, keep: Sequence[int] | torch.Tensor, transition: str) 
     index = keep_indices(keep, num_rows)
     if index.shape[0] == num_rows:
         return Split(Filtered(rows), _NOBODY)  # every row, in order: nothing to copy
-    dropped = torch.ones(num_rows, dtype=torch.bool)
+    dropped = np.ones(num_rows, dtype=np.bool_)
     dropped[index] = False
-    left_index = dropped.nonzero().flatten()
+    left_index = dropped.nonzero()[0]
     positions = left_index.tolist()
-    kept = Mirrored.from_host(index, rows.device)
-    left_lens = rows.seq_lens.host.index_select(0, left_index)
+    left_lens = frozen(rows.seq_lens.host[left_index])
     if len(positions) > index.shape[0]:
-        stayed = rows.take(kept)  # few kept: sum over them
+        stayed = rows.take(index)  # few kept: sum over them
     else:
-        stayed = rows.without(kept, positions, left_lens.tolist())
+        stayed = rows.without(index, positions, left_lens.tolist())
     left = Departed(
         tuple(rows.reqs[position] for position in positions),
-        rows.req_pool_indices.host.index_select(0, left_index),
+        frozen(rows.req_pool_indices.host[left_index]),
         left_lens,
         stayed,
     )
     return Split(Filtered(stayed), left)
 
 
-def _increasing(keep: Sequence[int] | torch.Tensor, index: torch.Tensor) -> bool:
+def _increasing(keep: Keep, index: HostArray) -> bool:
     # Short lists are checked faster in Python than with three tensor ops.
     if index.shape[0] < 2:
         return True
-    if not isinstance(keep, torch.Tensor) and len(keep) <= _MAX_PYTHON_CHECK:
+    if isinstance(keep, Sequence) and len(keep) <= _MAX_PYTHON_CHECK:
         return all(map(operator.lt, keep, islice(keep, 1, None)))
-    return int(index.diff().min()) > 0
+    return bool(np.diff(index).min() > 0)
 
 
-def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:
+def _as_host_int64(keep: Keep) -> HostArray:
     if isinstance(keep, torch.Tensor):
         if keep.device.type != "cpu":
             raise KeepIndicesError(
@@ -166,21 +170,24 @@ def _as_host_int64(keep: Sequence[int] | torch.Tensor) -> torch.Tensor:
             )
         if keep.dtype.is_floating_point or keep.dtype.is_complex or keep.dtype == torch.bool:
             raise KeepIndicesError(f"keep indices must be integers, got {keep.dtype}")
-        return keep.to(torch.int64)
+        keep = keep.numpy()
+    if isinstance(keep, np.ndarray):
+        if keep.dtype.kind not in "iu":
+            raise KeepIndicesError(f"keep indices must be integers, got {keep.dtype}")
+        return frozen(keep.astype(np.int64))
     # A bool equals 0 or 1, so in strictly increasing non-negative positions it
     # can only stand first or second: checking those two catches every mask
     # that the later checks would not, without scanning thousands of rows.
     if bool in map(type, keep[:2]):
         raise KeepIndicesError("keep indices must be integers, got a bool")
     try:
-        return torch.frombuffer(array("q", keep), dtype=torch.int64) if keep else _EMPTY
+        return frozen(np.frombuffer(array("q", keep), dtype=np.int64)) if keep else _EMPTY
     except TypeError as error:
         raise KeepIndicesError(f"keep indices must be integers: {error}") from None
     except OverflowError as error:
         raise KeepIndicesError(f"keep indices must fit in int64: {error}") from None
 
 
-_EMPTY: Final = torch.empty(0, dtype=torch.int64)
+_EMPTY: Final = host_int64([])
 _MAX_PYTHON_CHECK: Final = 128
-_ENDS: Final = torch.tensor([0, -1])
 _NOBODY: Final = Departed((), _EMPTY, _EMPTY)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import torch
+import numpy as np
 
 from batchstate._errors import InvariantViolation, RecordShapeError
+from batchstate._mirrored import torch_dtype
 from batchstate._phases import Batch, Decoding, Extended
 from batchstate._pools import Pools
 from batchstate._rows import check_columns
@@ -47,14 +48,20 @@ def check_batch(batch: Batch, *, compare_device: bool = False) -> None:
             ("req_pool_indices", rows.req_pool_indices),
             ("seq_lens", rows.seq_lens),
         ):
-            _expect(torch.equal(pair.host, pair.device.cpu()), f"{name}: host mirror != device")
-        _expect(
-            torch.equal(rows.orig_seq_lens.device.cpu().to(torch.int64), seq_lens),
-            "orig_seq_lens != seq_lens",
-        )
+            same = pair.device.dtype == torch_dtype(pair.host.dtype) and np.array_equal(
+                pair.host, pair.device.cpu().numpy()
+            )
+            _expect(same, f"{name}: host mirror != device")
+            _expect(
+                pair.device.device.type != "cpu"
+                or not np.shares_memory(pair.host, pair.device.numpy()),
+                f"{name}: the device side shares the host side's memory",
+            )
+        orig = rows.orig_seq_lens.device.cpu().numpy()
+        _expect(np.array_equal(orig, seq_lens), "orig_seq_lens != seq_lens")
         if isinstance(batch, Decoding | Extended):
-            locs = batch.out_cache_loc.device.cpu()
-            _expect(torch.unique(locs).shape == locs.shape, "out_cache_loc repeats a location")
+            locs = batch.out_cache_loc.device.cpu().numpy()
+            _expect(np.unique(locs).shape == locs.shape, "out_cache_loc repeats a location")
 
 
 def check_pools(
@@ -71,8 +78,8 @@ def check_pools(
     max_reqs, page_size = pools.max_reqs, pools.page_size
     slot_tokens = pools.slot_tokens
     _expect(int(slot_tokens[0]) == 0, "padding slot 0 owns tokens")
-    owned_slots = (slot_tokens > 0).nonzero().flatten()
-    slot_uses = torch.bincount(torch.cat((pools.free_slots, owned_slots)), minlength=max_reqs + 1)
+    owned_slots = slot_tokens.nonzero()[0]
+    slot_uses = np.bincount(np.concatenate((pools.free_slots, owned_slots)), minlength=max_reqs + 1)
     _expect(
         slot_uses.shape[0] == max_reqs + 1
         and int(slot_uses[0]) == 0
@@ -80,21 +87,23 @@ def check_pools(
         f"request slots: {pools.num_free_slots} free + {owned_slots.shape[0]} owned"
         f" != {max_reqs}, or a slot is both or neither",
     )
+    table = pools.table.host
     owned_pages = [
-        pools.table.host[slot, 0 : int(slot_tokens[slot]) : page_size].to(torch.int64) // page_size
+        table[slot, 0 : int(slot_tokens[slot]) : page_size].astype(np.int64) // page_size
         for slot in owned_slots.tolist()
     ]
     for slot, pages in zip(owned_slots.tolist(), owned_pages, strict=True):
-        tokens = pools.table.host[slot, : int(slot_tokens[slot])].to(torch.int64)
-        expected = pages.repeat_interleave(page_size)[: tokens.shape[0]] * page_size + (
-            torch.arange(tokens.shape[0]) % page_size
+        tokens = table[slot, : int(slot_tokens[slot])].astype(np.int64)
+        expected = np.repeat(pages, page_size)[: tokens.shape[0]] * page_size + (
+            np.arange(tokens.shape[0]) % page_size
         )
         _expect(
-            torch.equal(tokens, expected), f"slot {slot}: token locations do not fill whole pages"
+            np.array_equal(tokens, expected),
+            f"slot {slot}: token locations do not fill whole pages",
         )
-    every_page = torch.cat((pools.free_pages, *owned_pages))
+    every_page = np.concatenate((pools.free_pages, *owned_pages))
     num_free_pages = pools.free_pages.shape[0]
-    page_uses = torch.bincount(every_page, minlength=pools.num_pages + 1)
+    page_uses = np.bincount(every_page, minlength=pools.num_pages + 1)
     _expect(
         page_uses.shape[0] == pools.num_pages + 1
         and int(page_uses[0]) == 0
@@ -114,7 +123,8 @@ def check_pools(
                 f" {int(slot_tokens[slot]) if 1 <= slot <= max_reqs else 'none'}",
             )
     if compare_device:
-        _expect(torch.equal(pools.table.host, pools.table.device.cpu()), "table: host != device")
+        device_table = pools.table.device.cpu().numpy()
+        _expect(np.array_equal(pools.table.host, device_table), "table: host != device")
 
 
 def _expect(condition: bool, message: str) -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from batchstate._errors import BatchConflict, PhaseError
-from batchstate._mirrored import overlap
+from batchstate._mirrored import HostArray, overlap
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 
 __all__ = ["merge"]
@@ -40,7 +38,7 @@ def merge(running: Decoding | Filtered | Idle, incoming: Extended | Filtered) ->
     return Filtered(left.cat(right))
 
 
-def _expect_disjoint(left: torch.Tensor, right: torch.Tensor, what: str) -> None:
+def _expect_disjoint(left: HostArray, right: HostArray, what: str) -> None:
     shared = overlap(right, left)
     if shared.shape[0]:
         raise BatchConflict(f"{what} {shared.tolist()} are in both batches")

@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from typing import Final, NamedTuple, final
 
 import attrs
+import numpy as np
 import torch
 from returns.result import Failure, Result, Success
 
 from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots
 from batchstate._free_list import FreeList
-from batchstate._mirrored import _describe, host_int64
+from batchstate._mirrored import HostArray, describe, frozen, host_int64
 from batchstate._token_table import TokenTable
 
 __all__ = ["Allocation", "Pools", "make_pools"]
@@ -21,7 +22,7 @@ __all__ = ["Allocation", "Pools", "make_pools"]
 class Allocation(NamedTuple):
     """KV token locations for new positions, and the pools that no longer hold them."""
 
-    locs: torch.Tensor  # host int64 [num_tokens], in row order, positions ascending
+    locs: HostArray  # int64 [num_tokens], in row order, positions ascending
     pools: Pools
 
 
@@ -49,16 +50,16 @@ class Pools:
     num_pages: int  # usable pages; page 0 is padding and never handed out
     slot_list: FreeList  # free request slots, handed out from the front
     page_list: FreeList  # free KV pages, handed out from the front
-    slot_tokens: torch.Tensor  # host int64 [max_reqs + 1], slot -> KV tokens it owns
+    slot_tokens: HostArray  # read-only int64 [max_reqs + 1], slot -> KV tokens it owns
 
     @property
-    def free_slots(self) -> torch.Tensor:
-        """Free request slots, host int64 `[num_free_slots]`, in hand-out order."""
+    def free_slots(self) -> HostArray:
+        """Free request slots, read-only int64 `[num_free_slots]`, in hand-out order."""
         return self.slot_list.ids
 
     @property
-    def free_pages(self) -> torch.Tensor:
-        """Free KV pages, host int64 `[num_free_pages]`, in hand-out order."""
+    def free_pages(self) -> HostArray:
+        """Free KV pages, read-only int64 `[num_free_pages]`, in hand-out order."""
         return self.page_list.ids
 
     @property
@@ -82,8 +83,8 @@ class Pools:
         """Rows a KV cache needs for every location this pool hands out (padding included)."""
         return (self.num_pages + 1) * self.page_size
 
-    def allocate_slots(self, num_slots: int) -> Result[tuple[torch.Tensor, Pools], OutOfReqSlots]:
-        """Take `num_slots` free request slots (host int64), owning no tokens yet."""
+    def allocate_slots(self, num_slots: int) -> Result[tuple[HostArray, Pools], OutOfReqSlots]:
+        """Take `num_slots` free request slots (read-only int64), owning no tokens yet."""
         if num_slots > self.num_free_slots:
             return Failure(OutOfReqSlots(num_slots, self.num_free_slots))
         slots, rest = self.slot_list.take(num_slots)
@@ -102,7 +103,7 @@ class Pools:
         )
 
     def allocate_tokens(
-        self, slots: torch.Tensor, old_lens: torch.Tensor, new_lens: torch.Tensor
+        self, slots: HostArray, old_lens: HostArray, new_lens: HostArray
     ) -> Result[Allocation, OutOfKVTokens]:
         """Locations for positions `[old_lens[i], new_lens[i])` of each slot `slots[i]`.
 
@@ -122,23 +123,23 @@ class Pools:
         new_pages, pools = taken.unwrap()
         if page_size == 1:
             return Success(Allocation(new_pages, pools))  # one page per token, in row order
-        rows = torch.repeat_interleave(torch.arange(slots.shape[0]), num_tokens)
-        first_token = torch.cumsum(num_tokens, 0) - num_tokens
-        positions = old_lens[rows] + torch.arange(rows.shape[0]) - first_token[rows]
+        rows = np.repeat(np.arange(slots.shape[0]), num_tokens)
+        first_token = np.cumsum(num_tokens) - num_tokens
+        positions = old_lens[rows] + np.arange(rows.shape[0]) - first_token[rows]
         page_of_req = positions // page_size
         is_new = page_of_req >= pages_before[rows]
         # The page already holding a position, from the host table; the cell is
-        # stale where `is_new`, and `torch.where` drops it there.
-        existing = self.table.host[slots[rows], page_of_req * page_size].to(torch.int64)
+        # stale where `is_new`, and `np.where` drops it there.
+        existing = self.table.host[slots[rows], page_of_req * page_size].astype(np.int64)
         page = existing // page_size
         if num_new_pages:
-            first_new = (torch.cumsum(new_pages_per_row, 0) - new_pages_per_row)[rows]
-            new_index = (first_new + page_of_req - pages_before[rows]).clamp(0, num_new_pages - 1)
-            page = torch.where(is_new, new_pages[new_index], page)
+            first_new = (np.cumsum(new_pages_per_row) - new_pages_per_row)[rows]
+            new_index = (first_new + page_of_req - pages_before[rows]).clip(0, num_new_pages - 1)
+            page = np.where(is_new, new_pages[new_index], page)
         return Success(Allocation(page * page_size + positions % page_size, pools))
 
     def allocate_fresh(
-        self, slots: torch.Tensor, seq_lens: Sequence[int]
+        self, slots: HostArray, seq_lens: Sequence[int]
     ) -> Result[Allocation, OutOfKVTokens]:
         """Locations for positions `[0, seq_lens[i])` of each newly owned slot `slots[i]`.
 
@@ -153,16 +154,16 @@ class Pools:
         new_pages, pools = taken.unwrap()
         if page_size == 1:
             return Success(Allocation(new_pages, pools))
-        tokens = (new_pages.unsqueeze(1) * page_size + _lanes(page_size)).flatten()
+        tokens = (new_pages[:, None] * page_size + _lanes(page_size)).ravel()
         first_page = 0
         runs = []
         for length, num_pages in zip(seq_lens, pages_per_row, strict=True):
             runs.append(tokens[first_page * page_size : first_page * page_size + length])
             first_page += num_pages
-        return Success(Allocation(runs[0] if len(runs) == 1 else torch.cat(runs), pools))
+        return Success(Allocation(runs[0] if len(runs) == 1 else np.concatenate(runs), pools))
 
     def allocate_next(
-        self, slots: torch.Tensor, new_lens: torch.Tensor
+        self, slots: HostArray, new_lens: HostArray
     ) -> Result[Allocation, OutOfKVTokens]:
         """One more token for each slot, at position `new_lens[i] - 1` (the decode fast path).
 
@@ -177,39 +178,38 @@ class Pools:
             return Success(Allocation(*taken.unwrap()))
         positions = new_lens - 1
         is_new = positions % page_size == 0
-        new_page_index = torch.cumsum(is_new, 0) - 1
+        new_page_index = np.cumsum(is_new) - 1
         num_new_pages = int(new_page_index[-1]) + 1 if slots.shape[0] else 0
         taken = self._take_pages(slots, new_lens, num_new_pages)
         if not isinstance(taken, Success):
             return Failure(taken.failure())
         new_pages, pools = taken.unwrap()
         # Rows not starting a page continue right after their previous token.
-        after_last = self.table.host[slots, (positions - 1).clamp(min=0)].to(torch.int64) + 1
+        after_last = self.table.host[slots, np.maximum(positions - 1, 0)].astype(np.int64) + 1
         if num_new_pages == 0:
             return Success(Allocation(after_last, pools))
-        new_locs = new_pages[new_page_index.clamp(0, num_new_pages - 1)] * page_size
-        return Success(Allocation(torch.where(is_new, new_locs, after_last), pools))
+        new_locs = new_pages[new_page_index.clip(0, num_new_pages - 1)] * page_size
+        return Success(Allocation(np.where(is_new, new_locs, after_last), pools))
 
     def _take_pages(
-        self, slots: torch.Tensor, new_lens: torch.Tensor, num_pages: int
-    ) -> Result[tuple[torch.Tensor, Pools], OutOfKVTokens]:
+        self, slots: HostArray, new_lens: HostArray, num_pages: int
+    ) -> Result[tuple[HostArray, Pools], OutOfKVTokens]:
         # The first `num_pages` free pages, and pools where `slots` own `new_lens` tokens.
         if num_pages > len(self.page_list):
             return Failure(OutOfKVTokens(num_pages, len(self.page_list), self.page_size))
         pages, rest = self.page_list.take(num_pages)
-        slot_tokens = self.slot_tokens.clone()
+        slot_tokens = self.slot_tokens.copy()
         slot_tokens[slots] = new_lens
+        slot_tokens = frozen(slot_tokens)
         pools = Pools(self.table, self.page_size, self.num_pages, self.slot_list, rest, slot_tokens)
         return Success((pages, pools))
 
-    def free(
-        self, slots: torch.Tensor, seq_lens: torch.Tensor | None = None
-    ) -> Result[Pools, NotOwned]:
+    def free(self, slots: HostArray, seq_lens: HostArray | None = None) -> Result[Pools, NotOwned]:
         """Give back request slots and every KV page they own.
 
         Args:
-            slots: host int64 `[num_slots]`, distinct owned request slots.
-            seq_lens: host int64 `[num_slots]`, the tokens the caller's rows
+            slots: int64 `[num_slots]`, distinct owned request slots.
+            seq_lens: int64 `[num_slots]`, the tokens the caller's rows
                 hold in those slots, if known: a slot holding a different
                 count belongs to someone else now (the rows are stale).
 
@@ -228,17 +228,18 @@ class Pools:
             # A few requests finishing, the common case: one strided row read each.
             # int32 table cells: the free list's buffer converts as it copies them.
             rows = [table[slot, :tokens:page_size] for slot, tokens in owned]
-            pages = rows[0] if len(rows) == 1 else torch.cat(rows)
+            pages = rows[0] if len(rows) == 1 else np.concatenate(rows)
         else:
             num_pages = (self.slot_tokens[slots] + page_size - 1) // page_size
-            rows_of_pages = torch.repeat_interleave(torch.arange(slots.shape[0]), num_pages)
-            first_page = torch.cumsum(num_pages, 0) - num_pages
-            columns = (torch.arange(rows_of_pages.shape[0]) - first_page[rows_of_pages]) * page_size
+            rows_of_pages = np.repeat(np.arange(slots.shape[0]), num_pages)
+            first_page = np.cumsum(num_pages) - num_pages
+            columns = (np.arange(rows_of_pages.shape[0]) - first_page[rows_of_pages]) * page_size
             pages = table[slots[rows_of_pages], columns]
         if page_size > 1:
             pages = pages // page_size
-        slot_tokens = self.slot_tokens.clone()
+        slot_tokens = self.slot_tokens.copy()
         slot_tokens[slots] = 0
+        slot_tokens = frozen(slot_tokens)
         return Success(
             Pools(
                 self.table,
@@ -250,7 +251,7 @@ class Pools:
             )
         )
 
-    def shrink(self, slots: torch.Tensor, new_lens: torch.Tensor) -> Result[Pools, NotOwned]:
+    def shrink(self, slots: HostArray, new_lens: HostArray) -> Result[Pools, NotOwned]:
         """Keep the first `new_lens[i]` tokens of each slot `slots[i]`, free the pages past them.
 
         For KV reserved up front and then not used (unaccepted speculative
@@ -258,8 +259,8 @@ class Pools:
         the table: cells past a slot's new length are unused.
 
         Args:
-            slots: host int64 `[num_slots]`, distinct owned request slots.
-            new_lens: host int64 `[num_slots]`, in `[1, tokens the slot owns]`.
+            slots: int64 `[num_slots]`, distinct owned request slots.
+            new_lens: int64 `[num_slots]`, in `[1, tokens the slot owns]`.
 
         Returns:
             `Success(Pools)`; `Failure(NotOwned)` if a slot is not owned (or
@@ -273,8 +274,8 @@ class Pools:
             return Failure(owned)
         owned_tokens = self.slot_tokens[slots]
         bad = (new_lens < 1) | (new_lens > owned_tokens)
-        if bool(bad.any()):
-            at = int(bad.nonzero()[0])
+        if bad.any():
+            at = int(bad.argmax())
             raise ValueError(
                 f"slot {int(slots[at])} owns {int(owned_tokens[at])} tokens,"
                 f" cannot shrink to {int(new_lens[at])}"
@@ -282,12 +283,13 @@ class Pools:
         page_size = self.page_size
         kept_pages = (new_lens + page_size - 1) // page_size
         num_freed = (owned_tokens + page_size - 1) // page_size - kept_pages
-        rows = torch.repeat_interleave(torch.arange(slots.shape[0]), num_freed)
-        first_freed = torch.cumsum(num_freed, 0) - num_freed
-        page_index = kept_pages[rows] + torch.arange(rows.shape[0]) - first_freed[rows]
-        pages = self.table.host[slots[rows], page_index * page_size].to(torch.int64) // page_size
-        slot_tokens = self.slot_tokens.clone()
+        rows = np.repeat(np.arange(slots.shape[0]), num_freed)
+        first_freed = np.cumsum(num_freed) - num_freed
+        page_index = kept_pages[rows] + np.arange(rows.shape[0]) - first_freed[rows]
+        pages = self.table.host[slots[rows], page_index * page_size].astype(np.int64) // page_size
+        slot_tokens = self.slot_tokens.copy()
         slot_tokens[slots] = new_lens
+        slot_tokens = frozen(slot_tokens)
         return Success(
             Pools(
                 self.table,
@@ -300,7 +302,7 @@ class Pools:
         )
 
     def _owned_tokens(
-        self, slots: torch.Tensor, expected: list[int] | None
+        self, slots: HostArray, expected: list[int] | None
     ) -> list[tuple[int, int]] | NotOwned:
         # (slot, tokens it owns) for each of `slots`; NotOwned if one is out of
         # range, free, repeated, or owns other than `expected` tokens. Few
@@ -325,7 +327,7 @@ class Pools:
         return (
             f"Pools(free_slots={self.num_free_slots}/{self.max_reqs},"
             f" free_pages={len(self.page_list)}/{self.num_pages}, page_size={self.page_size},"
-            f" table={_describe('TokenTable', self.table.device)})"
+            f" table={describe('TokenTable', self.table.device)})"
         )
 
 
@@ -334,9 +336,9 @@ _MAX_ROW_READS: Final = 8
 
 
 @functools.cache
-def _lanes(page_size: int) -> torch.Tensor:
+def _lanes(page_size: int) -> HostArray:
     # Offsets of the tokens within a page, `[page_size]`; shared, never written.
-    return torch.arange(page_size)
+    return frozen(np.arange(page_size, dtype=np.int64))
 
 
 def make_pools(
@@ -377,7 +379,7 @@ def make_pools(
         TokenTable.zeros(max_reqs, max_context_len, device),
         page_size,
         num_pages,
-        FreeList.of(torch.arange(1, max_reqs + 1, dtype=torch.int64)),
-        FreeList.of(torch.arange(1, num_pages + 1, dtype=torch.int64)),
-        torch.zeros(max_reqs + 1, dtype=torch.int64),
+        FreeList.of(np.arange(1, max_reqs + 1, dtype=np.int64)),
+        FreeList.of(np.arange(1, num_pages + 1, dtype=np.int64)),
+        frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
     )

@@ -7,12 +7,14 @@ from collections.abc import Sequence
 from typing import Final, Self, final
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from batchstate._errors import RecordShapeError
-from batchstate._mirrored import DeviceOnly, Mirrored, host_int64
+from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64, upload
 
-__all__ = ["Req", "Rows"]
+__all__ = ["Req", "Rows", "build_rows"]
 
 # Up to this many rows, picking them one by one beats `operator.itemgetter`.
 _MAX_ONE_BY_ONE: Final = 8
@@ -37,14 +39,15 @@ class Req:
 class Rows:
     """The per-row columns of a batch: one row per request, in order.
 
-    Every column has `num_reqs` rows on each of its sides; filter and merge
-    act on all of them through `take` and `cat`, so a new column is added
-    here and nowhere else.
+    Every column has `num_reqs` rows on each of its sides. Filter, merge and
+    decode compute every new host column first and upload them together
+    (`build_rows`), so a transition costs one host-to-device copy however
+    many columns change.
     """
 
     device: torch.device
     reqs: tuple[Req, ...]
-    rids: torch.Tensor  # host int64 [num_reqs], row -> reqs[row].rid
+    rids: HostArray  # read-only int64 [num_reqs], row -> reqs[row].rid
     req_pool_indices: Mirrored  # int64 [num_reqs], row -> request slot
     seq_lens: Mirrored  # int64 [num_reqs], row -> KV tokens after this step
     orig_seq_lens: DeviceOnly  # int32 [num_reqs], equals seq_lens (before truncation tricks)
@@ -60,9 +63,9 @@ class Rows:
         return cls(
             device,
             (),
-            torch.empty(0, dtype=torch.int64),
-            Mirrored.empty(torch.int64, device),
-            Mirrored.empty(torch.int64, device),
+            host_int64([]),
+            Mirrored.empty(np.int64, device),
+            Mirrored.empty(np.int64, device),
             DeviceOnly.empty(torch.int32, device),
             0,
             0,
@@ -75,69 +78,40 @@ class Rows:
         reqs: Sequence[Req],
         slots: Sequence[int],
         seq_lens: Sequence[int],
-    ) -> Self:
-        """Build every column and its mirror from host lists, copying each once."""
-        seq_lens_host = host_int64(seq_lens)
-        seq_lens_pair = Mirrored.from_host(seq_lens_host, device)
-        return cls(
+    ) -> Rows:
+        """Build every column and its mirror from host lists, in one upload."""
+        rows, _ = build_rows(
             device,
             tuple(reqs),
             host_int64([req.rid for req in reqs]),
-            Mirrored.from_ints(slots, torch.int64, device),
-            seq_lens_pair,
-            DeviceOnly(seq_lens_pair.device.to(torch.int32)),
+            host_int64(slots),
+            host_int64(seq_lens),
             sum(seq_lens),
             max(seq_lens, default=0),
         )
-
-    @classmethod
-    def _trusted(  # noqa: PLR0917  # the attrs __init__ it stands in for is positional too
-        cls,
-        device: torch.device,
-        reqs: tuple[Req, ...],
-        rids: torch.Tensor,
-        req_pool_indices: Mirrored,
-        seq_lens: Mirrored,
-        orig_seq_lens: DeviceOnly,
-        seq_lens_sum: int,
-        max_seq_len: int,
-    ) -> Rows:
-        # NOTE: skips `__attrs_post_init__`'s checks (~5 µs): only for columns
-        # that a transition derived from checked ones, row for row. The table
-        # tests check every such result.
-        rows = object.__new__(cls)
-        put = object.__setattr__  # what attrs' frozen __init__ does, unrolled
-        put(rows, "device", device)
-        put(rows, "reqs", reqs)
-        put(rows, "rids", rids)
-        put(rows, "req_pool_indices", req_pool_indices)
-        put(rows, "seq_lens", seq_lens)
-        put(rows, "orig_seq_lens", orig_seq_lens)
-        put(rows, "seq_lens_sum", seq_lens_sum)
-        put(rows, "max_seq_len", max_seq_len)
+        check_columns(rows)
         return rows
 
     def __len__(self) -> int:
         return len(self.reqs)
 
-    def take(self, index: Mirrored) -> Rows:
-        """The rows at `index` (strictly increasing positions), on both sides."""
-        if len(index) == len(self.reqs):
+    def take(self, index: HostArray) -> Rows:
+        """The rows at host positions `index` (strictly increasing), on both sides."""
+        if index.shape[0] == len(self.reqs):
             return self  # strictly increasing and in range: every row, in order
-        seq_lens = self.seq_lens.take(index)
-        lengths = seq_lens.host
-        return Rows._trusted(
+        seq_lens = self.seq_lens.host.take(index)
+        rows, _ = build_rows(
             self.device,
-            _take_tuple(self.reqs, index.host),
-            self.rids.index_select(0, index.host),
-            self.req_pool_indices.take(index),
+            _take_tuple(self.reqs, index),
+            frozen(self.rids.take(index)),
+            self.req_pool_indices.host.take(index),
             seq_lens,
-            self.orig_seq_lens.take(index),
-            int(lengths.sum()),
-            int(lengths.max()) if len(index) else 0,
+            int(seq_lens.sum()),
+            int(seq_lens.max()) if index.shape[0] else 0,
         )
+        return rows
 
-    def without(self, kept: Mirrored, dropped: Sequence[int], dropped_lens: Sequence[int]) -> Rows:
+    def without(self, kept: HostArray, dropped: Sequence[int], dropped_lens: Sequence[int]) -> Rows:
         """The rows at `kept`, given the few rows it drops and their lengths (the host knows them).
 
         The same as `take(kept)`, with the host values derived from the
@@ -150,46 +124,33 @@ class Rows:
             reqs += self.reqs[start:stop]
             start = stop + 1
         reqs += self.reqs[start:]
-        seq_lens = self.seq_lens.take(kept)
+        seq_lens = self.seq_lens.host.take(kept)
         longest = self.max_seq_len
         if max(dropped_lens, default=0) >= longest:
-            longest = int(seq_lens.host.max()) if reqs else 0  # the longest row may have left
-        return Rows._trusted(
+            longest = int(seq_lens.max()) if reqs else 0  # the longest row may have left
+        rows, _ = build_rows(
             self.device,
             reqs,
-            self.rids.index_select(0, kept.host),
-            self.req_pool_indices.take(kept),
+            frozen(self.rids.take(kept)),
+            self.req_pool_indices.host.take(kept),
             seq_lens,
-            self.orig_seq_lens.take(kept),
             self.seq_lens_sum - sum(dropped_lens),
             longest,
         )
+        return rows
 
     def cat(self, other: Rows) -> Rows:
         """These rows followed by `other`'s."""
-        return Rows._trusted(
+        rows, _ = build_rows(
             self.device,
             self.reqs + other.reqs,
-            torch.cat((self.rids, other.rids)),
-            self.req_pool_indices.cat(other.req_pool_indices),
-            self.seq_lens.cat(other.seq_lens),
-            self.orig_seq_lens.cat(other.orig_seq_lens),
+            frozen(np.concatenate((self.rids, other.rids))),
+            np.concatenate((self.req_pool_indices.host, other.req_pool_indices.host)),
+            np.concatenate((self.seq_lens.host, other.seq_lens.host)),
             self.seq_lens_sum + other.seq_lens_sum,
             max(self.max_seq_len, other.max_seq_len),
         )
-
-    def grow(self, num_tokens: int) -> Rows:
-        """Every row `num_tokens` longer."""
-        return Rows._trusted(
-            self.device,
-            self.reqs,
-            self.rids,
-            self.req_pool_indices,
-            self.seq_lens.add(num_tokens),
-            self.orig_seq_lens.add(num_tokens),
-            self.seq_lens_sum + num_tokens * len(self.reqs),
-            self.max_seq_len + num_tokens if self.reqs else 0,
-        )
+        return rows
 
     def __repr__(self) -> str:
         return (
@@ -198,8 +159,46 @@ class Rows:
         )
 
 
-def _take_tuple(items: tuple[Req, ...], index: torch.Tensor) -> tuple[Req, ...]:
-    # `index` is strictly increasing; read it to the host once.
+def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is positional too
+    device: torch.device,
+    reqs: tuple[Req, ...],
+    rids: HostArray,
+    slots: Mirrored | HostArray,
+    seq_lens: HostArray,
+    seq_lens_sum: int,
+    max_seq_len: int,
+    extra: Sequence[npt.NDArray[np.generic]] = (),
+) -> tuple[Rows, list[torch.Tensor]]:
+    """Rows from new host columns, uploaded with `extra` host arrays in one copy.
+
+    `slots` is a pair when the rows keep their slots (nothing to upload).
+    Host arrays must be fresh (no one else holds them): they are frozen, not
+    copied. Returns the rows and the device copies of `extra`, in order.
+
+    NOTE: skips `Rows`' checks (~5 µs): only for columns that a transition
+    derived from checked ones, row for row. The table tests check every
+    such result.
+    """
+    hosts: list[npt.NDArray[np.generic]] = [seq_lens, seq_lens.astype(np.int32), *extra]
+    if not isinstance(slots, Mirrored):
+        hosts.append(slots)
+    sides = upload(hosts, device)
+    if not isinstance(slots, Mirrored):
+        slots = Mirrored._pair(frozen(slots), sides.pop())
+    rows = object.__new__(Rows)
+    put = object.__setattr__  # what attrs' frozen __init__ does, unrolled
+    put(rows, "device", device)
+    put(rows, "reqs", reqs)
+    put(rows, "rids", rids)
+    put(rows, "req_pool_indices", slots)
+    put(rows, "seq_lens", Mirrored._pair(frozen(seq_lens), sides[0]))
+    put(rows, "orig_seq_lens", DeviceOnly(sides[1]))
+    put(rows, "seq_lens_sum", seq_lens_sum)
+    put(rows, "max_seq_len", max_seq_len)
+    return rows, sides[2:]
+
+
+def _take_tuple(items: tuple[Req, ...], index: HostArray) -> tuple[Req, ...]:
     positions = index.tolist()
     if len(positions) <= _MAX_ONE_BY_ONE:
         return tuple(items[position] for position in positions)
@@ -207,22 +206,53 @@ def _take_tuple(items: tuple[Req, ...], index: torch.Tensor) -> tuple[Req, ...]:
 
 
 def check_columns(rows: Rows) -> None:
-    """Raise `RecordShapeError` unless every column has `len(reqs)` rows, its dtype and device."""
+    """Raise `RecordShapeError` unless every column has `len(reqs)` rows, its dtype and device.
+
+    Host sides must also be read-only numpy arrays: a writable one could be
+    changed without its device side.
+    """
     num_reqs = len(rows.reqs)
-    columns: tuple[tuple[str, torch.Tensor, torch.dtype, torch.device], ...] = (
-        ("rids", rows.rids, torch.int64, _CPU),
-        ("req_pool_indices.host", rows.req_pool_indices.host, torch.int64, _CPU),
-        ("req_pool_indices.device", rows.req_pool_indices.device, torch.int64, rows.device),
-        ("seq_lens.host", rows.seq_lens.host, torch.int64, _CPU),
-        ("seq_lens.device", rows.seq_lens.device, torch.int64, rows.device),
-        ("orig_seq_lens", rows.orig_seq_lens.device, torch.int32, rows.device),
+    hosts = (
+        ("rids", rows.rids),
+        ("req_pool_indices.host", rows.req_pool_indices.host),
+        ("seq_lens.host", rows.seq_lens.host),
     )
-    for name, tensor, dtype, device in columns:
-        if tensor.shape != (num_reqs,) or tensor.dtype != dtype or tensor.device != device:
-            raise RecordShapeError(
-                f"Rows.{name}: expected {dtype} [{num_reqs}] on {device},"
-                f" got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
-            )
+    for name, array in hosts:
+        check_host(f"Rows.{name}", array, np.int64, num_reqs)
+    devices = (
+        ("req_pool_indices.device", rows.req_pool_indices.device, torch.int64),
+        ("seq_lens.device", rows.seq_lens.device, torch.int64),
+        ("orig_seq_lens", rows.orig_seq_lens.device, torch.int32),
+    )
+    for name, tensor, dtype in devices:
+        check_device(f"Rows.{name}", tensor, dtype, num_reqs, rows.device)
 
 
-_CPU: Final = torch.device("cpu")
+def check_host(name: str, array: object, dtype: type[np.generic], length: int) -> None:
+    """Raise `RecordShapeError` unless `array` is a read-only numpy `dtype` array `[length]`."""
+    if (
+        not isinstance(array, np.ndarray)
+        or array.shape != (length,)
+        or array.dtype != dtype
+        or array.flags.writeable
+    ):
+        got = (
+            f"a {'writable' if array.flags.writeable else 'read-only'} {array.dtype}"
+            f" array {list(array.shape)}"
+            if isinstance(array, np.ndarray)
+            else type(array).__name__
+        )
+        raise RecordShapeError(
+            f"{name}: expected a read-only {np.dtype(dtype)} array [{length}], got {got}"
+        )
+
+
+def check_device(
+    name: str, tensor: torch.Tensor, dtype: torch.dtype, length: int, device: torch.device
+) -> None:
+    """Raise `RecordShapeError` unless `tensor` is `dtype [length]` on `device`."""
+    if tensor.shape != (length,) or tensor.dtype != dtype or tensor.device != device:
+        raise RecordShapeError(
+            f"{name}: expected {dtype} [{length}] on {device},"
+            f" got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
+        )

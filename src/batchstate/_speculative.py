@@ -11,22 +11,28 @@ mirrored record, and the one device read of the decode path.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
-from typing import Final, NamedTuple, final
+from typing import NamedTuple, TypeAlias, final
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
 from returns.result import Failure, Result, Success
 
 from batchstate._decode import DecodeError
-from batchstate._errors import ContextTooLong, DraftError, PhaseError, RecordShapeError
-from batchstate._mirrored import DeviceOnly, Mirrored, host_int64
+from batchstate._errors import ContextTooLong, DraftError, PhaseError
+from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate._phases import Decoding, Filtered, Step
 from batchstate._pools import Pools
-from batchstate._rows import Req, Rows
+from batchstate._rows import Req, build_rows, check_columns, check_device, check_host
 from batchstate.audit import permitted_reads
 
-__all__ = ["VerifyStep", "Verifying", "sync", "verify"]
+__all__ = ["Drafts", "VerifyStep", "Verifying", "sync", "verify"]
+
+# Draft tokens per row: Python ints, or a 1-D integer numpy array or CPU tensor.
+Drafts: TypeAlias = Sequence[int] | npt.NDArray[np.integer] | torch.Tensor
 
 
 @final
@@ -50,29 +56,27 @@ class Verifying:
 
     device: torch.device
     reqs: tuple[Req, ...]
-    rids: torch.Tensor  # host int64 [num_reqs], row -> reqs[row].rid
+    rids: HostArray  # read-only int64 [num_reqs], row -> reqs[row].rid
     req_pool_indices: Mirrored  # int64 [num_reqs], row -> request slot; speculation never moves it
-    draft_lens: torch.Tensor  # host int64 [num_reqs], row -> draft tokens with KV reserved
+    draft_lens: HostArray  # read-only int64 [num_reqs], row -> draft tokens with KV reserved
     seq_lens: DeviceOnly  # int64 [num_reqs], row -> KV tokens the verify forward attends over
     out_cache_loc: DeviceOnly  # int64 [num_reqs + sum(draft_lens)], token -> KV location
 
     def __attrs_post_init__(self) -> None:
         num_reqs = len(self.reqs)
-        num_tokens = num_reqs + int(self.draft_lens.sum())
-        columns = (
-            ("rids", self.rids, num_reqs, _CPU),
-            ("req_pool_indices.host", self.req_pool_indices.host, num_reqs, _CPU),
-            ("req_pool_indices.device", self.req_pool_indices.device, num_reqs, self.device),
-            ("draft_lens", self.draft_lens, num_reqs, _CPU),
-            ("seq_lens", self.seq_lens.device, num_reqs, self.device),
-            ("out_cache_loc", self.out_cache_loc.device, num_tokens, self.device),
+        check_host("Verifying.rids", self.rids, np.int64, num_reqs)
+        check_host(
+            "Verifying.req_pool_indices.host", self.req_pool_indices.host, np.int64, num_reqs
         )
-        for name, tensor, rows, device in columns:
-            if tensor.shape != (rows,) or tensor.dtype != torch.int64 or tensor.device != device:
-                raise RecordShapeError(
-                    f"Verifying.{name}: expected int64 [{rows}] on {device},"
-                    f" got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
-                )
+        check_host("Verifying.draft_lens", self.draft_lens, np.int64, num_reqs)
+        num_tokens = num_reqs + int(self.draft_lens.sum())
+        devices = (
+            ("req_pool_indices.device", self.req_pool_indices.device, num_reqs),
+            ("seq_lens", self.seq_lens.device, num_reqs),
+            ("out_cache_loc", self.out_cache_loc.device, num_tokens),
+        )
+        for name, tensor, length in devices:
+            check_device(f"Verifying.{name}", tensor, torch.int64, length, self.device)
 
     def __repr__(self) -> str:
         return (
@@ -88,9 +92,7 @@ class VerifyStep(NamedTuple):
     pools: Pools
 
 
-def verify(
-    batch: Decoding, draft_lens: Sequence[int] | torch.Tensor, pools: Pools
-) -> Result[VerifyStep, DecodeError]:
+def verify(batch: Decoding, draft_lens: Drafts, pools: Pools) -> Result[VerifyStep, DecodeError]:
     """Reserve KV for each row's drafts, up front, and open the verify window.
 
     Row i gets locations for positions `[c, c + draft_lens[i])` past its
@@ -99,8 +101,8 @@ def verify(
 
     Args:
         batch: a decode batch; its `out_cache_loc` token leads each row.
-        draft_lens: draft tokens per row, >= 0: ints or a CPU integer
-            tensor `[num_reqs]`.
+        draft_lens: draft tokens per row, >= 0: ints, or an integer numpy
+            array or CPU tensor `[num_reqs]`.
         pools: the pools that own `batch`'s memory.
 
     Returns:
@@ -131,8 +133,8 @@ def verify(
     committed = rows.seq_lens.host
     reserved = committed + drafts
     too_long = reserved > pools.max_context_len
-    if bool(too_long.any()):
-        row = int(too_long.to(torch.int64).argmax())
+    if too_long.any():
+        row = int(too_long.argmax())
         return Failure(
             ContextTooLong(rows.reqs[row].rid, int(reserved[row]), pools.max_context_len)
         )
@@ -141,32 +143,32 @@ def verify(
     if not isinstance(allocation, Success):
         return Failure(allocation.failure())
     draft_locs, after = allocation.unwrap()
-    draft_rows = torch.repeat_interleave(torch.arange(len(rows)), drafts)
-    first_draft = torch.cumsum(drafts, 0) - drafts
+    draft_rows = np.repeat(np.arange(len(rows)), drafts)
+    first_draft = np.cumsum(drafts) - drafts
     draft_positions = (
-        committed[draft_rows] + torch.arange(draft_rows.shape[0]) - first_draft[draft_rows]
+        committed[draft_rows] + np.arange(draft_rows.shape[0]) - first_draft[draft_rows]
     )
-    # One host-to-device copy for the table write, one for what the forward reads.
-    table_cells = Mirrored.from_host(
-        torch.stack((slots[draft_rows], draft_positions, draft_locs)), rows.device
-    )
-    after.table.write(*table_cells.unbind())
-    decode_locs = after.table.host[slots, committed - 1].to(torch.int64)
-    out_cache_loc = torch.empty(len(rows) + draft_locs.shape[0], dtype=torch.int64)
-    leads = first_draft + torch.arange(len(rows))  # each row's decode token
-    is_draft = torch.ones(out_cache_loc.shape[0], dtype=torch.bool)
+    decode_locs = after.table.host[slots, committed - 1].astype(np.int64)
+    leads = first_draft + np.arange(len(rows))  # each row's decode token
+    out_cache_loc = np.empty(len(rows) + draft_locs.shape[0], dtype=np.int64)
+    is_draft = np.ones(out_cache_loc.shape[0], dtype=np.bool_)
     is_draft[leads] = False
     out_cache_loc[leads] = decode_locs
     out_cache_loc[is_draft] = draft_locs
-    forward = DeviceOnly.from_host(torch.cat((out_cache_loc, reserved)), rows.device).device
+    cells = (slots[draft_rows], draft_positions, draft_locs.astype(np.int32))
+    # One host-to-device copy for the table write and what the forward reads.
+    forward_locs, forward_lens, *cell_sides = upload((out_cache_loc, reserved, *cells), rows.device)
+    after.table.write(
+        *(Mirrored._pair(frozen(host), side) for host, side in zip(cells, cell_sides, strict=True))
+    )
     verifying = Verifying(
         rows.device,
         rows.reqs,
         rows.rids,
         rows.req_pool_indices,
-        drafts,
-        DeviceOnly(forward[out_cache_loc.shape[0] :]),
-        DeviceOnly(forward[: out_cache_loc.shape[0]]),
+        frozen(drafts),
+        DeviceOnly(forward_lens),
+        DeviceOnly(forward_locs),
     )
     return Success(VerifyStep(verifying, after))
 
@@ -193,7 +195,14 @@ def sync(batch: Verifying, num_accepted: torch.Tensor, pools: Pools) -> Step[Fil
         DraftError: `num_accepted` has the wrong shape, dtype or device, a
             count out of range, or `pools` do not hold `batch`'s drafts.
     """
+    if not isinstance(batch, Verifying):
+        raise PhaseError(f"sync takes Verifying, got {type(batch).__name__}")
     num_reqs = len(batch.reqs)
+    if not isinstance(num_accepted, torch.Tensor):
+        raise DraftError(
+            f"num_accepted must be a torch tensor on {batch.device}, got"
+            f" {type(num_accepted).__name__}"
+        )
     if (
         num_accepted.shape != (num_reqs,)
         or num_accepted.dtype != torch.int64
@@ -204,38 +213,41 @@ def sync(batch: Verifying, num_accepted: torch.Tensor, pools: Pools) -> Step[Fil
             f" {num_accepted.dtype} {list(num_accepted.shape)} on {num_accepted.device}"
         )
     with permitted_reads("speculative sync: accepted draft counts"):
-        accepted = num_accepted.to("cpu")  # NOTE: the one device read; it waits for the forward
+        accepted = num_accepted.to("cpu").numpy()  # NOTE: the one device read; it waits
     drafts = batch.draft_lens
     bad = (accepted < 0) | (accepted > drafts)
-    if bool(bad.any()):
-        row = int(bad.to(torch.int64).argmax())
+    if bad.any():
+        row = int(bad.argmax())
         raise DraftError(f"row {row} accepted {int(accepted[row])} of {int(drafts[row])} drafts")
     slots = batch.req_pool_indices.host
     committed = pools.slot_tokens[slots] - drafts
-    if bool((committed < 1).any()):
+    if (committed < 1).any():
         raise DraftError(
             "the pools do not hold this batch's drafts: pass the pools verify returned"
         )
-    seq_lens_host = committed + accepted
-    shrunk = pools.shrink(slots, seq_lens_host)
+    seq_lens = committed + accepted
+    shrunk = pools.shrink(slots, seq_lens)
     if not isinstance(shrunk, Success):
         raise DraftError(f"the pools do not own this batch's slots: {shrunk.failure()}")
-    seq_lens = Mirrored.from_host(seq_lens_host, batch.device)
-    rows = Rows(
+    rows, _ = build_rows(
         batch.device,
         batch.reqs,
         batch.rids,
         batch.req_pool_indices,
         seq_lens,
-        DeviceOnly(seq_lens.device.to(torch.int32)),
-        int(seq_lens_host.sum()),
-        int(seq_lens_host.max()) if num_reqs else 0,
+        int(seq_lens.sum()),
+        int(seq_lens.max()) if num_reqs else 0,
     )
+    check_columns(rows)
     return Step(Filtered(rows), shrunk.unwrap())
 
 
-def _draft_lens(draft_lens: Sequence[int] | torch.Tensor, num_reqs: int) -> torch.Tensor:
-    if isinstance(draft_lens, torch.Tensor):
+def _draft_lens(draft_lens: Drafts, num_reqs: int) -> HostArray:
+    if isinstance(draft_lens, np.ndarray):
+        if draft_lens.dtype.kind not in "iu":
+            raise DraftError(f"draft_lens must be integers, got {draft_lens.dtype}")
+        drafts = draft_lens.astype(np.int64)
+    elif isinstance(draft_lens, torch.Tensor):
         if draft_lens.device.type != "cpu":
             raise DraftError(
                 f"draft_lens must be on the CPU, got {draft_lens.device}: reading it would sync"
@@ -246,19 +258,16 @@ def _draft_lens(draft_lens: Sequence[int] | torch.Tensor, num_reqs: int) -> torc
             or draft_lens.dtype == torch.bool
         ):
             raise DraftError(f"draft_lens must be integers, got {draft_lens.dtype}")
-        drafts = draft_lens.to(torch.int64)
+        drafts = draft_lens.numpy().astype(np.int64)
     elif any(isinstance(value, bool) for value in draft_lens):
         raise DraftError("draft_lens must be integers, got a bool")
     else:
         try:
-            drafts = host_int64(draft_lens)
+            drafts = np.frombuffer(array("q", draft_lens), dtype=np.int64).copy()
         except TypeError as error:
             raise DraftError(f"draft_lens must be integers: {error}") from None
     if drafts.shape != (num_reqs,):
         raise DraftError(f"draft_lens: expected [{num_reqs}], got {list(drafts.shape)}")
-    if bool((drafts < 0).any()):
+    if (drafts < 0).any():
         raise DraftError(f"draft_lens must be >= 0, got {drafts.tolist()}")
     return drafts
-
-
-_CPU: Final = torch.device("cpu")

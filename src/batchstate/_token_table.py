@@ -6,10 +6,12 @@ from collections.abc import Sequence
 from typing import final
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from batchstate._errors import BatchConflict
-from batchstate._mirrored import Mirrored, _describe
+from batchstate._mirrored import Mirrored, describe, frozen, writing
 
 __all__ = ["TokenTable"]
 
@@ -21,7 +23,7 @@ class TokenTable:
 
     Row 0 is padding and never handed out. A table is too large to copy per
     step, so it is the one thing transitions write in place, on both sides
-    at once.
+    at once. `host` is a read-only view: only the transitions write it.
 
     NOTE: transitions write it only after every allocation of that
     transition has succeeded, and only at cells that the records and pools
@@ -29,16 +31,20 @@ class TokenTable:
     An abandoned result therefore leaves every earlier value valid.
     """
 
-    host: torch.Tensor  # CPU int32 [max_reqs + 1, max_context_len]
+    _cells: npt.NDArray[np.int32]  # the host side: read-only but while `write*` writes it
     device: torch.Tensor  # the same, on the batch's device
+    host: npt.NDArray[np.int32] = attrs.field(init=False)  # a read-only view of `_cells`
+
+    @host.default
+    def _read_only(self) -> npt.NDArray[np.int32]:
+        return frozen(self._cells)
 
     @classmethod
     def zeros(cls, max_reqs: int, max_context_len: int, device: torch.device) -> TokenTable:
         """An all-padding table for `max_reqs` request slots."""
         shape = (max_reqs + 1, max_context_len)
         return cls(
-            torch.zeros(shape, dtype=torch.int32),
-            torch.zeros(shape, dtype=torch.int32, device=device),
+            np.zeros(shape, dtype=np.int32), torch.zeros(shape, dtype=torch.int32, device=device)
         )
 
     @property
@@ -56,42 +62,44 @@ class TokenTable:
                 f"the batch is on {device}, the pools' table on {self.device.device}"
             )
 
-    def write(self, slots: Mirrored, positions: Mirrored, locs: Mirrored) -> None:
-        """Set `table[slots[i], positions[i]] = locs[i]` on both sides (mutates the table)."""
-        host_locs, device_locs = _as_int32(locs)
-        # NOTE: convert both, then write the device side first: if it fails (out of
-        # memory, say) neither side has changed. The host write, last, indexes CPU
-        # memory at cells the device write just accepted.
-        self.device[slots.device, positions.device] = device_locs
-        self.host[slots.host, positions.host] = host_locs
+    def write(self, slots: Mirrored, positions: Mirrored, locs: Mirrored[np.int32]) -> None:
+        """Set `table[slots[i], positions[i]] = locs[i]` on both sides (mutates the table).
 
-    def write_rows(self, slots: Sequence[int], lengths: Sequence[int], locs: Mirrored) -> None:
+        One scatter on the device.
+        """
+        # NOTE: the device side first: if it fails (out of memory, say) neither
+        # side has changed. The host write, last, indexes host memory at cells
+        # the device write just accepted.
+        self.device[slots.device, positions.device] = locs.device
+        with writing(self._cells):
+            self._cells[slots.host, positions.host] = locs.host
+
+    def write_rows(
+        self, slots: Sequence[int], lengths: Sequence[int], locs: Mirrored[np.int32]
+    ) -> None:
         """Set `table[slots[i], :lengths[i]]` to the next `lengths[i]` of `locs` (mutates it).
 
         For freshly admitted rows: one slice per row and side, no index tensors.
         """
-        host_locs, device_locs = _as_int32(locs)
         rows = list(zip(slots, lengths, strict=True))
         done = 0  # rows written on the device side
         try:
-            for side, values in ((self.device, device_locs), (self.host, host_locs)):  # as `write`
-                start = 0
-                for slot, length in rows:
-                    side[slot, :length] = values[start : start + length]
-                    start += length
-                    done += side is self.device
+            start = 0
+            for slot, length in rows:  # as `write`: the device side first
+                self.device[slot, :length] = locs.device[start : start + length]
+                start += length
+                done += 1
         except BaseException:
             # NOTE: a row write failing after others leaves the sides different:
             # put the device rows back from the host side, untouched until now.
             for slot, length in rows[:done]:
-                self.device[slot, :length] = self.host[slot, :length].to(self.device.device)
+                self.device[slot, :length] = torch.from_numpy(self._cells[slot, :length].copy())
             raise
+        start = 0
+        with writing(self._cells):
+            for slot, length in rows:
+                self._cells[slot, :length] = locs.host[start : start + length]
+                start += length
 
     def __repr__(self) -> str:
-        return _describe("TokenTable", self.device)
-
-
-def _as_int32(locs: Mirrored) -> tuple[torch.Tensor, torch.Tensor]:
-    # Both sides as int32; on a CPU device they share storage, so convert once.
-    host = locs.host.to(torch.int32)
-    return host, host if locs.device is locs.host else locs.device.to(torch.int32)
+        return describe("TokenTable", self.device)
