@@ -1,7 +1,11 @@
 """What can go wrong: expected failures as values, broken contracts as exceptions.
 
 A transition that can run out of something returns a `returns` `Failure`
-holding one of the frozen records below, with the facts needed to act on it.
+holding one of the frozen records below, with the facts needed to act on it;
+`str()` of a record says them in one line. The records subclass `Exception`
+only so that `returns` chains the record as the cause when `.unwrap()` is
+called on a `Failure`, which puts the facts in the traceback; batchstate never
+raises them. `batchstate.unwrap` does the same with the facts as its message.
 A caller that breaks a contract (a wrong phase, bad keep indices, two
 batches that share a request) gets an exception that subclasses the builtin
 a caller would already catch.
@@ -34,8 +38,8 @@ __all__ = [
 
 
 @final
-@attrs.frozen
-class OutOfReqSlots:
+@attrs.frozen(auto_exc=False)  # compared by value, like any record
+class OutOfReqSlots(Exception):
     """More requests than free request slots."""
 
     requested: int
@@ -46,8 +50,8 @@ class OutOfReqSlots:
 
 
 @final
-@attrs.frozen
-class OutOfKVTokens:
+@attrs.frozen(auto_exc=False)  # compared by value, like any record
+class OutOfKVTokens(Exception):
     """More KV tokens (whole pages) than the pool has free."""
 
     requested_pages: int
@@ -62,8 +66,8 @@ class OutOfKVTokens:
 
 
 @final
-@attrs.frozen
-class ContextTooLong:
+@attrs.frozen(auto_exc=False)  # compared by value, like any record
+class ContextTooLong(Exception):
     """A request would grow past the request-to-token table's width."""
 
     rid: int
@@ -78,8 +82,8 @@ class ContextTooLong:
 
 
 @final
-@attrs.frozen
-class EmptyExtend:
+@attrs.frozen(auto_exc=False)  # compared by value, like any record
+class EmptyExtend(Exception):
     """An extend with no requests."""
 
     def __str__(self) -> str:
@@ -87,8 +91,8 @@ class EmptyExtend:
 
 
 @final
-@attrs.frozen
-class EmptyPrompt:
+@attrs.frozen(auto_exc=False)  # compared by value, like any record
+class EmptyPrompt(Exception):
     """A request with no tokens left to compute."""
 
     rid: int
@@ -103,8 +107,8 @@ class EmptyPrompt:
 
 
 @final
-@attrs.frozen
-class NotOwned:
+@attrs.frozen(auto_exc=False)  # compared by value, like any record
+class NotOwned(Exception):
     """Releasing request slots that the pools do not hold as owned (a double free)."""
 
     slots: tuple[int, ...]
@@ -116,8 +120,8 @@ class NotOwned:
 
 
 @final
-@attrs.frozen
-class StillRunning:
+@attrs.frozen(auto_exc=False)  # compared by value, like any record
+class StillRunning(Exception):
     """Releasing request slots that the running batch still uses."""
 
     slots: tuple[int, ...]
