@@ -6,8 +6,11 @@ import contextlib
 import inspect
 import io
 import re
+import subprocess
 from pathlib import Path
 from typing import Final
+
+import pytest
 
 import batchstate
 import batchstate.audit
@@ -71,3 +74,63 @@ def test_readme_has_exactly_two_setup_commands() -> None:
     assert len(commands) == 2
     ci = (DOCS.parent / ".ci" / "run").read_text()
     assert commands[1] in ci
+
+
+# What a reader of this repository alone cannot follow: issue numbers, and
+# paths or documents that live outside it. This file, which holds examples
+# of each, is the one file not scanned.
+OUTSIDE_REFERENCES: Final = re.compile(
+    r"\bissues?\s+#?\d+"  # "issue 5", "issues #4"
+    r"|(?<![\w&/])#\d+\b"  # "#12" (not a colour like #1f77b4, nor &#12;)
+    r"|\.\./"  # a path that climbs out of the repository
+    r"|\bshared[/]"
+    r"|(?-i:\bDESIGN\.md|\bDESIGN §)"  # not docs/design.md, this repository's own
+    r"|\bthe\sbrief\b",
+    re.IGNORECASE,
+)
+
+
+def _tracked_text_files() -> list[Path]:
+    root = DOCS.parent
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: no list of tracked files")
+    files = []
+    for name in filter(None, listed.split("\0")):
+        path = root / name
+        try:
+            path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue  # images and other binaries; files deleted but not yet staged
+        if path != Path(__file__).resolve():
+            files.append(path)
+    return files
+
+
+def test_tracked_text_files_stand_on_their_own() -> None:
+    """No tracked text file cites an issue number or a path outside the repository."""
+    files = _tracked_text_files()
+    assert any(path.name == "README.md" for path in files)
+    cited = [
+        f"{path.relative_to(DOCS.parent)}:{number}: {line.strip()}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE_REFERENCES.search(line)
+    ]
+    assert cited == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["as issue 5 asks", "see #12", "from ../shared/seeds", "DESIGN.md §1", "per the brief"],
+)
+def test_outside_references_are_caught(line: str) -> None:
+    assert OUTSIDE_REFERENCES.search(line)
+
+
+@pytest.mark.parametrize("line", ["see docs/design.md", "colour #1f77b4", "--seed 6", "a & b"])
+def test_repository_references_pass(line: str) -> None:
+    assert OUTSIDE_REFERENCES.search(line) is None
