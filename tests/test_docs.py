@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Final
 
+import attrs
 import pytest
 
 import batchstate
@@ -49,6 +50,37 @@ def test_api_doc_names_every_public_name() -> None:
     """Every name in batchstate.__all__ has an entry in docs/api.md."""
     text = (DOCS / "api.md").read_text()
     missing = [name for name in batchstate.__all__ if f"**`{name}" not in text]
+    assert missing == []
+
+
+MEMBER_CLASSES: Final = (
+    batchstate.Mirrored,
+    batchstate.DeviceOnly,
+    batchstate.Pools,
+    batchstate.FreeList,
+    batchstate.TokenTable,
+    batchstate.Rows,
+)
+
+
+def test_api_doc_lists_every_public_member_of_the_value_classes() -> None:
+    """`Mirrored.take`, `Pools.slot_tokens` and the like: each has an entry, methods with
+    their signature as the code has it."""
+    text = (DOCS / "api.md").read_text()
+    missing = []
+    for cls in MEMBER_CLASSES:
+        names = [field.name for field in attrs.fields(cls)] if attrs.has(cls) else []
+        names += [name for name in vars(cls) if not name.startswith("_") and name not in names]
+        for name in names:
+            entry = f"{cls.__name__}.{name}"
+            member = inspect.getattr_static(cls, name)
+            function = getattr(member, "__func__", member)
+            if inspect.isfunction(function):
+                parameters = list(inspect.signature(function).parameters.values())[1:]
+                signature = inspect.signature(function).replace(parameters=parameters)
+                entry += str(signature).replace("'", "")
+            if f"**`{entry}`**" not in text:
+                missing.append(entry)
     assert missing == []
 
 
