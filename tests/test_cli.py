@@ -197,8 +197,8 @@ def test_every_option_has_help_and_shows_its_default_once() -> None:
     for action in parser._actions:
         if action.dest == "help":
             continue
-        shown = formatter._get_help_string(action) % {"default": action.default}
         assert action.help, action.option_strings
+        shown = (formatter._get_help_string(action) or "") % {"default": action.default}
         takes_value = action.nargs != 0
         expected = 1 if takes_value and action.dest != "plot" else 0
         assert shown.count("(default") == expected, (action.option_strings, shown)

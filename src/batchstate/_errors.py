@@ -2,10 +2,8 @@
 
 A transition that can run out of something returns a `returns` `Failure`
 holding one of the frozen records below, with the facts needed to act on it;
-`str()` of a record says them in one line. The records subclass `Exception`
-only so that `returns` chains the record as the cause when `.unwrap()` is
-called on a `Failure`, which puts the facts in the traceback; batchstate never
-raises them. `batchstate.unwrap` does the same with the facts as its message.
+`str()` of a record says them in one line, and `batchstate.unwrap` raises
+with that line as its message (`returns`' own `.unwrap()` says nothing).
 A caller that breaks a contract (a wrong phase, bad keep indices, two
 batches that share a request) gets an exception that subclasses the builtin
 a caller would already catch.
@@ -38,8 +36,8 @@ __all__ = [
 
 
 @final
-@attrs.frozen(auto_exc=False)  # compared by value, like any record
-class OutOfReqSlots(Exception):
+@attrs.frozen
+class OutOfReqSlots:
     """More requests than free request slots."""
 
     requested: int
@@ -50,8 +48,8 @@ class OutOfReqSlots(Exception):
 
 
 @final
-@attrs.frozen(auto_exc=False)  # compared by value, like any record
-class OutOfKVTokens(Exception):
+@attrs.frozen
+class OutOfKVTokens:
     """More KV tokens (whole pages) than the pool has free."""
 
     requested_pages: int
@@ -66,8 +64,8 @@ class OutOfKVTokens(Exception):
 
 
 @final
-@attrs.frozen(auto_exc=False)  # compared by value, like any record
-class ContextTooLong(Exception):
+@attrs.frozen
+class ContextTooLong:
     """A request would grow past the request-to-token table's width."""
 
     rid: int
@@ -82,8 +80,8 @@ class ContextTooLong(Exception):
 
 
 @final
-@attrs.frozen(auto_exc=False)  # compared by value, like any record
-class EmptyExtend(Exception):
+@attrs.frozen
+class EmptyExtend:
     """An extend with no requests."""
 
     def __str__(self) -> str:
@@ -91,8 +89,8 @@ class EmptyExtend(Exception):
 
 
 @final
-@attrs.frozen(auto_exc=False)  # compared by value, like any record
-class EmptyPrompt(Exception):
+@attrs.frozen
+class EmptyPrompt:
     """A request with no tokens left to compute."""
 
     rid: int
@@ -107,8 +105,8 @@ class EmptyPrompt(Exception):
 
 
 @final
-@attrs.frozen(auto_exc=False)  # compared by value, like any record
-class NotOwned(Exception):
+@attrs.frozen
+class NotOwned:
     """Releasing request slots that the pools do not hold as owned (a double free)."""
 
     slots: tuple[int, ...]
@@ -120,8 +118,8 @@ class NotOwned(Exception):
 
 
 @final
-@attrs.frozen(auto_exc=False)  # compared by value, like any record
-class StillRunning(Exception):
+@attrs.frozen
+class StillRunning:
     """Releasing request slots that the running batch still uses."""
 
     slots: tuple[int, ...]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TextIO, final
+from typing import Never, TextIO, final
 
 from tqdm import tqdm
 
@@ -32,19 +32,21 @@ class Progress:
     def __init__(self, stream: TextIO, *, enabled: bool) -> None:
         self.stream, self.enabled = stream, enabled
         self.phase = ""
-        self.bar: tqdm[None] | None = None
+        self.bar: tqdm[Never] | None = None  # Never: a bar over no iterable
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         """Show `done` of `total` requests through `phase`."""
         if not self.enabled:
             return
-        if self.bar is None or phase != self.phase:
+        bar = self.bar
+        if bar is None or phase != self.phase:
             self.close()
             self.phase = phase
-            self.bar = tqdm(
+            bar = tqdm(
                 desc=phase, total=total, unit="req", file=self.stream, mininterval=0.1, leave=True
             )
-        self.bar.update(done - self.bar.n)
+            self.bar = bar
+        bar.update(done - bar.n)
 
     def close(self) -> None:
         """End the current bar's line, if one is open."""
