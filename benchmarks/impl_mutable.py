@@ -1,4 +1,6 @@
-"""(b) A mutable baseline in the style of today's engines, written clean-room from DESIGN.md §1.
+"""(b) A mutable baseline in the style of today's engines (a `ScheduleBatch`-like object).
+
+Written clean-room from a description of such an engine's batch, not from its code.
 
 One batch object whose lifecycle methods update each device tensor and its
 CPU mirror in place, by hand; a lazily computed `seq_lens_sum`; a Python

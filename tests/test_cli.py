@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 from typing import Final
 
 import pytest
 import torch
 
+import batchstate
+import batchstate.cli
 import batchstate.engine._simulate
-from batchstate.cli import main
+from batchstate.cli import EXIT_CODES, main
 from batchstate.engine import OracleResult
+
+DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
 
 # A small, quick run; each test adds what it checks.
 SMALL: Final = ["simulate", "--requests", "24", "--no-progress", "--kv-tokens", "512"]
@@ -46,7 +52,14 @@ def test_json_output_is_machine_readable(capsys: pytest.CaptureFixture[str]) -> 
     assert summary["ok"] is True
     assert summary["num_finished"] == summary["num_requests"] == 24
     assert summary["device_reads"] == 0 and summary["oracle_passed"] is None
+    assert summary["oracle_s"] is None  # skipped: no time, rather than a tiny one
     assert captured.err == ""
+
+
+def test_json_times_the_oracle_when_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SMALL, "--json", "--requests", "4"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["oracle_passed"] is True and summary["oracle_s"] > 0
 
 
 @pytest.mark.parametrize(
@@ -55,7 +68,8 @@ def test_json_output_is_machine_readable(capsys: pytest.CaptureFixture[str]) -> 
         (["--requests", "-3"], "--requests must be >= 0, got -3"),
         (["--kv-tokens", "64"], "the KV pool is too small for one request"),
         (["--kv-tokens", "100"], "--kv-tokens must be a non-negative multiple of --page-size=16"),
-        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'cpu', "),
+        (["--max-reqs", "8"], "--max-reqs 8 is below --max-running 32"),
         (["--page-size", "0"], "--page-size must be >= 1, got 0"),
         (["--max-running", "-1"], "--max-running must be >= 1, got -1"),
         (["--prompt-len", "9", "3"], "--prompt-len needs 1 <= MIN <= MAX, got 9 3"),
@@ -74,12 +88,49 @@ def test_bad_arguments_get_one_line(
     assert len(err.strip().splitlines()) == 1
 
 
-def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`--plot FILE.png` writes a PNG image of the run."""
+@pytest.mark.parametrize(
+    ("name", "magic"), [("run.png", b"\x89PNG\r\n\x1a\n"), ("run.svg", b"<?xml")]
+)
+def test_plot_writes_the_format_its_extension_names(
+    name: str, magic: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--plot` writes the image after printing the summary, in the extension's format."""
     pytest.importorskip("matplotlib")
-    path = tmp_path / "run.png"
+    path = tmp_path / name
     assert main([*SMALL, "--device", "meta", "--plot", str(path)]) == 0
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.read_bytes().startswith(magic)
+    assert capsys.readouterr().out.startswith("batchstate simulate   OK\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("missing/run.png", "missing/run.png: the folder {tmp}/missing does not exist"),
+        ("run.txt", "run.txt: unsupported format .txt; choose one of "),
+        ("run", "run: no extension; choose one of "),
+        (".", "is a folder"),
+    ],
+)
+def test_a_bad_plot_path_is_a_usage_error_before_any_work(
+    name: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A folder that does not exist or a format matplotlib cannot write: exit 2, nothing run."""
+    pytest.importorskip("matplotlib")
+
+    def must_not_run(*_: object) -> None:
+        raise AssertionError("the simulation ran")
+
+    monkeypatch.setattr(batchstate.cli, "simulate", must_not_run)
+    assert main([*SMALL, "--plot", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err
+    assert err.startswith("batchstate simulate: error: --plot ") and err.count("\n") == 1
+    if "choose one of" in message:
+        assert "png" in err and "svg" in err and "pdf" in err
 
 
 def test_plot_without_matplotlib_is_a_one_line_error(
@@ -112,10 +163,83 @@ def test_an_oracle_failure_exits_1_and_says_so(
     )
 
 
+def test_no_command_prints_usage_and_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    """`batchstate` alone is a usage error that shows how to use it, not a one-word complaint."""
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: batchstate [-h] [-V] COMMAND ...")
+    assert "simulate" in err and "exit status:" in err
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_comes_from_the_package_metadata(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([flag]) == 0
+    assert capsys.readouterr().out == f"batchstate {version('batchstate')}\n"
+    assert batchstate.__version__ == version("batchstate")
+
+
+def _simulate_parser() -> argparse.ArgumentParser:
+    commands = next(
+        action
+        for action in batchstate.cli._parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    parser: argparse.ArgumentParser = commands.choices["simulate"]
+    return parser
+
+
+def test_every_option_has_help_and_shows_its_default_once() -> None:
+    """Flags show no default; an option with a value shows one, in words or as its value."""
+    parser = _simulate_parser()
+    formatter = parser.formatter_class(prog="batchstate simulate")
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, action.option_strings
+        shown = (formatter._get_help_string(action) or "") % {"default": action.default}
+        takes_value = action.nargs != 0
+        expected = 1 if takes_value and action.dest != "plot" else 0
+        assert shown.count("(default") == expected, (action.option_strings, shown)
+
+
+def test_exit_codes_are_documented_in_the_help_and_the_docs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert [code for code, _ in EXIT_CODES] == [0, 1, 2]
+    assert main(["simulate", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    engine_doc = (DOCS / "engine.md").read_text()
+    for code, meaning in EXIT_CODES:
+        assert f"  {code}  {meaning}" in help_text
+        assert f"| {code} | {meaning} |" in engine_doc
+
+
+def test_quiet_and_no_progress_are_one_option(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--requests", "2", "--device", "meta", "--kv-tokens", "512"]
+    assert main([*args, "-q"]) == 0
+    assert main([*args, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_module_runs_the_same_command_line() -> None:
+    """`python -m batchstate` is the `batchstate` command."""
+    done = subprocess.run(
+        [sys.executable, "-m", "batchstate", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"batchstate {version('batchstate')}\n"
+
+
 def test_console_script_runs() -> None:
     """The installed `batchstate` entry point runs a meta simulation end to end."""
     script = shutil.which("batchstate")
-    command = [script] if script else [sys.executable, "-m", "batchstate.cli"]
+    command = [script] if script else [sys.executable, "-m", "batchstate"]
     done = subprocess.run(
         [*command, *SMALL, "--device", "meta", "--json"],
         capture_output=True,

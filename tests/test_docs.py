@@ -6,8 +6,12 @@ import contextlib
 import inspect
 import io
 import re
+import subprocess
 from pathlib import Path
 from typing import Final
+
+import attrs
+import pytest
 
 import batchstate
 import batchstate.audit
@@ -49,6 +53,37 @@ def test_api_doc_names_every_public_name() -> None:
     assert missing == []
 
 
+MEMBER_CLASSES: Final = (
+    batchstate.Mirrored,
+    batchstate.DeviceOnly,
+    batchstate.Pools,
+    batchstate.FreeList,
+    batchstate.TokenTable,
+    batchstate.Rows,
+)
+
+
+def test_api_doc_lists_every_public_member_of_the_value_classes() -> None:
+    """`Mirrored.take`, `Pools.slot_tokens` and the like: each has an entry, methods with
+    their signature as the code has it."""
+    text = (DOCS / "api.md").read_text()
+    missing = []
+    for cls in MEMBER_CLASSES:
+        names = [field.name for field in attrs.fields(cls)] if attrs.has(cls) else []
+        names += [name for name in vars(cls) if not name.startswith("_") and name not in names]
+        for name in names:
+            entry = f"{cls.__name__}.{name}"
+            member = inspect.getattr_static(cls, name)
+            function = getattr(member, "__func__", member)
+            if inspect.isfunction(function):
+                parameters = list(inspect.signature(function).parameters.values())[1:]
+                signature = inspect.signature(function).replace(parameters=parameters)
+                entry += str(signature).replace("'", "")
+            if f"**`{entry}`**" not in text:
+                missing.append(entry)
+    assert missing == []
+
+
 def test_api_doc_signatures_are_current() -> None:
     """Every public function's entry in docs/api.md shows its signature as the code has it."""
     text = (DOCS / "api.md").read_text()
@@ -71,3 +106,63 @@ def test_readme_has_exactly_two_setup_commands() -> None:
     assert len(commands) == 2
     ci = (DOCS.parent / ".ci" / "run").read_text()
     assert commands[1] in ci
+
+
+# What a reader of this repository alone cannot follow: issue numbers, and
+# paths or documents that live outside it. This file, which holds examples
+# of each, is the one file not scanned.
+OUTSIDE_REFERENCES: Final = re.compile(
+    r"\bissues?\s+#?\d+"  # "issue 5", "issues #4"
+    r"|(?<![\w&/])#\d+\b"  # "#12" (not a colour like #1f77b4, nor &#12;)
+    r"|\.\./"  # a path that climbs out of the repository
+    r"|\bshared[/]"
+    r"|(?-i:\bDESIGN\.md|\bDESIGN §)"  # not docs/design.md, this repository's own
+    r"|\bthe\sbrief\b",
+    re.IGNORECASE,
+)
+
+
+def _tracked_text_files() -> list[Path]:
+    root = DOCS.parent
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: no list of tracked files")
+    files = []
+    for name in filter(None, listed.split("\0")):
+        path = root / name
+        try:
+            path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue  # images and other binaries; files deleted but not yet staged
+        if path != Path(__file__).resolve():
+            files.append(path)
+    return files
+
+
+def test_tracked_text_files_stand_on_their_own() -> None:
+    """No tracked text file cites an issue number or a path outside the repository."""
+    files = _tracked_text_files()
+    assert any(path.name == "README.md" for path in files)
+    cited = [
+        f"{path.relative_to(DOCS.parent)}:{number}: {line.strip()}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE_REFERENCES.search(line)
+    ]
+    assert cited == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["as issue 5 asks", "see #12", "from ../shared/seeds", "DESIGN.md §1", "per the brief"],
+)
+def test_outside_references_are_caught(line: str) -> None:
+    assert OUTSIDE_REFERENCES.search(line)
+
+
+@pytest.mark.parametrize("line", ["see docs/design.md", "colour #1f77b4", "--seed 6", "a & b"])
+def test_repository_references_pass(line: str) -> None:
+    assert OUTSIDE_REFERENCES.search(line) is None

@@ -355,7 +355,7 @@ HOSTILE: Final = {
     ),  # prebuilt admits into nothing
     "decode-idle": Case(
         _wrong_phase(decode, Idle), PhaseError, r"decode takes .* got Idle"
-    ),  # seed 000: idle batches reaching decode crashed DP ranks
+    ),  # idle batches reaching decode crashed DP ranks
     "decode-a-string": Case(
         _wrong_phase(decode, None), PhaseError, r"decode takes .* got str"
     ),  # not a batch at all
@@ -597,7 +597,7 @@ HOSTILE: Final = {
         _hand_record(lambda: _make_hand_rows(reqs=())),
         RecordShapeError,
         r"expected a read-only int64 array \[0\]",
-    ),  # seed 000: zero requests but stale rows
+    ),  # zero requests but stale rows
     "idle-with-rows": Case(
         _hand_record(lambda: Idle(_make_rows([1], [3]))),
         RecordShapeError,
@@ -640,7 +640,7 @@ HOSTILE: Final = {
         _check(lambda: (Filtered(_make_hand_rows(seq_lens_sum=8)),)),
         InvariantViolation,
         r"seq_lens_sum=8, seq_lens sum to 7",
-    ),  # seed 003: a derived value out of step
+    ),  # a derived value out of step
     "check-wrong-rids": Case(
         _check(lambda: (Filtered(_make_hand_rows(rids=host_int64([5, 6]))),)),
         InvariantViolation,

@@ -1,4 +1,9 @@
-"""The bugs of the source documents (shared/seeds), pinned as regression tests."""
+"""Mirror bugs fixed in a mutable `ScheduleBatch`-style engine, pinned as regression tests.
+
+Each is described in the table at the top of docs/design.md: a missing mirror,
+stale rows after filtering everything out, a hidden per-step sync, and a
+derived value out of step.
+"""
 
 from __future__ import annotations
 
@@ -57,7 +62,7 @@ def test_prebuilt_batch_has_every_mirror(page_size: int) -> None:
     "source",
     [
         "extended",  # filter right after a prefill
-        "decoding",  # the seed's case: every request finished at the same decode step
+        "decoding",  # the reported case: every request finished at the same decode step
     ],
 )
 def test_filter_everything_out_leaves_no_stale_rows(source: str) -> None:

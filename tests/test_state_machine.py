@@ -6,7 +6,7 @@ filtered out but not yet released. A plain-Python model predicts every
 outcome: which rows, which slots (slots are handed out from the front of
 the free list, freed ones go to its back), which lengths, how many free
 slots and pages, and which `Failure` comes first. After every step it
-checks every DESIGN.md §3 invariant (device compared), the record against
+checks every invariant of docs/design.md (device compared), the record against
 the model, that KV locations already written never move, and that a failed
 or successful transition left its inputs unchanged.
 

@@ -37,6 +37,8 @@ from batchstate._rows import Req, Rows
 from batchstate._speculative import Verifying, VerifyStep, sync, verify
 from batchstate._token_table import TokenTable
 from batchstate._transitions import TRANSITIONS, Transition
+from batchstate._unwrap import UnwrapError, unwrap
+from batchstate._version import __version__
 
 __all__ = [
     "TRANSITIONS",
@@ -77,8 +79,10 @@ __all__ = [
     "StillRunning",
     "TokenTable",
     "Transition",
+    "UnwrapError",
     "VerifyStep",
     "Verifying",
+    "__version__",
     "check_batch",
     "check_pools",
     "decode",
@@ -92,5 +96,6 @@ __all__ = [
     "release",
     "split",
     "sync",
+    "unwrap",
     "verify",
 ]

@@ -1,7 +1,9 @@
 """What can go wrong: expected failures as values, broken contracts as exceptions.
 
 A transition that can run out of something returns a `returns` `Failure`
-holding one of the frozen records below, with the facts needed to act on it.
+holding one of the frozen records below, with the facts needed to act on it;
+`str()` of a record says them in one line, and `batchstate.unwrap` raises
+with that line as its message (`returns`' own `.unwrap()` says nothing).
 A caller that breaks a contract (a wrong phase, bad keep indices, two
 batches that share a request) gets an exception that subclasses the builtin
 a caller would already catch.

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Final, NoReturn, TypeAlias
 
 import attrs
 import torch
 
-from batchstate._errors import InvariantViolation
+from batchstate import InvariantViolation, __version__
 from batchstate.engine import (
     ARRIVALS,
     DEVICES,
@@ -22,67 +22,106 @@ from batchstate.engine import (
     WorkloadConfig,
     simulate,
 )
-from batchstate.engine._plot import plot_run, require_matplotlib
+from batchstate.engine._plot import check_plot_path, plot_run
 from batchstate.engine._progress import Progress
-from batchstate.engine._report import render_summary, summarize
+from batchstate.engine._report import Summary, render_summary, summarize
 
-__all__ = ["main"]
+__all__ = ["EXIT_CODES", "main"]
 
-# Exit codes: 0 ok, 1 the run failed a check (oracle, invariant, leak), 2 bad arguments.
-_FAILED, _USAGE = 1, 2
+OK, FAILED, USAGE = 0, 1, 2
+EXIT_CODES: Final = (
+    (OK, "the run finished and every check passed"),
+    (FAILED, "a check failed: the oracle, an invariant, pool conservation or device reads"),
+    (USAGE, "a usage error: a missing command, a bad or contradictory option, a bad --plot path"),
+)
+_EPILOG: Final = "exit status:\n" + "\n".join(f"  {code}  {what}" for code, what in EXIT_CODES)
+_PROG: Final = "batchstate simulate"
+_Add: TypeAlias = Callable[..., argparse.Action]  # an argument group's add_argument
 
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line, not usage plus a line."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Adds `(default: X)` to an option's help, unless it says its default itself.
+
+    Flags (default False) and options whose default is computed (None) say
+    nothing or say it in words, so each option shows its default once.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if (
+            "(default" in help_text
+            or action.default in (None, argparse.SUPPRESS)
+            or (action.default is False)
+        ):
+            return help_text
+        return f"{help_text} (default: %(default)s)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit code."""
+    """Run the command line; return the exit code (see `EXIT_CODES`)."""
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
-    except SystemExit as done:  # argparse printed its one-line error, or the help
-        return done.code if isinstance(done.code, int) else _USAGE
-    prog = "batchstate simulate"
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # argparse printed its one-line error, the help or the version
+        return done.code if isinstance(done.code, int) else USAGE
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return USAGE
     try:
         config = _config(args)
         config.validate()
         if args.plot is not None:
-            require_matplotlib()
+            check_plot_path(args.plot)
     except (ValueError, ImportError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return _USAGE
+        print(f"{_PROG}: error: {error}", file=sys.stderr)
+        return USAGE
+    return _simulate(config, args)
+
+
+def _simulate(config: SimulationConfig, args: argparse.Namespace) -> int:
     if config.device == "cpu":
         # A tiny model on a shared machine: extra intra-op threads only contend.
         torch.set_num_threads(1)
-    progress = Progress(
-        config.workload.num_requests,
-        sys.stderr,
-        enabled=not args.json and not args.no_progress and sys.stderr.isatty(),
-    )
+    show = not (args.json or args.quiet) and sys.stderr.isatty()
+    progress = Progress(sys.stderr, enabled=show)
     try:
-        run = simulate(config, progress.update)
+        run = simulate(config, progress)
     except (InvariantViolation, EngineError) as error:
-        progress.close()
         kind = "invariant failed" if isinstance(error, InvariantViolation) else "engine failed"
-        print(f"{prog}: {kind}: {error}", file=sys.stderr)
-        return _FAILED
-    progress.close()
+        print(f"{_PROG}: {kind}: {error}", file=sys.stderr)
+        return FAILED
+    finally:
+        progress.close()
     summary = summarize(run)
-    if args.plot is not None:
-        plot_run(run, args.plot)
     if args.json:
         print(json.dumps({**attrs.asdict(summary), "ok": summary.ok}, indent=2))
     else:
-        print(render_summary(summary))
+        print(render_summary(summary), flush=True)
+    if args.plot is not None:
+        try:
+            plot_run(run, args.plot)
+        except (OSError, ValueError) as error:  # checked up front; the disk can still refuse
+            print(f"{_PROG}: error: cannot write the plot: {error}", file=sys.stderr)
+            return USAGE
     if not summary.ok:
-        failed = summary.oracle_passed is False
-        what = f"the oracle: {summary.oracle}" if failed else f"pool conservation: {summary.pools}"
-        print(f"{prog}: failed {what}", file=sys.stderr)
-        return _FAILED
-    return 0
+        print(f"{_PROG}: failed {_failed_check(summary)}", file=sys.stderr)
+        return FAILED
+    return OK
+
+
+def _failed_check(summary: Summary) -> str:
+    if summary.oracle_passed is False:
+        return f"the oracle: {summary.oracle}"
+    if not summary.pools_conserved:
+        return f"pool conservation: {summary.pools}"
+    return f"device reads: {summary.device_reads} on the decode path, expected none"
 
 
 def _config(args: argparse.Namespace) -> SimulationConfig:
@@ -116,38 +155,129 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
 
 
 def _parser() -> _Parser:
-    parser = _Parser(prog="batchstate", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(
+        prog="batchstate",
+        description="batchstate's command line: run its reference serving engine and check it.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     sim = commands.add_parser(
         "simulate",
-        help="run the reference engine on a generated workload",
-        description="Run the reference continuous-batching engine and print a summary.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="run the reference engine on a generated workload and check it",
+        description=(
+            "Run the reference continuous-batching engine on a seeded workload, check\n"
+            "its tokens against the oracle, and print a summary."
+        ),
+        epilog=_EPILOG,
+        formatter_class=_HelpFormatter,
     )
-    add = sim.add_argument
-    add("--requests", type=int, default=256, help="number of requests")
-    add("--arrival", choices=ARRIVALS, default="poisson", help="arrival pattern")
-    add("--arrival-rate", type=float, default=2.0, help="requests per engine step")
-    add("--burst-size", type=int, default=32, help="requests per burst (--arrival burst)")
-    add("--prompt-len", type=int, nargs=2, default=[8, 48], metavar=("MIN", "MAX"))
-    add("--output-len", type=int, nargs=2, default=[4, 48], metavar=("MIN", "MAX"))
-    add("--max-running", type=int, default=32, help="requests running at once")
-    add("--max-reqs", type=int, default=None, help="request slots (default: --max-running)")
-    add("--kv-tokens", type=int, default=1024, help="KV cache tokens in the pool")
-    add("--page-size", type=int, default=16, help="KV tokens per page")
-    add("--max-context-len", type=int, default=None, help="table width (default: longest)")
-    add("--max-prefill-tokens", type=int, default=1024, help="input ids per extend")
-    add("--new-token-ratio", type=float, default=0.3, help="share of output reserved at admission")
-    add("--headroom-pages", type=int, default=1, help="pages reserved per request at admission")
-    add("--seed", type=int, default=0, help="workload and sampling seed")
-    add("--device", default="cpu", help=f"one of {', '.join(DEVICES)} (meta: no model)")
-    add("--no-oracle", action="store_true", help="skip the oracle check")
-    add("--check-every", type=int, default=100, help="check invariants every N steps (0: end only)")
-    add("--audit-every", type=int, default=16, help="count device reads every N steps (0: never)")
-    add("--json", action="store_true", help="print the summary as JSON")
-    add("--plot", type=Path, default=None, metavar="FILE.png", help="plot the run to FILE.png")
-    add("--no-progress", action="store_true", help="no progress bar")
+    _add_workload_options(sim.add_argument_group("workload").add_argument)
+    _add_engine_options(sim.add_argument_group("engine and pools").add_argument)
+    _add_output_options(sim.add_argument_group("checks and output").add_argument)
     return parser
+
+
+def _add_workload_options(add: _Add) -> None:
+    add("--requests", type=int, default=256, metavar="N", help="requests in the workload")
+    add("--arrival", choices=ARRIVALS, default="poisson", help="how requests arrive over steps")
+    add("--arrival-rate", type=float, default=2.0, metavar="R", help="requests per engine step")
+    add(
+        "--burst-size",
+        type=int,
+        default=32,
+        metavar="N",
+        help="requests per burst, for --arrival burst",
+    )
+    add(
+        "--prompt-len",
+        type=int,
+        nargs=2,
+        default=[8, 48],
+        metavar=("MIN", "MAX"),
+        help="prompt tokens, drawn uniformly from MIN..MAX (default: 8 48)",
+    )
+    add(
+        "--output-len",
+        type=int,
+        nargs=2,
+        default=[4, 48],
+        metavar=("MIN", "MAX"),
+        help="most tokens to generate, drawn from MIN..MAX; the end token stops one early"
+        " (default: 4 48)",
+    )
+    add("--seed", type=int, default=0, help="seed of the workload and of meta's tokens")
+
+
+def _add_engine_options(add: _Add) -> None:
+    add(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="cpu or cuda run the tiny model and the oracle; meta runs the bookkeeping only",
+    )
+    add("--max-running", type=int, default=32, metavar="N", help="requests running at once")
+    add(
+        "--max-reqs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="request slots in the pools, at least --max-running (default: --max-running)",
+    )
+    add("--kv-tokens", type=int, default=1024, metavar="N", help="KV cache tokens in the pool")
+    add("--page-size", type=int, default=16, metavar="N", help="KV tokens per page")
+    add(
+        "--max-context-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="width of the request-to-token table (default: longest prompt + longest output)",
+    )
+    add("--max-prefill-tokens", type=int, default=1024, metavar="N", help="input ids per extend")
+    add(
+        "--new-token-ratio",
+        type=float,
+        default=0.3,
+        metavar="R",
+        help="share of a request's output budget reserved when it is admitted",
+    )
+    add("--headroom-pages", type=int, default=1, metavar="N", help="pages reserved per admission")
+
+
+def _add_output_options(add: _Add) -> None:
+    add("--no-oracle", action="store_true", help="skip the oracle (meta never runs it)")
+    add(
+        "--check-every",
+        type=int,
+        default=100,
+        metavar="N",
+        help="check invariants every N steps; 0: at the end only",
+    )
+    add(
+        "--audit-every",
+        type=int,
+        default=16,
+        metavar="N",
+        help="count decode-path device reads every N steps; 0: never",
+    )
+    add("--json", action="store_true", help="print the summary as JSON on stdout")
+    add(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also plot the run to PATH, in the format its extension names (png, svg, pdf, ...);"
+        " needs matplotlib",
+    )
+    add(
+        "-q",
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help="no progress bars on stderr (there are none when stderr is not a terminal)",
+    )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,13 @@ from batchstate.engine._engine import Engine, EngineConfig, EngineError
 from batchstate.engine._model import Attend, ModelConfig, TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
 from batchstate.engine._paged import KVCache, make_kv_cache, sample_decode, sample_extend
-from batchstate.engine._simulate import DEVICES, Simulation, SimulationConfig, simulate
+from batchstate.engine._simulate import (
+    DEVICES,
+    ProgressCallback,
+    Simulation,
+    SimulationConfig,
+    simulate,
+)
 from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource
 from batchstate.engine._trace import Trace
 from batchstate.engine._workload import (
@@ -39,6 +45,7 @@ __all__ = [
     "ModelConfig",
     "ModelTokens",
     "OracleResult",
+    "ProgressCallback",
     "RandomTokens",
     "RequestSpec",
     "Simulation",

@@ -9,7 +9,7 @@ paged, retracted and re-prefilled.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import final
 
 import attrs
@@ -89,17 +89,21 @@ def check_oracle(
     requests: Mapping[int, tuple[tuple[int, ...], int]],
     outputs: Mapping[int, Sequence[int]],
     end_token: int,
+    on_request: Callable[[int], None] | None = None,
 ) -> OracleResult:
     """Compare each request's engine tokens with `generate_alone`.
 
     Args:
         requests: rid -> (prompt, max_new_tokens).
         outputs: rid -> the tokens the engine generated; a missing rid is a mismatch.
+        on_request: called with the number of requests checked so far, after each.
     """
     mismatched: list[str] = []
-    for rid, (prompt, max_new_tokens) in requests.items():
+    for checked, (rid, (prompt, max_new_tokens)) in enumerate(requests.items(), 1):
         expected = generate_alone(model, prompt, max_new_tokens, end_token)
         got = tuple(outputs.get(rid, ()))
         if got != expected:
             mismatched.append(f"request {rid}: engine {list(got)} != alone {list(expected)}")
+        if on_request is not None:
+            on_request(checked)
     return OracleResult(len(requests), len(mismatched), mismatched[0] if mismatched else "")

@@ -52,7 +52,7 @@ def sample_extend(model: TinyModel, cache: KVCache, batch: Extended, pools: Pool
     Returns:
         device int64 `[num_reqs]`: the token after each row's last input id.
     """
-    extend_lens = torch.tensor(batch.extend_lens, dtype=torch.int64)
+    extend_lens = torch.tensor(batch.extend_lens, dtype=torch.int64)  # host-only field
     num_tokens = batch.extend_num_tokens
     rows_of_tokens = torch.repeat_interleave(torch.arange(len(extend_lens)), extend_lens)
     cols = torch.arange(num_tokens) - (torch.cumsum(extend_lens, 0) - extend_lens)[rows_of_tokens]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from batchstate.engine._simulate import Simulation
 
-__all__ = ["plot_run", "require_matplotlib"]
+__all__ = ["check_plot_path", "plot_run", "require_matplotlib"]
 
 
 def require_matplotlib() -> None:
@@ -17,8 +17,32 @@ def require_matplotlib() -> None:
         raise ImportError("--plot needs matplotlib: pip install 'batchstate[plot]'") from None
 
 
+def check_plot_path(path: Path) -> None:
+    """Raise `ValueError` (one line) unless `plot_run` can write `path`; run it before a run.
+
+    The folder must exist, and the extension must be a format matplotlib
+    can write (asked of matplotlib itself: png, pdf, svg, ...).
+    """
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase  # noqa: PLC0415  (optional dependency)
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"--plot {path}: the folder {folder} does not exist")
+    if path.is_dir():
+        raise ValueError(f"--plot {path}: is a folder; give a file name such as run.png")
+    extension = path.suffix.lstrip(".").lower()
+    if extension not in formats:
+        what = f"unsupported format .{extension}" if extension else "no extension"
+        raise ValueError(f"--plot {path}: {what}; choose one of {', '.join(formats)}")
+
+
 def plot_run(run: Simulation, path: Path) -> None:
-    """Write a three-panel PNG of `run` to `path` (headless: the Agg backend)."""
+    """Write a three-panel figure of `run` to `path`, in the format its extension names.
+
+    Headless (the Agg backend). Check `path` first with `check_plot_path`.
+    """
     import matplotlib  # noqa: PLC0415  (optional dependency)
 
     matplotlib.use("Agg")

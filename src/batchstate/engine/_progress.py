@@ -1,49 +1,55 @@
-"""A small progress bar on stderr, for long runs at a terminal."""
+"""Progress on stderr for a long run: one tqdm bar per phase (engine, oracle), with an ETA."""
 
 from __future__ import annotations
 
-from time import monotonic
-from typing import TextIO, final
+from typing import Never, TextIO, final
+
+from tqdm import tqdm
 
 __all__ = ["Progress"]
 
 
 @final
 class Progress:
-    """`[#####.....] 128/256 requests  3.1 s`, redrawn in place at most ten times a second.
+    """Call it with `(phase, done, total)`; each new phase closes the last bar and opens one.
 
-    Draws nothing when `enabled` is False (not a terminal, or JSON output).
+    A bar's clock starts when its phase reports first (`simulate` reports
+    `done=0` right before the phase's work), so model set-up and warm-up
+    are not counted, and the oracle gets its own bar and ETA instead of
+    freezing a finished one. Draws nothing when `enabled` is False.
 
     >>> import io
     >>> stream = io.StringIO()
-    >>> bar = Progress(4, stream, enabled=True, width=4)
-    >>> bar.update(2)
-    >>> bar.close()
-    >>> stream.getvalue().split("\\r")[-1].split("  ")[0]
-    '[####] 4/4 requests'
+    >>> progress = Progress(stream, enabled=True)
+    >>> for done in range(3):
+    ...     progress("engine", done, 2)
+    >>> progress("oracle", 2, 2)
+    >>> progress.close()
+    >>> [line.split("\\r")[-1].split("|")[0] for line in stream.getvalue().split("\\n")]
+    ['engine: 100%', 'oracle: 100%', '']
     """
 
-    def __init__(self, total: int, stream: TextIO, *, enabled: bool, width: int = 30) -> None:
-        self.total, self.stream, self.enabled, self.width = total, stream, enabled, width
-        self.start = monotonic()
-        self.last_draw = float("-inf")
+    def __init__(self, stream: TextIO, *, enabled: bool) -> None:
+        self.stream, self.enabled = stream, enabled
+        self.phase = ""
+        self.bar: tqdm[Never] | None = None  # Never: a bar over no iterable
 
-    def update(self, done: int) -> None:
-        """Redraw for `done` finished requests, if a tenth of a second has passed."""
-        now = monotonic()
-        if self.enabled and now - self.last_draw >= 0.1:
-            self.last_draw = now
-            self._draw(done, now)
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        """Show `done` of `total` requests through `phase`."""
+        if not self.enabled:
+            return
+        bar = self.bar
+        if bar is None or phase != self.phase:
+            self.close()
+            self.phase = phase
+            bar = tqdm(
+                desc=phase, total=total, unit="req", file=self.stream, mininterval=0.1, leave=True
+            )
+            self.bar = bar
+        bar.update(done - bar.n)
 
     def close(self) -> None:
-        """Draw the full bar and end its line."""
-        if self.enabled:
-            self._draw(self.total, monotonic())
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _draw(self, done: int, now: float) -> None:
-        filled = self.width * done // max(self.total, 1)
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r[{bar}] {done}/{self.total} requests  {now - self.start:.1f} s")
-        self.stream.flush()
+        """End the current bar's line, if one is open."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

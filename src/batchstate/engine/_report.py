@@ -14,7 +14,7 @@ __all__ = ["Summary", "render_summary", "summarize"]
 @final
 @attrs.frozen
 class Summary:
-    """The numbers of one run; `ok` is False when the oracle or pool conservation failed."""
+    """The numbers of one run; `ok` is False when a check failed (see `ok`)."""
 
     device: str
     page_size: int
@@ -37,12 +37,17 @@ class Summary:
     pools_conserved: bool
     pools: str
     oracle: str  # "pass (...)", "FAIL (...)" or "skipped (...)"
-    oracle_passed: bool | None
-    oracle_s: float
+    oracle_passed: bool | None  # None: the oracle did not run
+    oracle_s: float | None  # None: the oracle did not run
 
     @property
     def ok(self) -> bool:
-        return self.pools_conserved and self.oracle_passed is not False
+        """Pools conserved, the oracle (when it ran) passed, no decode-path device read counted."""
+        return (
+            self.pools_conserved
+            and self.oracle_passed is not False
+            and not self.device_reads  # None (not counted) or 0
+        )
 
 
 def summarize(run: Simulation) -> Summary:
@@ -100,13 +105,14 @@ def render_summary(summary: Summary) -> str:
         reads = f"{s.device_reads} in {s.audited_steps} audited steps"
         if s.device == "cpu":
             reads += ", trivially: on cpu all data is host data"
+    oracle_time = "" if s.oracle_s is None else f"; oracle {s.oracle_s:.2f} s more"
     rows = (
         ("device", f"{s.device}, page size {s.page_size}"),
         ("requests", f"{s.num_finished} finished / {s.num_requests}"),
         ("tokens", f"{s.prompt_tokens} prompt, {s.generated_tokens} generated"),
         ("steps", f"{s.steps} ({s.extend_steps} extend, {s.decode_steps} decode)"),
         ("retractions", f"{s.retractions}"),
-        ("wall time", f"{s.wall_s:.2f} s (engine loop; oracle {s.oracle_s:.2f} s more)"),
+        ("wall time", f"{s.wall_s:.2f} s (engine loop{oracle_time})"),
         ("steps/s", f"{s.steps_per_s:.0f}"),
         ("tokens/s", f"{s.tokens_per_s:.0f} generated"),
         (

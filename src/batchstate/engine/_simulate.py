@@ -19,7 +19,7 @@ from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource
 from batchstate.engine._trace import Trace
 from batchstate.engine._workload import END_TOKEN, RequestSpec, WorkloadConfig, make_workload
 
-__all__ = ["DEVICES", "Simulation", "SimulationConfig", "simulate"]
+__all__ = ["DEVICES", "ProgressCallback", "Simulation", "SimulationConfig", "simulate"]
 
 DEVICES = ("cpu", "meta", "cuda")
 
@@ -70,6 +70,11 @@ class SimulationConfig:
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.num_slots < engine.max_running:
+            raise ValueError(
+                f"--max-reqs {self.num_slots} is below --max-running {engine.max_running}:"
+                " every running request holds a request slot"
+            )
         if engine.new_token_ratio < 0:
             raise ValueError(f"--new-token-ratio must be >= 0, got {engine.new_token_ratio}")
         for name, value in (
@@ -113,7 +118,7 @@ class Simulation:
     wall_s: float
     pools: Pools  # after the run: everything should be free again
     oracle: OracleResult | None  # None: not run (meta, or switched off)
-    oracle_s: float
+    oracle_s: float | None  # None: the oracle did not run
     reads_measured: bool  # False when no step was audited
 
     @property
@@ -125,8 +130,15 @@ class Simulation:
         )
 
 
-def simulate(config: SimulationConfig, on_step: Callable[[int], None] | None = None) -> Simulation:
+ProgressCallback = Callable[[str, int, int], None]
+"""`(phase, done, total)`: requests done so far in phase `"engine"`, then `"oracle"`."""
+
+
+def simulate(config: SimulationConfig, progress: ProgressCallback | None = None) -> Simulation:
     """Run `config`'s workload to the end, then (on a model device) check the oracle.
+
+    `progress`, if given, hears `done=0` right before each phase's work and
+    then after each engine step or oracle request.
 
     Raises:
         ValueError: `config` is impossible (see `SimulationConfig.validate`).
@@ -148,13 +160,25 @@ def simulate(config: SimulationConfig, on_step: Callable[[int], None] | None = N
     _warm_up(device, model)
     counter = read_counter()
     engine = Engine(config.engine, specs, pools, source, counter)
+    total = len(specs)
+    report = progress or _quiet
+    report("engine", 0, total)
     start = perf_counter()
-    engine.run(on_step)
+    engine.run(lambda done: report("engine", done, total))
     wall_s = perf_counter() - start
-    oracle = None
+    oracle, oracle_s = None, None
     if model is not None and config.oracle:
         requests = {spec.rid: (spec.prompt, spec.max_new_tokens) for spec in specs}
-        oracle = check_oracle(model, requests, engine.outputs, END_TOKEN)
+        report("oracle", 0, total)
+        oracle_start = perf_counter()
+        oracle = check_oracle(
+            model,
+            requests,
+            engine.outputs,
+            END_TOKEN,
+            lambda done: report("oracle", done, total),
+        )
+        oracle_s = perf_counter() - oracle_start
     return Simulation(
         config,
         specs,
@@ -163,9 +187,13 @@ def simulate(config: SimulationConfig, on_step: Callable[[int], None] | None = N
         wall_s,
         engine.pools,
         oracle,
-        perf_counter() - start - wall_s,
+        oracle_s,
         engine.trace.num_audited > 0,
     )
+
+
+def _quiet(phase: str, done: int, total: int) -> None:
+    """The progress of a caller that asked for none."""
 
 
 def _warm_up(device: torch.device, model: TinyModel | None) -> None:
