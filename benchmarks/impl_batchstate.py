@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from batchstate import (
@@ -65,9 +67,9 @@ class BatchstateStep:
         assert self._incoming is not None
         self.batch = merge(self.batch, self._incoming)
 
-    def row_tensors(self) -> list[tuple[torch.Tensor, bool]]:
+    def row_tensors(self) -> list[tuple[torch.Tensor | npt.NDArray[np.generic], bool]]:
         rows = self.batch.rows
-        tensors = [
+        tensors: list[tuple[torch.Tensor | npt.NDArray[np.generic], bool]] = [
             (rows.rids, False),
             (rows.req_pool_indices.host, False),
             (rows.req_pool_indices.device, True),

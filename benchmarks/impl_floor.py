@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from benchmarks.scenario import Join, Outcome, Plan
@@ -125,7 +127,7 @@ class FloorStep:
         self.orig_seq_lens = torch.cat((self.orig_seq_lens, new[1:].to(torch.int32)))
         self.seq_lens_sum += seq_len
 
-    def row_tensors(self) -> list[tuple[torch.Tensor, bool]]:
+    def row_tensors(self) -> list[tuple[torch.Tensor | npt.NDArray[np.generic], bool]]:
         return [
             (self.slots_cpu, False),
             (self.slots, True),

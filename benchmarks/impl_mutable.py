@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from benchmarks.scenario import Join, Outcome, Plan
@@ -193,7 +195,7 @@ class MutableStep:
     def merge(self) -> None:
         self.batch.merge_batch(self._incoming)
 
-    def row_tensors(self) -> list[tuple[torch.Tensor, bool]]:
+    def row_tensors(self) -> list[tuple[torch.Tensor | npt.NDArray[np.generic], bool]]:
         batch = self.batch
         return [
             (batch.req_pool_indices_cpu, False),

@@ -13,6 +13,8 @@ import random
 from collections.abc import Sequence
 from typing import Final, NamedTuple, Protocol
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 __all__ = ["DEVICE", "PHASES", "Config", "Implementation", "Join", "Outcome", "Plan", "make_plan"]
@@ -81,8 +83,8 @@ class Implementation(Protocol):
     def extend(self, join: Join) -> None: ...
     def merge(self) -> None: ...
     def outcome(self) -> Outcome: ...
-    def row_tensors(self) -> list[tuple[torch.Tensor, bool]]:
-        """Every per-row tensor of the batch, with True where it is a device tensor."""
+    def row_tensors(self) -> list[tuple[torch.Tensor | npt.NDArray[np.generic], bool]]:
+        """Every per-row array of the batch, with True where it is a device tensor."""
 
     def row_objects(self) -> Sequence[object]:
         """The per-row Python objects the batch holds (its request list)."""

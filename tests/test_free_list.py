@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +14,7 @@ from batchstate import FreeList
 def test_take_and_give_match_a_python_list_and_keep_old_values(counts: list[int]) -> None:
     """Any take/give sequence gives the ids a Python deque would, and no earlier value changes."""
     capacity = 8
-    free = FreeList.of(torch.arange(capacity), capacity)
+    free = FreeList.of(np.arange(capacity), capacity)
     model = list(range(capacity))
     owned: list[int] = []
     history: list[tuple[FreeList, list[int]]] = []
@@ -27,7 +27,7 @@ def test_take_and_give_match_a_python_list_and_keep_old_values(counts: list[int]
         else:
             back = owned[:count]
             owned = owned[count:]
-            free = free.give(torch.tensor(back, dtype=torch.int64))
+            free = free.give(np.array(back, dtype=np.int64))
             model += back
         assert free.ids.tolist() == model
         history.append((free, list(model)))
@@ -38,7 +38,7 @@ def test_take_and_give_match_a_python_list_and_keep_old_values(counts: list[int]
 
 def test_give_past_the_buffer_moves_the_ids_to_a_new_buffer() -> None:
     """Once the buffer's end is reached, the live ids move to a new buffer, none lost."""
-    free = FreeList.of(torch.arange(4), 4)
+    free = FreeList.of(np.arange(4), 4)
     buffer = free._buffer
     for _ in range(5):  # each round takes and gives back two ids
         taken, free = free.take(2)

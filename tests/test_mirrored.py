@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import torch
 from benchmarks.counting import count_device_work
@@ -82,7 +83,7 @@ def test_operations_return_new_pairs(
 
 def test_upload_is_one_copy_with_aligned_views_of_every_dtype() -> None:
     """Off the CPU, mixed dtypes (empty ones too) go up in one copy; no other device work."""
-    hosts = [
+    hosts: list[npt.NDArray[np.generic]] = [
         np.array([1, 2], dtype=np.int32),
         np.array([3, 4, 5], dtype=np.int64),
         np.array([], dtype=np.int64),
@@ -110,7 +111,8 @@ def test_empty_pairs_have_zero_rows_on_both_sides() -> None:
     """Empty pairs keep their dtype and device."""
     pair = Mirrored.empty(np.int64, META)
     assert len(pair) == 0
-    assert pair.host.shape == pair.device.shape == (0,)
+    assert pair.host.shape == (0,)
+    assert pair.device.shape == (0,)
     assert pair.device.device == META
     assert not pair.host.flags.writeable
     assert len(DeviceOnly.empty(torch.int32, META)) == 0

@@ -28,7 +28,7 @@ from batchstate import (
     sync,
     verify,
 )
-from batchstate._mirrored import host_int64
+from batchstate._mirrored import HostArray, host_int64
 from batchstate.audit import device_reads
 from tests.builders import make_extended, make_test_pools
 from tests.strategies import assert_unchanged, snapshot
@@ -47,7 +47,7 @@ def _make_decoding(
     return decode(extended, pools).unwrap()
 
 
-def _pages_for(num_tokens: torch.Tensor, page_size: int) -> int:
+def _pages_for(num_tokens: HostArray, page_size: int) -> int:
     return int(((num_tokens + page_size - 1) // page_size).sum())
 
 

@@ -77,12 +77,8 @@ class Mirrored(Generic[Scalar]):
             ValueError: a source is not a 1-D numpy array (a torch tensor, say:
                 one on a device would have to be read to be mirrored).
         """
-        for host in hosts:
-            if not isinstance(host, np.ndarray) or host.ndim != 1:
-                raise ValueError(
-                    f"a mirror's source must be a 1-D numpy array, got {type(host).__name__}"
-                    f"{'' if not isinstance(host, np.ndarray) else f' of shape {host.shape}'}"
-                )
+        for source in hosts:
+            _expect_vector(source)
         copies = [frozen(np.array(host, copy=True)) for host in hosts]
         return [
             cls._pair(host, side) for host, side in zip(copies, upload(copies, device), strict=True)
@@ -109,7 +105,7 @@ class Mirrored(Generic[Scalar]):
         return pair
 
     def __len__(self) -> int:
-        return self.host.shape[0]
+        return int(self.host.shape[0])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -216,7 +212,7 @@ def frozen(array: npt.NDArray[Scalar]) -> npt.NDArray[Scalar]:
     memory is, so the owner is made read-only and a view of it returned.
     An array viewing memory someone may still write is copied first.
     """
-    base = array.base
+    base: object = array.base  # numpy's stubs say ndarray; an `array.array` can own it too
     if base is None:
         array.flags.writeable = False
         return array.view()
@@ -254,11 +250,22 @@ def overlap(values: HostArray, among: HostArray) -> HostArray:
     (one request joining, one leaving).
     """
     if values.shape[0] * among.shape[0] > _MAX_PAIRS:
-        return values[np.isin(values, among)]
-    return values[(values[:, None] == among).any(1)]
+        shared: HostArray = values[np.isin(values, among)]
+    else:
+        shared = values[(values[:, None] == among).any(1)]
+    return shared
 
 
 _MAX_PAIRS: Final = 1 << 16
+
+
+def _expect_vector(source: object) -> None:
+    # Callers without mypy may hand a tensor or a list: say what a source must be.
+    if not isinstance(source, np.ndarray) or source.ndim != 1:
+        shape = f" of shape {source.shape}" if isinstance(source, np.ndarray) else ""
+        raise ValueError(
+            f"a mirror's source must be a 1-D numpy array, got {type(source).__name__}{shape}"
+        )
 
 
 def describe(kind: str, tensor: torch.Tensor) -> str:

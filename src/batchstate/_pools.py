@@ -64,7 +64,7 @@ class Pools:
 
     @property
     def max_reqs(self) -> int:
-        return self.slot_tokens.shape[0] - 1
+        return int(self.slot_tokens.shape[0]) - 1
 
     @property
     def max_context_len(self) -> int:

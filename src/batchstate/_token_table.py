@@ -49,7 +49,7 @@ class TokenTable:
 
     @property
     def max_context_len(self) -> int:
-        return self.host.shape[1]
+        return int(self.host.shape[1])
 
     def expect_on(self, device: torch.device) -> None:
         """Raise `BatchConflict` unless the device side lives on `device` (a batch's).
