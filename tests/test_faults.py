@@ -62,10 +62,11 @@ class _Injected(RuntimeError):
 
 # (owner, attribute): every seam the sweep may raise at.
 _SEAMS: Final[tuple[tuple[object, str], ...]] = (
-    (Pools, "allocate_slots"),
-    (Pools, "allocate_tokens"),
-    (Pools, "allocate_next"),
-    (Pools, "allocate_fresh"),
+    (Pools, "_allocate_slots"),
+    (Pools, "_allocate_tokens"),
+    (Pools, "_allocate_next"),
+    (Pools, "_allocate_fresh"),
+    (Pools, "_take_pages"),
     (Pools, "free"),
     (TokenTable, "write"),
     (TokenTable, "write_rows"),
@@ -268,24 +269,27 @@ def test_allocation_fails_midway(fault: _AllocFault) -> None:
 
 
 @pytest.mark.parametrize(
-    "method",
+    ("method", "failure"),
     [
-        "allocate_fresh",  # the request slots were granted, then the KV allocator fails
-        "allocate_slots",  # the first allocation fails
+        # the request slots were granted, then the KV allocator fails
+        ("_allocate_fresh", OutOfKVTokens(1, 0, 16)),
+        ("_allocate_slots", OutOfReqSlots(3, 0)),  # the first allocation fails
     ],
 )
-def test_allocator_failure_value(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+def test_allocator_failure_value(
+    monkeypatch: pytest.MonkeyPatch, method: str, failure: OutOfKVTokens | OutOfReqSlots
+) -> None:
     """An allocator that fails for its own reasons (not counted here) leaks nothing."""
     pools = make_test_pools(16)
     items = make_reqs([3, 20, 7])
 
-    def fail(*args: object) -> Failure[OutOfKVTokens]:
-        return Failure(OutOfKVTokens(1, 0, 16))
+    def fail(*args: object) -> OutOfKVTokens | OutOfReqSlots:
+        return failure  # what the transitions' internal allocators return
 
     before = snapshot(pools)
     monkeypatch.setattr(Pools, method, fail)
     result = extend(idle(CPU), items, pools)
     monkeypatch.undo()
-    assert result == Failure(OutOfKVTokens(1, 0, 16))
+    assert result == Failure(failure)
     assert_unchanged(before, pools, "pools after the allocator failed")
     check_pools(pools, compare_device=True)

@@ -13,7 +13,7 @@ from batchstate._errors import (
     PhaseError,
     StaleRecord,
 )
-from batchstate._mirrored import DeviceOnly, Mirrored
+from batchstate._mirrored import DeviceOnly, Mirrored, frozen
 from batchstate._phases import Decoding, Extended, Filtered, Running, Step
 from batchstate._pools import Pools
 from batchstate._rows import Rows, build_rows
@@ -46,27 +46,28 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
     pools.table.expect_on(rows.device)
     if rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(batch, pools.max_context_len))
+    slots = rows.req_pool_indices
     _expect_current(rows, pools)
     seq_lens = rows.seq_lens.host + 1
-    allocation = pools.allocate_next(rows.req_pool_indices.host, seq_lens)
-    if not isinstance(allocation, Success):
-        return Failure(allocation.failure())
-    locs, after = allocation.unwrap()
+    allocation = pools._allocate_next(slots.host, seq_lens)
+    if isinstance(allocation, OutOfKVTokens):
+        return Failure(allocation)
+    locs, after = allocation
     locs32 = locs.astype(np.int32)
     # One upload: the new lengths (both dtypes), the locations (both dtypes).
     grown, (out_cache_loc, table_locs) = build_rows(
         rows.device,
         rows.reqs,
         rows.rids,
-        rows.req_pool_indices,
+        slots,
         seq_lens,
         rows.seq_lens_sum + len(rows.reqs),
         rows.max_seq_len + 1 if rows.reqs else 0,
         (locs, locs32),
     )
     # The new token sits at position old seq_len of its row.
-    after.table.write(rows.req_pool_indices, rows.seq_lens, Mirrored._pair(locs32, table_locs))
-    return Success(Step(Decoding(grown, DeviceOnly(out_cache_loc)), after))
+    after.table.write(slots, rows.seq_lens, Mirrored._pair(frozen(locs32), table_locs))
+    return Success(Step(Decoding._trusted(grown, DeviceOnly(out_cache_loc)), after))
 
 
 def _expect_current(rows: Rows, pools: Pools) -> None:
@@ -77,7 +78,8 @@ def _expect_current(rows: Rows, pools: Pools) -> None:
     except IndexError:
         pass  # a slot outside the table: say which below
     else:
-        if np.array_equal(held, lengths) and (not slots.shape[0] or slots.min() >= 1):
+        # numpy reads a negative slot from the end: rule those out too.
+        if (held == lengths).all() and (not slots.shape[0] or slots.min() >= 1):
             return
     owned = pools.slot_tokens[slots.clip(0, pools.max_reqs)].tolist()
     rows_seen = zip(slots.tolist(), lengths.tolist(), owned, strict=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from itertools import chain
 from typing import Final, NamedTuple, TypeAlias, final
@@ -18,6 +19,8 @@ from batchstate._errors import (
     EmptyExtend,
     EmptyPrompt,
     NotOwned,
+    OutOfKVTokens,
+    OutOfReqSlots,
     PhaseError,
 )
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
@@ -73,19 +76,18 @@ def extend(
             `pools` live on different devices.
     """
     _expect_idle(batch, "extend")
-    return _admit(batch, reqs, pools).map(
-        lambda admitted: Step(
-            Extended(
-                admitted.rows,
-                admitted.input_ids,
-                admitted.out_cache_loc,
-                admitted.prefix_lens,
-                admitted.extend_lens,
-                sum(admitted.extend_lens),
-            ),
-            admitted.pools,
-        )
+    admitted = _admit(batch, reqs, pools)
+    if not isinstance(admitted, _Admitted):
+        return Failure(admitted)
+    extended = Extended._trusted(
+        admitted.rows,
+        admitted.input_ids,
+        admitted.out_cache_loc,
+        admitted.prefix_lens,
+        admitted.extend_lens,
+        admitted.rows.seq_lens_sum - sum(admitted.prefix_lens),
     )
+    return Success(Step(extended, admitted.pools))
 
 
 def prebuilt(batch: Idle, reqs: Sequence[Req], pools: Pools) -> Result[Step[Filtered], ExtendError]:
@@ -101,9 +103,10 @@ def prebuilt(batch: Idle, reqs: Sequence[Req], pools: Pools) -> Result[Step[Filt
             on different devices.
     """
     _expect_idle(batch, "prebuilt")
-    return _admit(batch, reqs, pools).map(
-        lambda admitted: Step(Filtered(admitted.rows), admitted.pools)
-    )
+    admitted = _admit(batch, reqs, pools)
+    if not isinstance(admitted, _Admitted):
+        return Failure(admitted)
+    return Success(Step(Filtered(admitted.rows), admitted.pools))
 
 
 class _Admitted(NamedTuple):
@@ -119,12 +122,12 @@ class _Admitted(NamedTuple):
 _MAX_ROW_WRITES: Final = 8
 
 
-def _admit(
-    batch: Idle, inputs: Sequence[Req | Resumed], pools: Pools
-) -> Result[_Admitted, ExtendError]:
+def _admit(batch: Idle, inputs: Sequence[Req | Resumed], pools: Pools) -> _Admitted | ExtendError:
     pools.table.expect_on(batch.device)
     if not inputs:
-        return Failure(EmptyExtend())
+        return EmptyExtend()
+    if len(inputs) <= _MAX_ROW_WRITES and all(type(item) is Req for item in inputs):
+        return _place_fresh(batch, inputs, pools)  # type: ignore[arg-type]  # all Req, checked
     reqs = [item.req if isinstance(item, Resumed) else item for item in inputs]
     _expect_unique([req.rid for req in reqs], "rid")
     resumed_slots = [item.slot for item in inputs if isinstance(item, Resumed)]
@@ -133,49 +136,53 @@ def _admit(
     prefix_lens = [prefix for prefix in cached if not isinstance(prefix, NotOwned)]
     problem = _first_problem(reqs, cached, pools.max_context_len)
     if problem is not None:
-        return Failure(problem)
-    num_new = len(inputs) - len(resumed_slots)
-    allocated = pools.allocate_slots(num_new)
-    if not isinstance(allocated, Success):
-        return Failure(allocated.failure())
-    if not resumed_slots and len(reqs) <= _MAX_ROW_WRITES:
-        return _place_fresh(batch, reqs, allocated.unwrap())
-    return _place(batch, inputs, reqs, prefix_lens, allocated.unwrap())
+        return problem
+    allocated = pools._allocate_slots(len(inputs) - len(resumed_slots))
+    if isinstance(allocated, OutOfReqSlots):
+        return allocated
+    return _place(batch, inputs, reqs, prefix_lens, allocated)
 
 
-def _place_fresh(
-    batch: Idle, reqs: Sequence[Req], allocated: tuple[HostArray, Pools]
-) -> Result[_Admitted, ExtendError]:
+def _place_fresh(batch: Idle, reqs: Sequence[Req], pools: Pools) -> _Admitted | ExtendError:
     # A few new requests, the common extend: every position from 0, so rows
     # take whole pages in order and the table is written one slice per row.
-    slots, pools = allocated
+    rids = [req.rid for req in reqs]
+    _expect_unique(rids, "rid")
     seq_lens = [len(req.input_ids) for req in reqs]
-    allocation = pools.allocate_fresh(slots, seq_lens)
-    if not isinstance(allocation, Success):
-        return Failure(allocation.failure())
-    locs, after = allocation.unwrap()
+    longest = max(seq_lens)
+    if min(seq_lens) == 0 or longest > pools.max_context_len:
+        problem = _first_problem(reqs, [0] * len(reqs), pools.max_context_len)
+        assert problem is not None
+        return problem
+    allocated = pools._allocate_slots(len(reqs))
+    if isinstance(allocated, OutOfReqSlots):
+        return allocated
+    slots, with_slots = allocated
+    allocation = with_slots._allocate_fresh(slots, seq_lens)
+    if isinstance(allocation, OutOfKVTokens):
+        return allocation
+    locs, after = allocation
     locs32 = locs.astype(np.int32)
+    total = sum(seq_lens)
     rows, (input_ids, out_cache_loc, table_locs) = build_rows(
         batch.device,
         tuple(reqs),
-        host_int64([req.rid for req in reqs]),
+        host_int64(rids),
         slots,
         host_int64(seq_lens),
-        sum(seq_lens),
-        max(seq_lens),
-        (_token_ids(reqs, [0] * len(reqs)), locs, locs32),
+        total,
+        longest,
+        (_token_ids(reqs, (0,) * len(reqs)), locs, locs32),
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write_rows(slots.tolist(), seq_lens, Mirrored._pair(frozen(locs32), table_locs))
-    return Success(
-        _Admitted(
-            rows,
-            DeviceOnly(input_ids),
-            DeviceOnly(out_cache_loc),
-            (0,) * len(reqs),
-            tuple(seq_lens),
-            after,
-        )
+    return _Admitted(
+        rows,
+        DeviceOnly(input_ids),
+        DeviceOnly(out_cache_loc),
+        (0,) * len(reqs),
+        tuple(seq_lens),
+        after,
     )
 
 
@@ -185,7 +192,7 @@ def _place(
     reqs: Sequence[Req],
     prefix_lens: Sequence[int],
     allocated: tuple[HostArray, Pools],
-) -> Result[_Admitted, ExtendError]:
+) -> _Admitted | ExtendError:
     new_slots, pools = allocated
     new_slot_iter = iter(new_slots.tolist())
     slots = [item.slot if isinstance(item, Resumed) else next(new_slot_iter) for item in inputs]
@@ -193,10 +200,10 @@ def _place(
     slots_host = host_int64(slots)
     prefix_host = host_int64(prefix_lens)
     seq_lens_host = host_int64(seq_lens)
-    allocation = pools.allocate_tokens(slots_host, prefix_host, seq_lens_host)
-    if not isinstance(allocation, Success):
-        return Failure(allocation.failure())
-    locs, after = allocation.unwrap()
+    allocation = pools._allocate_tokens(slots_host, prefix_host, seq_lens_host)
+    if isinstance(allocation, OutOfKVTokens):
+        return allocation
+    locs, after = allocation
     extend_lens = seq_lens_host - prefix_host
     rows_of_tokens = np.repeat(np.arange(len(reqs)), extend_lens)
     first_token = np.cumsum(extend_lens) - extend_lens
@@ -229,15 +236,21 @@ def _place(
             for host, side in zip((token_slots, positions, locs32), cells, strict=True)
         )
     )
-    return Success(admitted)
+    return admitted
 
 
 def _token_ids(reqs: Sequence[Req], prefix_lens: Sequence[int]) -> HostArray:
     # The input ids each row computes, back to back.
-    ids = chain.from_iterable(
-        req.input_ids[prefix:] for req, prefix in zip(reqs, prefix_lens, strict=True)
-    )
-    return np.fromiter(ids, dtype=np.int64)
+    if len(reqs) == 1 and not prefix_lens[0]:
+        ids = array("q", reqs[0].input_ids)  # `array` converts ints at C speed
+    else:
+        ids = array(
+            "q",
+            chain.from_iterable(
+                req.input_ids[prefix:] for req, prefix in zip(reqs, prefix_lens, strict=True)
+            ),
+        )
+    return np.frombuffer(ids, dtype=np.int64)
 
 
 def _first_problem(

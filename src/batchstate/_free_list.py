@@ -8,7 +8,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from batchstate._mirrored import HostArray, frozen, writing
+from batchstate._mirrored import HostArray, writing
 
 __all__ = ["FreeList"]
 
@@ -53,7 +53,7 @@ class FreeList:
     @property
     def ids(self) -> HostArray:
         """The free ids, in hand-out order: a read-only view, `[len(self)]`."""
-        return frozen(self._buffer[self.head : self.tail])
+        return self._buffer[self.head : self.tail]  # read-only, as its buffer
 
     def __len__(self) -> int:
         return self.tail - self.head
@@ -61,7 +61,7 @@ class FreeList:
     def take(self, count: int) -> tuple[HostArray, FreeList]:
         """The first `count` ids (a read-only view; `count <= len(self)`), and the rest."""
         head = self.head + count
-        return frozen(self._buffer[self.head : head]), FreeList(self._buffer, head, self.tail)
+        return self._buffer[self.head : head], FreeList(self._buffer, head, self.tail)
 
     def give(self, ids: npt.NDArray[np.integer]) -> FreeList:
         """The list with `ids` (a 1-D integer array) appended. Writes only past `tail`."""

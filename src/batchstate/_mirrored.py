@@ -11,8 +11,7 @@ the two sides. Device sides are torch tensors, built from host values by
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Final, Generic, Self, final
 
 import attrs
@@ -99,9 +98,10 @@ class Mirrored(Generic[Scalar]):
     @classmethod
     def _pair(cls, host: npt.NDArray[Scalar], device: torch.Tensor) -> Mirrored[Scalar]:
         # NOTE: the only place both sides are set; callers pass a frozen host
-        # array and the device tensor uploaded from it.
-        pair = cls.__new__(cls)
-        pair.__attrs_init__(host, device)
+        # array and the device tensor uploaded from it. Unrolled attrs init.
+        pair = _new(Mirrored)
+        _put(pair, "host", host)
+        _put(pair, "device", device)
         return pair
 
     def __len__(self) -> int:
@@ -182,7 +182,7 @@ def upload(hosts: Sequence[npt.NDArray[np.generic]], device: torch.device) -> li
     either way the device side never shares memory with the host side.
     """
     if device.type == "cpu":
-        return [torch.from_numpy(np.array(host, copy=True)) for host in hosts]
+        return [_from_numpy(host.copy()) for host in hosts]
     if not hosts:
         return []
     order = sorted(range(len(hosts)), key=lambda index: -hosts[index].dtype.itemsize)
@@ -206,35 +206,39 @@ def upload(hosts: Sequence[npt.NDArray[np.generic]], device: torch.device) -> li
 
 
 def frozen(array: npt.NDArray[Scalar]) -> npt.NDArray[Scalar]:
-    """`array` as a read-only view that cannot be made writable again.
+    """`array`, made read-only in place and returned: for arrays no one else writes.
 
-    numpy lets a view be made writable only while the array owning its
-    memory is, so the owner is made read-only and a view of it returned.
-    An array viewing memory someone may still write is copied first.
+    Like an attrs frozen instance, which `object.__setattr__` still gets
+    past, a deliberate `array.flags.writeable = True` gets past this: what
+    it stops is a write by mistake, `pair.host[0] = 5`.
     """
-    base: object = array.base  # numpy's stubs say ndarray; an `array.array` can own it too
-    if base is None:
-        array.flags.writeable = False
-        return array.view()
-    if isinstance(base, np.ndarray) and not base.flags.writeable:
-        array.flags.writeable = False
-        return array
-    return frozen(array.copy())
+    array.flags.writeable = False
+    return array
 
 
-@contextmanager
-def writing(owner: npt.NDArray[np.generic]) -> Iterator[None]:
-    """Let the block write `owner`, an array owning its memory, read-only otherwise."""
-    owner.flags.writeable = True
-    try:
-        yield
-    finally:
-        owner.flags.writeable = False
+class writing:  # noqa: N801  # a context manager, named for the `with` line it makes
+    """`with writing(owner):` lets the block write `owner`, read-only otherwise.
+
+    `owner` must own its memory. A class, not a generator: it costs a third.
+    """
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: npt.NDArray[np.generic]) -> None:
+        self.owner = owner
+
+    def __enter__(self) -> None:
+        self.owner.flags.writeable = True
+
+    def __exit__(self, *_: object) -> None:
+        self.owner.flags.writeable = False
 
 
 def host_int64(values: Sequence[int]) -> HostArray:
     """A read-only 1-D int64 array from Python ints."""
-    return frozen(np.array(values, dtype=np.int64) if values else np.empty(0, dtype=np.int64))
+    array = np.array(values, dtype=np.int64) if values else np.empty(0, dtype=np.int64)
+    array.flags.writeable = False
+    return array
 
 
 @functools.cache
@@ -249,6 +253,8 @@ def overlap(values: HostArray, among: HostArray) -> HostArray:
     `np.isin` sorts; comparing every pair costs less while one side is small
     (one request joining, one leaving).
     """
+    if values.shape[0] == 1:  # one request joining or leaving, the usual case
+        return values if (among == values[0]).any() else values[:0]
     if values.shape[0] * among.shape[0] > _MAX_PAIRS:
         shared: HostArray = values[np.isin(values, among)]
     else:
@@ -257,6 +263,9 @@ def overlap(values: HostArray, among: HostArray) -> HostArray:
 
 
 _MAX_PAIRS: Final = 1 << 16
+_from_numpy = torch.from_numpy
+_new = object.__new__
+_put = object.__setattr__  # what attrs' frozen __init__ does
 
 
 def _expect_vector(source: object) -> None:

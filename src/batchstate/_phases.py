@@ -73,6 +73,26 @@ class Extended:
                     f" {column.device.device}"
                 )
 
+    @classmethod
+    def _trusted(  # noqa: PLR0917  # the attrs __init__ it stands in for is positional too
+        cls,
+        rows: Rows,
+        input_ids: DeviceOnly,
+        out_cache_loc: DeviceOnly,
+        prefix_lens: tuple[int, ...],
+        extend_lens: tuple[int, ...],
+        extend_num_tokens: int,
+    ) -> Extended:
+        # NOTE: skips the checks: only for columns `extend` built row for row.
+        batch = _new(cls)
+        _put(batch, "rows", rows)
+        _put(batch, "input_ids", input_ids)
+        _put(batch, "out_cache_loc", out_cache_loc)
+        _put(batch, "prefix_lens", prefix_lens)
+        _put(batch, "extend_lens", extend_lens)
+        _put(batch, "extend_num_tokens", extend_num_tokens)
+        return batch
+
     @property
     def device(self) -> torch.device:
         return self.rows.device
@@ -98,6 +118,14 @@ class Decoding:
                 f" got {locs.dtype} [{len(locs)}] on {locs.device.device}"
             )
 
+    @classmethod
+    def _trusted(cls, rows: Rows, out_cache_loc: DeviceOnly) -> Decoding:
+        # NOTE: skips the checks: only for columns `decode` built row for row.
+        batch = _new(cls)
+        _put(batch, "rows", rows)
+        _put(batch, "out_cache_loc", out_cache_loc)
+        return batch
+
     @property
     def device(self) -> torch.device:
         return self.rows.device
@@ -114,6 +142,9 @@ class Filtered:
     def device(self) -> torch.device:
         return self.rows.device
 
+
+_new = object.__new__
+_put = object.__setattr__  # what attrs' frozen __init__ does
 
 Batch: TypeAlias = Idle | Extended | Decoding | Filtered
 Running: TypeAlias = Extended | Decoding | Filtered  # phases that hold rows to decode or filter

@@ -85,21 +85,16 @@ class Pools:
 
     def allocate_slots(self, num_slots: int) -> Result[tuple[HostArray, Pools], OutOfReqSlots]:
         """Take `num_slots` free request slots (read-only int64), owning no tokens yet."""
+        allocated = self._allocate_slots(num_slots)
+        return Failure(allocated) if isinstance(allocated, OutOfReqSlots) else Success(allocated)
+
+    def _allocate_slots(self, num_slots: int) -> tuple[HostArray, Pools] | OutOfReqSlots:
+        # `allocate_slots` without the Result wrapper, for the transitions' hot paths.
         if num_slots > self.num_free_slots:
-            return Failure(OutOfReqSlots(num_slots, self.num_free_slots))
+            return OutOfReqSlots(num_slots, self.num_free_slots)
         slots, rest = self.slot_list.take(num_slots)
-        return Success(
-            (
-                slots,
-                Pools(
-                    self.table,
-                    self.page_size,
-                    self.num_pages,
-                    rest,
-                    self.page_list,
-                    self.slot_tokens,
-                ),
-            )
+        return slots, Pools(
+            self.table, self.page_size, self.num_pages, rest, self.page_list, self.slot_tokens
         )
 
     def allocate_tokens(
@@ -112,17 +107,24 @@ class Pools:
         Does not write the table: the caller does, once all allocations of
         its transition have succeeded.
         """
+        allocation = self._allocate_tokens(slots, old_lens, new_lens)
+        return Failure(allocation) if isinstance(allocation, OutOfKVTokens) else Success(allocation)
+
+    def _allocate_tokens(
+        self, slots: HostArray, old_lens: HostArray, new_lens: HostArray
+    ) -> Allocation | OutOfKVTokens:
+        # `allocate_tokens` without the Result wrapper, for the transitions' hot paths.
         page_size = self.page_size
         num_tokens = new_lens - old_lens
         pages_before = (old_lens + page_size - 1) // page_size
         new_pages_per_row = (new_lens + page_size - 1) // page_size - pages_before
         num_new_pages = int(new_pages_per_row.sum())
         taken = self._take_pages(slots, new_lens, num_new_pages)
-        if not isinstance(taken, Success):
-            return Failure(taken.failure())
-        new_pages, pools = taken.unwrap()
+        if isinstance(taken, OutOfKVTokens):
+            return taken
+        new_pages, pools = taken
         if page_size == 1:
-            return Success(Allocation(new_pages, pools))  # one page per token, in row order
+            return Allocation(new_pages, pools)  # one page per token, in row order
         rows = np.repeat(np.arange(slots.shape[0]), num_tokens)
         first_token = np.cumsum(num_tokens) - num_tokens
         positions = old_lens[rows] + np.arange(rows.shape[0]) - first_token[rows]
@@ -136,7 +138,7 @@ class Pools:
             first_new = (np.cumsum(new_pages_per_row) - new_pages_per_row)[rows]
             new_index = (first_new + page_of_req - pages_before[rows]).clip(0, num_new_pages - 1)
             page = np.where(is_new, new_pages[new_index], page)
-        return Success(Allocation(page * page_size + positions % page_size, pools))
+        return Allocation(page * page_size + positions % page_size, pools)
 
     def allocate_fresh(
         self, slots: HostArray, seq_lens: Sequence[int]
@@ -146,21 +148,28 @@ class Pools:
         The extend fast path: pages are counted in Python and each row's
         locations are its whole pages laid out in order.
         """
+        allocation = self._allocate_fresh(slots, seq_lens)
+        return Failure(allocation) if isinstance(allocation, OutOfKVTokens) else Success(allocation)
+
+    def _allocate_fresh(
+        self, slots: HostArray, seq_lens: Sequence[int]
+    ) -> Allocation | OutOfKVTokens:
+        # `allocate_fresh` without the Result wrapper, for the transitions' hot paths.
         page_size = self.page_size
         pages_per_row = [-(-length // page_size) for length in seq_lens]
         taken = self._take_pages(slots, host_int64(seq_lens), sum(pages_per_row))
-        if not isinstance(taken, Success):
-            return Failure(taken.failure())
-        new_pages, pools = taken.unwrap()
+        if isinstance(taken, OutOfKVTokens):
+            return taken
+        new_pages, pools = taken
         if page_size == 1:
-            return Success(Allocation(new_pages, pools))
+            return Allocation(new_pages, pools)
         tokens = (new_pages[:, None] * page_size + _lanes(page_size)).ravel()
         first_page = 0
         runs = []
         for length, num_pages in zip(seq_lens, pages_per_row, strict=True):
             runs.append(tokens[first_page * page_size : first_page * page_size + length])
             first_page += num_pages
-        return Success(Allocation(runs[0] if len(runs) == 1 else np.concatenate(runs), pools))
+        return Allocation(runs[0] if len(runs) == 1 else np.concatenate(runs), pools)
 
     def allocate_next(
         self, slots: HostArray, new_lens: HostArray
@@ -170,39 +179,42 @@ class Pools:
         The same as `allocate_tokens(slots, new_lens - 1, new_lens)` in fewer
         host ops: a row needs a page only where its new position starts one.
         """
+        allocation = self._allocate_next(slots, new_lens)
+        return Failure(allocation) if isinstance(allocation, OutOfKVTokens) else Success(allocation)
+
+    def _allocate_next(self, slots: HostArray, new_lens: HostArray) -> Allocation | OutOfKVTokens:
+        # `allocate_next` without the Result wrapper, for the transitions' hot paths.
         page_size = self.page_size
         if page_size == 1:
             taken = self._take_pages(slots, new_lens, slots.shape[0])
-            if not isinstance(taken, Success):
-                return Failure(taken.failure())
-            return Success(Allocation(*taken.unwrap()))
+            return taken if isinstance(taken, OutOfKVTokens) else Allocation(*taken)
         positions = new_lens - 1
         is_new = positions % page_size == 0
         new_page_index = np.cumsum(is_new) - 1
         num_new_pages = int(new_page_index[-1]) + 1 if slots.shape[0] else 0
         taken = self._take_pages(slots, new_lens, num_new_pages)
-        if not isinstance(taken, Success):
-            return Failure(taken.failure())
-        new_pages, pools = taken.unwrap()
+        if isinstance(taken, OutOfKVTokens):
+            return taken
+        new_pages, pools = taken
         # Rows not starting a page continue right after their previous token.
         after_last = self.table.host[slots, np.maximum(positions - 1, 0)].astype(np.int64) + 1
         if num_new_pages == 0:
-            return Success(Allocation(after_last, pools))
+            return Allocation(after_last, pools)
         new_locs = new_pages[new_page_index.clip(0, num_new_pages - 1)] * page_size
-        return Success(Allocation(np.where(is_new, new_locs, after_last), pools))
+        return Allocation(np.where(is_new, new_locs, after_last), pools)
 
     def _take_pages(
         self, slots: HostArray, new_lens: HostArray, num_pages: int
-    ) -> Result[tuple[HostArray, Pools], OutOfKVTokens]:
+    ) -> tuple[HostArray, Pools] | OutOfKVTokens:
         # The first `num_pages` free pages, and pools where `slots` own `new_lens` tokens.
         if num_pages > len(self.page_list):
-            return Failure(OutOfKVTokens(num_pages, len(self.page_list), self.page_size))
+            return OutOfKVTokens(num_pages, len(self.page_list), self.page_size)
         pages, rest = self.page_list.take(num_pages)
         slot_tokens = self.slot_tokens.copy()
         slot_tokens[slots] = new_lens
         slot_tokens = frozen(slot_tokens)
         pools = Pools(self.table, self.page_size, self.num_pages, self.slot_list, rest, slot_tokens)
-        return Success((pages, pools))
+        return pages, pools
 
     def free(self, slots: HostArray, seq_lens: HostArray | None = None) -> Result[Pools, NotOwned]:
         """Give back request slots and every KV page they own.

@@ -11,7 +11,7 @@ import numpy.typing as npt
 import torch
 
 from batchstate._errors import BatchConflict
-from batchstate._mirrored import Mirrored, describe, frozen, writing
+from batchstate._mirrored import Mirrored, describe, writing
 
 __all__ = ["TokenTable"]
 
@@ -37,7 +37,9 @@ class TokenTable:
 
     @host.default
     def _read_only(self) -> npt.NDArray[np.int32]:
-        return frozen(self._cells)
+        # A view of a read-only owner: numpy refuses to make it writable again.
+        self._cells.flags.writeable = False
+        return self._cells.view()
 
     @classmethod
     def zeros(cls, max_reqs: int, max_context_len: int, device: torch.device) -> TokenTable:
