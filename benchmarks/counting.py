@@ -51,6 +51,14 @@ class Work:
     copies: int = 0
     numpy_calls: int = 0
 
+    def __add__(self, other: Work) -> Work:
+        return Work(
+            self.host_ops + other.host_ops,
+            self.kernels + other.kernels,
+            self.copies + other.copies,
+            self.numpy_calls + other.numpy_calls,
+        )
+
 
 # torch's dispatch-mode base is untyped (its __init__ and __init_subclass__ alike).
 class _Classifier(TorchDispatchMode):  # type: ignore[no-untyped-call]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Final
+from typing import Final
 
-from torch.utils._python_dispatch import TorchDispatchMode
+import attrs
+import torch
 
+from benchmarks.counting import Work, count_device_work
 from benchmarks.impl_batchstate import BatchstateStep
 from benchmarks.impl_floor import FloorStep
 from benchmarks.impl_mutable import MutableStep
@@ -20,7 +22,7 @@ __all__ = [
     "IMPLEMENTATIONS",
     "Timings",
     "count_blocks",
-    "count_ops",
+    "count_work",
     "final_outcomes",
     "state_bytes",
     "time_config",
@@ -99,37 +101,38 @@ def final_outcomes(config: Config, num_steps: int) -> list[Outcome]:
     return outcomes
 
 
-# torch's dispatch-mode base is untyped (its __init__ and __init_subclass__ alike).
-class _OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Counts the aten ops that reach the dispatcher."""
+def count_work(config: Config, steps: int = 8) -> dict[str, dict[str, dict[str, float]]]:
+    """Per implementation and phase ("step" included): work per step, counted on `meta`.
 
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # torch's base is untyped
-        self.count = 0
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Sequence[type],
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
-def count_ops(config: Config, steps: int = 8) -> dict[str, float]:
-    """Torch ops per step (aten calls, views included), per implementation."""
-    plan = make_plan(config, steps)
-    counts = {}
+    Host torch ops, numpy calls, device kernels and host-to-device copies, as
+    `benchmarks.counting` defines them. The device tensors live on the meta
+    device, where ops reach the dispatcher and no data exists, so a read of
+    the device would raise here too.
+    """
+    plan = make_plan(config, steps, device=torch.device("meta"))
+    counts: dict[str, dict[str, dict[str, float]]] = {}
     for make in IMPLEMENTATIONS:
         impl = make(plan)
         run_step(impl, plan.steps[0])
-        with _OpCounter() as counter:
-            for join in plan.steps[1:]:
-                run_step(impl, join)
-        counts[impl.name] = counter.count / (steps - 1)
+        totals = {phase: Work() for phase in PHASES}
+        for join in plan.steps[1:]:
+            for phase in PHASES:
+                with count_device_work() as work:
+                    _run_phase(impl, phase, join)
+                totals[phase] = totals[phase] + work
+        step = sum(totals.values(), Work())
+        counts[impl.name] = {
+            phase: {key: value / (steps - 1) for key, value in attrs.asdict(work).items()}
+            for phase, work in (*totals.items(), ("step", step))
+        }
     return counts
+
+
+def _run_phase(impl: Implementation, phase: str, join: Join) -> None:
+    if phase in ("filter", "extend"):
+        getattr(impl, phase)(join)
+    else:
+        getattr(impl, phase)()
 
 
 def count_blocks(config: Config, steps: int = 8) -> dict[str, float]:

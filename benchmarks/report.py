@@ -96,14 +96,42 @@ def markdown(points: Sequence[Point], extras: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
     ]
     for label, key in (
-        ("torch ops per step", "ops"),
         ("Python heap blocks allocated per step", "blocks"),
         ("host bytes of batch state per request", "host_bytes"),
         ("device bytes of batch state per request", "device_bytes"),
     ):
         row = extras[key]
         parts.append(f"| {label} | " + " | ".join(f"{row[name]:.0f}" for name in _NAMES) + " |")
+    parts += ["", *work_table(extras["work"], extras["work_batch_size"])]
     return "\n".join(parts) + "\n"
+
+
+_WORK: Final = (
+    ("host torch ops", "host_ops"),
+    ("numpy calls", "numpy_calls"),
+    ("device kernels", "kernels"),
+    ("host-to-device copies", "copies"),
+)
+
+
+def work_table(
+    work: dict[int, dict[str, dict[str, dict[str, float]]]], batch_size: int
+) -> list[str]:
+    """Per page size and phase: each count as (a) / (b) / (c), markdown lines."""
+    lines = [
+        f"### Work per phase at batch size {batch_size} (counted on the meta device;"
+        " (a) / (b) / (c))",
+        "",
+        "| page | phase | " + " | ".join(label for label, _ in _WORK) + " |",
+        "|---:|---|" + "---:|" * len(_WORK),
+    ]
+    for page_size, counts in sorted(work.items()):
+        for phase in PANELS:
+            cells = [
+                " / ".join(f"{counts[name][phase][key]:.0f}" for name in _NAMES) for _, key in _WORK
+            ]
+            lines.append(f"| {page_size} | {phase} | {' | '.join(cells)} |")
+    return lines
 
 
 def plot(points: Sequence[Point], path: Path) -> None:

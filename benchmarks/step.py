@@ -20,7 +20,7 @@ import torch
 from benchmarks.measure import (
     IMPLEMENTATIONS,
     count_blocks,
-    count_ops,
+    count_work,
     run_step,
     state_bytes,
     time_config,
@@ -49,7 +49,8 @@ def run(
     probe = Config(64 if 64 in sizes else sizes[0], pages[0])
     extras: dict[str, Any] = {
         "probe": probe._asdict(),
-        "ops": count_ops(probe),
+        "work": {page: count_work(Config(probe.batch_size, page)) for page in pages},
+        "work_batch_size": probe.batch_size,
         "blocks": count_blocks(probe),
         "growth": _growth(points, sizes),
         "machine": _machine(),

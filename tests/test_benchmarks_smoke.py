@@ -7,7 +7,7 @@ mutable baseline and the floor honest: each must do the work batchstate does.
 from __future__ import annotations
 
 import pytest
-from benchmarks.measure import count_blocks, count_ops, final_outcomes
+from benchmarks.measure import count_blocks, count_work, final_outcomes
 from benchmarks.scenario import Config
 from benchmarks.step import run
 
@@ -37,11 +37,28 @@ def test_run_reports_every_point() -> None:
     assert [(p["page_size"], p["batch_size"]) for p in points] == [(1, 1), (1, 4), (16, 1), (16, 4)]
     for point in points:
         assert set(point["stats"]) == {"batchstate", "mutable", "floor"}
-        assert point["a_over_b"] > 0
-    assert set(extras["ops"]) == {"batchstate", "mutable", "floor"}
+        step = point["stats"]["batchstate"]["step"]
+        assert 0 < step["q1_us"] <= step["median_us"] <= step["q3_us"]
+    assert set(extras["work"]) == {1, 16}
+    assert set(extras["work"][1]) == {"batchstate", "mutable", "floor"}
 
 
-def test_counters_run() -> None:
-    """Op and allocation counters return a positive count per implementation."""
-    assert all(count > 0 for count in count_ops(Config(4, 1), steps=3).values())
-    assert all(count >= 0 for count in count_blocks(Config(4, 1), steps=3).values())
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_batchstate_uploads_once_per_transition_and_launches_no_bookkeeping_kernels(
+    page_size: int,
+) -> None:
+    """On meta: one host-to-device copy for each transition that builds columns, none for
+    release; the only kernels are the table writes of decode and extend."""
+    work = count_work(Config(8, page_size), steps=4)["batchstate"]
+    copies = {phase: work[phase]["copies"] for phase in ("decode", "filter", "release", "extend")}
+    assert copies == {"decode": 1, "filter": 1, "release": 0, "extend": 1}
+    assert work["merge"]["copies"] == 1
+    kernels = {phase: work[phase]["kernels"] for phase in ("decode", "extend", "filter", "merge")}
+    assert kernels == {"decode": 1, "extend": 1, "filter": 0, "merge": 0}
+    mutable = count_work(Config(8, page_size), steps=4)["mutable"]
+    assert work["step"]["kernels"] <= mutable["step"]["kernels"]
+
+
+def test_allocation_counter_sees_allocations() -> None:
+    """Each implementation allocates Python objects every step; the counter sees them."""
+    assert all(count > 0 for count in count_blocks(Config(4, 1), steps=3).values())
