@@ -31,6 +31,11 @@ def test_the_comparison_passes_on_the_cpu(capsys: pytest.CaptureFixture[str]) ->
     assert main(["--device", "cpu", "--steps", "30"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("gpu_check: torch ")
-    assert [line.split(":")[0] for line in lines[1:3]] == ["  page_size=1", "  page_size=16"]
-    assert all("host side matches cpu: True" in line for line in lines[1:3])
+    runs = [line for line in lines if line.startswith("  page_size=")]
+    assert [line.split(":")[0] for line in runs] == ["  page_size=1", "  page_size=16"]
+    assert all("host side matches cpu: True" in line for line in runs)
+    # Launches and copies are printed beside the µs, counted on meta for a CPU run.
+    work = [line for line in lines if line.startswith("    per decode step, on meta:")]
+    assert len(work) == 2
+    assert all("device kernels" in line and "host-to-device copies" in line for line in work)
     assert lines[-1] == "gpu_check: OK"

@@ -26,8 +26,10 @@ from typing import Final
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `tools` and `batchstate` importable
+if __package__ in (None, ""):  # run as a script: make `tools` and `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.counting import count_device_work
 
 from batchstate import Batch, Pools, check_batch, check_pools
 from batchstate.audit import device_reads
@@ -92,6 +94,7 @@ def _check(device: torch.device, config: LoopConfig) -> bool:
         f" {cpu_s:.2f} s on cpu; device reads: {report.count}"
         f" ({len(report.forbidden)} forbidden); host side matches cpu: {mismatch is None}"
     )
+    print(f"    {_work_per_step(device, config, device_s)}")
     if mismatch is not None:
         print(f"    first difference: {mismatch}")
     for read in report.forbidden[:5]:
@@ -99,6 +102,22 @@ def _check(device: torch.device, config: LoopConfig) -> bool:
     # Every sync reads once from a real device; on the CPU nothing is a device read.
     expected_reads = 0 if device.type == "cpu" else syncs
     return mismatch is None and report.count == expected_reads and not report.forbidden
+
+
+def _work_per_step(device: torch.device, config: LoopConfig, seconds: float) -> str:
+    # Launches and copies beside the µs: on a GPU each kernel and copy has a fixed cost.
+    # A CPU "device" launches nothing: count the same loop on meta instead, where
+    # nothing can be read, so verify windows are abandoned rather than synced.
+    counted_on = device if device.type != "cpu" else torch.device("meta")
+    accept = scripted_accept if counted_on == device else None
+    with count_device_work() as work:
+        run_loop(counted_on, config, accept)
+    steps = config.num_steps
+    return (
+        f"per decode step, on {counted_on}: {work.kernels / steps:.1f} device kernels,"
+        f" {work.copies / steps:.1f} host-to-device copies, {work.host_ops / steps:.1f} host"
+        f" torch ops; {seconds / steps * 1e6:.0f} µs per step on {device} (checks included)"
+    )
 
 
 def _first_mismatch(expected: Sequence[Snapshot], got: Sequence[Snapshot]) -> str | None:
