@@ -24,6 +24,7 @@ from batchstate import (
     BatchConflict,
     ContextTooLong,
     Decoding,
+    Departed,
     DeviceOnly,
     EmptyExtend,
     EmptyPrompt,
@@ -261,6 +262,16 @@ def _release_unowned(slots: list[int]) -> Callable[[], Setup]:
     def setup() -> Setup:
         _, pools = _make_running()
         left = Filtered(_make_rows(slots, [1] * len(slots), rids=[90 + i for i in slots]))
+        return _call(release, left, idle(CPU), pools)
+
+    return setup
+
+
+def _release_departed(slots: list[int]) -> Callable[[], Setup]:
+    def setup() -> Setup:
+        _, pools = _make_running()
+        reqs = tuple(Req(90 + i, (1,)) for i in range(len(slots)))
+        left = Departed(reqs, host_int64(slots), host_int64([1] * len(slots)))
         return _call(release, left, idle(CPU), pools)
 
     return setup
@@ -537,8 +548,18 @@ HOSTILE: Final = {
         _release_unowned([9]), NotOwned, r"\[9\] are not owned"
     ),  # a hand-built record with a free slot
     "release-padding-slot": Case(
-        _release_unowned([0]), NotOwned, r"\[0\] are not owned"
+        _release_departed([0]), NotOwned, r"\[0\] are not owned"
     ),  # slot 0 is padding
+    "rows-padding-slot": Case(
+        _hand_record(lambda: _make_rows([0], [1])),
+        RecordShapeError,
+        r"slot 0 is padding \(0\) or negative",
+    ),  # a row on the padding slot
+    "rows-negative-slot": Case(
+        _hand_record(lambda: _make_rows([2, -1], [1, 1])),
+        RecordShapeError,
+        r"slot -1 is padding \(0\) or negative",
+    ),  # numpy would read a negative slot from the end of the pools
     "release-same-slot-twice": Case(
         _release_unowned([1, 1]), NotOwned, r"\[1, 1\]"
     ),  # one slot on two rows of a hand-built record

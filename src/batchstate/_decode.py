@@ -78,8 +78,8 @@ def _expect_current(rows: Rows, pools: Pools) -> None:
     except IndexError:
         pass  # a slot outside the table: say which below
     else:
-        # numpy reads a negative slot from the end: rule those out too.
-        if (held == lengths).all() and (not slots.shape[0] or slots.min() >= 1):
+        # A negative slot would read from the end: Rows' checks refuse slots < 1.
+        if (held == lengths).all():
             return
     owned = pools.slot_tokens[slots.clip(0, pools.max_reqs)].tolist()
     rows_seen = zip(slots.tolist(), lengths.tolist(), owned, strict=True)

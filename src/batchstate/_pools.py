@@ -189,19 +189,16 @@ class Pools:
             taken = self._take_pages(slots, new_lens, slots.shape[0])
             return taken if isinstance(taken, OutOfKVTokens) else Allocation(*taken)
         positions = new_lens - 1
-        is_new = positions % page_size == 0
-        new_page_index = np.cumsum(is_new) - 1
-        num_new_pages = int(new_page_index[-1]) + 1 if slots.shape[0] else 0
-        taken = self._take_pages(slots, new_lens, num_new_pages)
+        starts = np.flatnonzero(positions % page_size == 0)  # rows whose token opens a page
+        taken = self._take_pages(slots, new_lens, starts.shape[0])
         if isinstance(taken, OutOfKVTokens):
             return taken
         new_pages, pools = taken
-        # Rows not starting a page continue right after their previous token.
-        after_last = self.table.host[slots, np.maximum(positions - 1, 0)].astype(np.int64) + 1
-        if num_new_pages == 0:
-            return Allocation(after_last, pools)
-        new_locs = new_pages[new_page_index.clip(0, num_new_pages - 1)] * page_size
-        return Allocation(np.where(is_new, new_locs, after_last), pools)
+        # Every other row continues right after its previous token (a row opening
+        # a page reads a stale cell here, then gets its new page below).
+        locs = self.table.host[slots, positions - 1] + _ONE  # int64: _ONE is int64
+        locs[starts] = new_pages * page_size
+        return Allocation(locs, pools)
 
     def _take_pages(
         self, slots: HostArray, new_lens: HostArray, num_pages: int
@@ -343,6 +340,7 @@ class Pools:
         )
 
 
+_ONE: Final = np.int64(1)
 # Up to this many slots freed at once, reading each one's row beats index tensors.
 _MAX_ROW_READS: Final = 8
 

@@ -226,6 +226,11 @@ def check_columns(rows: Rows) -> None:
     )
     for name, tensor, dtype in devices:
         check_device(f"Rows.{name}", tensor, dtype, num_reqs, rows.device)
+    slots = rows.req_pool_indices.host
+    if num_reqs and slots.min() < 1:
+        raise RecordShapeError(
+            f"Rows.req_pool_indices: slot {int(slots.min())} is padding (0) or negative"
+        )
 
 
 def check_host(name: str, array: object, dtype: type[np.generic], length: int) -> None:
