@@ -55,7 +55,7 @@ def make_extended(
 
 
 def make_phase(
-    phase: type[Batch],
+    phase: type[object],
     pools: Pools,
     lengths: Sequence[int] = (3, 5, 7),
     first_rid: int = 0,

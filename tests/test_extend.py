@@ -93,4 +93,4 @@ def test_extend_rejects_duplicate_rids_and_wrong_phases() -> None:
     batch, pools = make_extended(pools, [2])
     decoded, pools = decode(batch, pools).unwrap()
     with pytest.raises(PhaseError, match="extend starts from Idle, got Decoding"):
-        extend(decoded, make_reqs([1], 5), pools)  # type: ignore[arg-type]  # the runtime check
+        extend(decoded, make_reqs([1], 5), pools)  # type: ignore[call-overload]  # the runtime check

@@ -20,6 +20,7 @@ import torch
 from returns.result import Failure
 
 from batchstate import (
+    NoColumns,
     Batch,
     BatchConflict,
     ContextTooLong,
@@ -93,7 +94,7 @@ def _make_rows(
 ) -> Rows:
     """Rows built by hand, as a caller without the transitions would."""
     rids = rids if rids is not None else list(range(len(slots)))
-    return Rows.from_host(device, [Req(rid, (1,)) for rid in rids], slots, lens)
+    return Rows.from_host(device, [Req(rid, (1,)) for rid in rids], slots, lens, NoColumns())
 
 
 def _make_hand_rows(**changes: object) -> Rows:

@@ -16,12 +16,20 @@ from batchstate import TRANSITIONS, Decoding, Extended, Filtered, Idle, merge
 from tests.typecheck import mypy_errors
 
 _PRELUDE: Final = """\
+import attrs
+import numpy as np
 import torch
 from batchstate import *
+
+@attrs.frozen(eq=False)
+class Lora(Columns):
+    adapter: Mirrored[np.int32]
 
 def snippet(
     idle_: Idle, extended: Extended, decoding: Decoding, filtered: Filtered,
     pools: Pools, reqs: list[Req], tensor: torch.Tensor, pair: Mirrored, device_only: DeviceOnly,
+    sampled: Decoding[Sampling], sampled_idle: Idle[Sampling], lora: Filtered[Lora],
+    sampling: Sampling,
 ) -> None:
 """
 
@@ -75,6 +83,16 @@ REJECTED: Final = {
     "reject_out_cache_loc_as_mirror": (
         "def plan(locs: Mirrored) -> None: ...\nplan(decoding.out_cache_loc)"
     ),
+    # Columns: declared once, typed everywhere.
+    "reject_undeclared_column": "print(sampled.rows.columns.adapter)",
+    "reject_merge_different_columns": "merge(sampled, lora)",
+    "reject_columns_of_another_set": (
+        "def serve(batch: Decoding[Lora]) -> None: ...\nserve(sampled)"
+    ),
+    "reject_columns_into_plain_batch": (
+        "def plain(batch: Decoding) -> None: ...\nplain(decode(sampled, pools).unwrap().batch)"
+    ),
+    "reject_extend_without_columns": "extend(sampled_idle, reqs, pools)",
 }
 
 ACCEPTED: Final = {
@@ -95,6 +113,15 @@ ACCEPTED: Final = {
             return int(seq_lens.host.sum())
         plan(decoding.rows.seq_lens)
         plan(extended.rows.req_pool_indices)
+    """,
+    "accept_columns_through_every_transition": """\
+        step = extend(sampled_idle, reqs, pools, sampling).unwrap()
+        decoded, pools = decode(step.batch, pools).unwrap()
+        kept, left = split(decoded, [0])
+        pools = release(left, kept, pools).unwrap()
+        running: Filtered[Sampling] = merge(kept, step.batch)
+        temperature: Mirrored[np.float32] = running.rows.columns.temperature
+        print(temperature.host.tolist())
     """,
     "accept_failure_handling": """\
         result = decode(filtered, pools)
@@ -129,8 +156,12 @@ def test_illegal_pairs_are_the_complement_of_the_table() -> None:
     assert illegal["reject_merge_extended_with_filtered"] == "merge(extended, filtered)"
 
 
-# The reason each hand-written case must fail for; the generated ones are all [arg-type].
+# The reason each hand-written case must fail for; the generated ones are all [arg-type]
+# (extend and prebuilt, overloaded on whether the batch carries columns: [call-overload]).
 _REASON: Final = {
+    "reject_undeclared_column": "[attr-defined]",
+    "reject_merge_different_columns": "Cannot infer value of type parameter",
+    "reject_extend_without_columns": "[arg-type]",
     "reject_mirror_from_one_side": "[call-arg]",
     "reject_mirror_from_two_sides": "[call-arg]",
     "reject_assign_record_field": "is read-only",
@@ -147,7 +178,8 @@ def test_mypy_rejects(name: str) -> None:
     """mypy reports an error, for the intended reason, on code that breaks the model."""
     errors = _errors()[name]
     assert errors, f"mypy accepted {name}:\n{_module(REJECTED[name])}"
-    reason = _REASON.get(name, "[arg-type]")
+    overloaded = name.startswith(("reject_extend_", "reject_prebuilt_"))
+    reason = _REASON.get(name, "[call-overload]" if overloaded else "[arg-type]")
     assert any(reason in error for error in errors), errors
 
 

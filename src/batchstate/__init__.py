@@ -5,10 +5,12 @@ A device tensor and its CPU mirror are one `Mirrored` value; the four phases
 transition returns a new record (and new `Pools` where it allocates).
 """
 
+from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
 from batchstate._decode import DecodeError, decode
 from batchstate._errors import (
     AllocError,
     BatchConflict,
+    ColumnError,
     ContextTooLong,
     DraftError,
     EmptyExtend,
@@ -34,6 +36,7 @@ from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Runnin
 from batchstate._pools import Allocation, Pools, make_pools
 from batchstate._release import release
 from batchstate._rows import Req, Rows
+from batchstate._sampling import GREEDY, Sampling, SamplingParams
 from batchstate._speculative import Verifying, VerifyStep, sync, verify
 from batchstate._token_table import TokenTable
 from batchstate._transitions import TRANSITIONS, Transition
@@ -41,11 +44,14 @@ from batchstate._unwrap import UnwrapError, unwrap
 from batchstate._version import __version__
 
 __all__ = [
+    "GREEDY",
     "TRANSITIONS",
     "AllocError",
     "Allocation",
     "Batch",
     "BatchConflict",
+    "ColumnError",
+    "Columns",
     "ContextTooLong",
     "DecodeError",
     "Decoding",
@@ -58,10 +64,12 @@ __all__ = [
     "Extended",
     "Filtered",
     "FreeList",
+    "HostColumn",
     "Idle",
     "InvariantViolation",
     "KeepIndicesError",
     "Mirrored",
+    "NoColumns",
     "NotOwned",
     "OutOfKVTokens",
     "OutOfReqSlots",
@@ -73,6 +81,8 @@ __all__ = [
     "Resumed",
     "Rows",
     "Running",
+    "Sampling",
+    "SamplingParams",
     "Split",
     "StaleRecord",
     "Step",
@@ -83,6 +93,7 @@ __all__ = [
     "VerifyStep",
     "Verifying",
     "__version__",
+    "build_columns",
     "check_batch",
     "check_pools",
     "decode",

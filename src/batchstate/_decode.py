@@ -7,6 +7,7 @@ from typing import TypeAlias
 import numpy as np
 from returns.result import Failure, Result, Success
 
+from batchstate._columns import C
 from batchstate._errors import (
     ContextTooLong,
     OutOfKVTokens,
@@ -23,7 +24,7 @@ __all__ = ["DecodeError", "decode"]
 DecodeError: TypeAlias = OutOfKVTokens | ContextTooLong
 
 
-def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
+def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeError]:
     """Make room for one more token per row: allocate its KV location, grow every length.
 
     Reads nothing from the device: lengths and page counts come from the
@@ -63,6 +64,7 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
         seq_lens,
         rows.seq_lens_sum + len(rows.reqs),
         rows.max_seq_len + 1 if rows.reqs else 0,
+        rows.columns,  # unchanged by a decode
         (locs, locs32),
     )
     # The new token sits at position old seq_len of its row.
@@ -70,7 +72,7 @@ def decode(batch: Running, pools: Pools) -> Result[Step[Decoding], DecodeError]:
     return Success(Step(Decoding._trusted(grown, DeviceOnly(out_cache_loc)), after))
 
 
-def _expect_current(rows: Rows, pools: Pools) -> None:
+def _expect_current(rows: Rows[C], pools: Pools) -> None:
     # Each row's slot must own exactly its length: one host gather and compare.
     slots, lengths = rows.req_pool_indices.host, rows.seq_lens.host
     try:
@@ -93,7 +95,7 @@ def _expect_current(rows: Rows, pools: Pools) -> None:
             )
 
 
-def _too_long(batch: Running, max_context_len: int) -> ContextTooLong:
+def _too_long(batch: Running[C], max_context_len: int) -> ContextTooLong:
     row = int(batch.rows.seq_lens.host.argmax())
     return ContextTooLong(
         batch.rows.reqs[row].rid, int(batch.rows.seq_lens.host[row]) + 1, max_context_len

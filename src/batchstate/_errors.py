@@ -18,6 +18,7 @@ import attrs
 __all__ = [
     "AllocError",
     "BatchConflict",
+    "ColumnError",
     "ContextTooLong",
     "DraftError",
     "EmptyExtend",
@@ -166,6 +167,13 @@ class DraftError(ValueError):
 
 class RecordShapeError(ValueError):
     """A record whose fields disagree in length, dtype or device."""
+
+
+class ColumnError(ValueError):
+    """A column set that is not one, or a column of the wrong length, dtype or device.
+
+    Raised before anything is allocated: the pools passed in stay as they were.
+    """
 
 
 class InvariantViolation(AssertionError):

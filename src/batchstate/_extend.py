@@ -5,16 +5,18 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import chain
-from typing import Final, NamedTuple, TypeAlias, final
+from typing import Any, Final, Generic, NamedTuple, TypeAlias, final, overload
 
 import attrs
 import numpy as np
 import torch
 from returns.result import Failure, Result, Success
 
+from batchstate._columns import NO_COLUMNS, C, NoColumns, check_column_set
 from batchstate._errors import (
     AllocError,
     BatchConflict,
+    ColumnError,
     ContextTooLong,
     EmptyExtend,
     EmptyPrompt,
@@ -47,18 +49,33 @@ class Resumed:
     slot: int
 
 
-def idle(device: torch.device | str) -> Idle:
-    """The canonical empty batch on `device`.
+@overload
+def idle(device: torch.device | str) -> Idle[NoColumns]: ...
+@overload
+def idle(device: torch.device | str, columns: type[C]) -> Idle[C]: ...
+def idle(device: torch.device | str, columns: type[Any] = NoColumns) -> Idle[Any]:
+    """The canonical empty batch on `device`, carrying the column set `columns` (none by default).
 
     >>> idle("cpu").rows.seq_lens_sum
     0
     """
-    return Idle(Rows.empty(_resolve(torch.device(device))))
+    return Idle(Rows.empty(_resolve(torch.device(device)), columns))
 
 
+@overload
 def extend(
-    batch: Idle, reqs: Sequence[Req | Resumed], pools: Pools
-) -> Result[Step[Extended], ExtendError]:
+    batch: Idle[NoColumns], reqs: Sequence[Req | Resumed], pools: Pools
+) -> Result[Step[Extended[NoColumns]], ExtendError]: ...
+@overload
+def extend(
+    batch: Idle[C], reqs: Sequence[Req | Resumed], pools: Pools, columns: C
+) -> Result[Step[Extended[C]], ExtendError]: ...
+def extend(  # the overloads above are the API; Any stands for their column set here
+    batch: Idle[Any],
+    reqs: Sequence[Req | Resumed],
+    pools: Pools,
+    columns: Any = NO_COLUMNS,
+) -> Result[Step[Extended[Any]], ExtendError]:
     """Admit requests for an extend forward: allocate slots and KV, write the table.
 
     A `Req` gets a new request slot and computes all its input ids; a
@@ -70,13 +87,22 @@ def extend(
         `Success(Step(Extended, Pools))`, or a `Failure` naming what ran out
         or which request was bad; the pools given are unchanged either way.
 
+    Args:
+        batch: the empty batch, carrying the column set's type.
+        reqs: the requests to admit, in row order.
+        pools: the pools to allocate from.
+        columns: the admitted rows' own columns (one row per request), of
+            the set `batch` carries; omitted when it carries none.
+
     Raises:
         PhaseError: `batch` is not `Idle`.
         BatchConflict: two inputs share a rid or a slot, or `batch` and
             `pools` live on different devices.
+        ColumnError: `columns` is not `batch`'s set, or a column has the
+            wrong length, dtype or device (nothing is allocated).
     """
     _expect_idle(batch, "extend")
-    admitted = _admit(batch, reqs, pools)
+    admitted = _admit(batch, reqs, pools, columns)
     if not isinstance(admitted, _Admitted):
         return Failure(admitted)
     extended = Extended._trusted(
@@ -90,7 +116,17 @@ def extend(
     return Success(Step(extended, admitted.pools))
 
 
-def prebuilt(batch: Idle, reqs: Sequence[Req], pools: Pools) -> Result[Step[Filtered], ExtendError]:
+@overload
+def prebuilt(
+    batch: Idle[NoColumns], reqs: Sequence[Req], pools: Pools
+) -> Result[Step[Filtered[NoColumns]], ExtendError]: ...
+@overload
+def prebuilt(
+    batch: Idle[C], reqs: Sequence[Req], pools: Pools, columns: C
+) -> Result[Step[Filtered[C]], ExtendError]: ...
+def prebuilt(  # the overloads above are the API; Any stands for their column set here
+    batch: Idle[Any], reqs: Sequence[Req], pools: Pools, columns: Any = NO_COLUMNS
+) -> Result[Step[Filtered[Any]], ExtendError]:
     """A decode-ready batch whose KV arrives from elsewhere (disaggregated prefill).
 
     Allocates a slot and KV for every input id of each request and builds
@@ -101,16 +137,17 @@ def prebuilt(batch: Idle, reqs: Sequence[Req], pools: Pools) -> Result[Step[Filt
         PhaseError: `batch` is not `Idle`.
         BatchConflict: two requests share a rid, or `batch` and `pools` live
             on different devices.
+        ColumnError: as for `extend`.
     """
     _expect_idle(batch, "prebuilt")
-    admitted = _admit(batch, reqs, pools)
+    admitted = _admit(batch, reqs, pools, columns)
     if not isinstance(admitted, _Admitted):
         return Failure(admitted)
     return Success(Step(Filtered(admitted.rows), admitted.pools))
 
 
-class _Admitted(NamedTuple):
-    rows: Rows
+class _Admitted(NamedTuple, Generic[C]):
+    rows: Rows[C]
     input_ids: DeviceOnly  # int64 [num_tokens]
     out_cache_loc: DeviceOnly  # int64 [num_tokens]
     prefix_lens: tuple[int, ...]
@@ -122,12 +159,20 @@ class _Admitted(NamedTuple):
 _MAX_ROW_WRITES: Final = 8
 
 
-def _admit(batch: Idle, inputs: Sequence[Req | Resumed], pools: Pools) -> _Admitted | ExtendError:
+def _admit(
+    batch: Idle[C], inputs: Sequence[Req | Resumed], pools: Pools, columns: C
+) -> _Admitted[C] | ExtendError:
     pools.table.expect_on(batch.device)
+    if type(columns) is not type(batch.rows.columns):
+        raise ColumnError(
+            f"the batch carries {type(batch.rows.columns).__name__} columns,"
+            f" got {type(columns).__name__}"
+        )
+    check_column_set(columns, len(inputs), batch.device, "columns")
     if not inputs:
         return EmptyExtend()
     if len(inputs) <= _MAX_ROW_WRITES and all(type(item) is Req for item in inputs):
-        return _place_fresh(batch, inputs, pools)  # type: ignore[arg-type]  # all Req, checked
+        return _place_fresh(batch, inputs, pools, columns)  # type: ignore[arg-type]  # all Req
     reqs = [item.req if isinstance(item, Resumed) else item for item in inputs]
     _expect_unique([req.rid for req in reqs], "rid")
     resumed_slots = [item.slot for item in inputs if isinstance(item, Resumed)]
@@ -140,10 +185,12 @@ def _admit(batch: Idle, inputs: Sequence[Req | Resumed], pools: Pools) -> _Admit
     allocated = pools._allocate_slots(len(inputs) - len(resumed_slots))
     if isinstance(allocated, OutOfReqSlots):
         return allocated
-    return _place(batch, inputs, reqs, prefix_lens, allocated)
+    return _place(batch, inputs, reqs, prefix_lens, allocated, columns)
 
 
-def _place_fresh(batch: Idle, reqs: Sequence[Req], pools: Pools) -> _Admitted | ExtendError:
+def _place_fresh(
+    batch: Idle[C], reqs: Sequence[Req], pools: Pools, columns: C
+) -> _Admitted[C] | ExtendError:
     # A few new requests, the common extend: every position from 0, so rows
     # take whole pages in order and the table is written one slice per row.
     rids = [req.rid for req in reqs]
@@ -172,6 +219,7 @@ def _place_fresh(batch: Idle, reqs: Sequence[Req], pools: Pools) -> _Admitted | 
         host_int64(seq_lens),
         total,
         longest,
+        columns,
         (_token_ids(reqs, (0,) * len(reqs)), locs, locs32),
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
@@ -186,13 +234,14 @@ def _place_fresh(batch: Idle, reqs: Sequence[Req], pools: Pools) -> _Admitted | 
     )
 
 
-def _place(
-    batch: Idle,
+def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has them
+    batch: Idle[C],
     inputs: Sequence[Req | Resumed],
     reqs: Sequence[Req],
     prefix_lens: Sequence[int],
     allocated: tuple[HostArray, Pools],
-) -> _Admitted | ExtendError:
+    columns: C,
+) -> _Admitted[C] | ExtendError:
     new_slots, pools = allocated
     new_slot_iter = iter(new_slots.tolist())
     slots = [item.slot if isinstance(item, Resumed) else next(new_slot_iter) for item in inputs]
@@ -219,6 +268,7 @@ def _place(
         seq_lens_host,
         sum(seq_lens),
         max(seq_lens),
+        columns,
         (_token_ids(reqs, prefix_lens), locs, token_slots, positions, locs32),
     )
     admitted = _Admitted(

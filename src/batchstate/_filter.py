@@ -6,17 +6,18 @@ import operator
 from array import array
 from collections.abc import Sequence
 from itertools import islice
-from typing import Final, NamedTuple, TypeAlias, final
+from typing import Final, Generic, NamedTuple, TypeAlias, final
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate._columns import C
 from batchstate._errors import KeepIndicesError, PhaseError
 from batchstate._mirrored import HostArray, frozen, host_int64
 from batchstate._phases import Decoding, Extended, Filtered, Running
-from batchstate._rows import Req, Rows
+from batchstate._rows import Req
 
 __all__ = ["Departed", "Keep", "Split", "filter_batch", "keep_indices", "split"]
 
@@ -34,20 +35,20 @@ class Departed:
     seq_lens: HostArray  # read-only int64 [num_left], the tokens each holds in its slot
     # The rows that stayed, from the same split: disjoint from these by
     # construction, so `release` need not compare slots against them.
-    stayed: Rows | None = None
+    stayed: object = None  # compared by identity only
 
     def __repr__(self) -> str:
         return f"Departed(rids={[req.rid for req in self.reqs]}, slots={self.slots.tolist()})"
 
 
-class Split(NamedTuple):
+class Split(NamedTuple, Generic[C]):
     """A batch cut in two: the rows that go on, and the rows that left."""
 
-    kept: Filtered
+    kept: Filtered[C]
     left: Departed
 
 
-def split(batch: Running, keep: Keep) -> Split:
+def split(batch: Running[C], keep: Keep) -> Split[C]:
     """The rows at `keep` as a `Filtered`, and the others as `Departed`, in one pass.
 
     What an engine does when requests finish: `kept` goes on, `left` goes to
@@ -77,7 +78,7 @@ def split(batch: Running, keep: Keep) -> Split:
     return _split(batch, keep, "split")
 
 
-def filter_batch(batch: Running, keep: Keep) -> Filtered:
+def filter_batch(batch: Running[C], keep: Keep) -> Filtered[C]:
     """The rows at `keep`, in order, on every column, device and host.
 
     `split(batch, keep).kept`: the same arguments and errors. Keeping none
@@ -125,7 +126,7 @@ def keep_indices(keep: Keep, num_rows: int) -> HostArray:
     return index
 
 
-def _split(batch: Running, keep: Keep, transition: str) -> Split:
+def _split(batch: Running[C], keep: Keep, transition: str) -> Split[C]:
     if not isinstance(batch, Extended | Decoding | Filtered):
         raise PhaseError(
             f"{transition} takes Extended, Decoding or Filtered, got {type(batch).__name__}"

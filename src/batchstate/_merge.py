@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from batchstate._errors import BatchConflict, PhaseError
+from batchstate._columns import C
+from batchstate._errors import BatchConflict, ColumnError, PhaseError
 from batchstate._mirrored import HostArray, overlap
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 
 __all__ = ["merge"]
 
 
-def merge(running: Decoding | Filtered | Idle, incoming: Extended | Filtered) -> Filtered:
+def merge(
+    running: Decoding[C] | Filtered[C] | Idle[C], incoming: Extended[C] | Filtered[C]
+) -> Filtered[C]:
     """`running`'s rows followed by `incoming`'s, on every column, device and host.
 
     Reads nothing from the device. Merging with an empty side returns the
@@ -19,6 +22,8 @@ def merge(running: Decoding | Filtered | Idle, incoming: Extended | Filtered) ->
         PhaseError: a side of a phase merge does not accept.
         BatchConflict: a request id or a request slot is on both sides, or
             the sides live on different devices.
+        ColumnError: the sides carry different column sets (mypy rejects
+            that too).
     """
     if not isinstance(running, Decoding | Filtered | Idle):
         raise PhaseError(
@@ -29,6 +34,11 @@ def merge(running: Decoding | Filtered | Idle, incoming: Extended | Filtered) ->
     left, right = running.rows, incoming.rows
     if left.device != right.device:
         raise BatchConflict(f"cannot merge a batch on {right.device} into one on {left.device}")
+    if type(left.columns) is not type(right.columns):
+        raise ColumnError(
+            f"cannot merge {type(right.columns).__name__} columns into"
+            f" {type(left.columns).__name__} ones"
+        )
     if not len(right):
         return Filtered(left)
     if not len(left):

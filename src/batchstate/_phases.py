@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Generic, NamedTuple, TypeAlias, TypeVar, final
+from typing import Generic, NamedTuple, TypeAlias, final
 
 import attrs
 import torch
+from typing_extensions import TypeVar
 
+from batchstate._columns import C
 from batchstate._errors import RecordShapeError
 from batchstate._mirrored import DeviceOnly
 from batchstate._pools import Pools
@@ -17,10 +19,10 @@ __all__ = ["Batch", "Decoding", "Extended", "Filtered", "Idle", "Running", "Step
 
 @final
 @attrs.frozen(eq=False)
-class Idle:
+class Idle(Generic[C]):
     """The canonical empty batch: nothing to run. Build it with `idle(device)`."""
 
-    rows: Rows  # always zero rows
+    rows: Rows[C]  # always zero rows
 
     def __attrs_post_init__(self) -> None:
         if len(self.rows):
@@ -33,7 +35,7 @@ class Idle:
 
 @final
 @attrs.frozen(eq=False)
-class Extended:
+class Extended(Generic[C]):
     """Ready for an extend (prefill) forward: each row computes its uncached tokens.
 
     Rows are laid out back to back in `input_ids` and `out_cache_loc`:
@@ -42,7 +44,7 @@ class Extended:
                 tokens    [sum(extend_lens[:i]), sum(extend_lens[:i + 1]))
     """
 
-    rows: Rows  # seq_lens = prefix_lens + extend_lens
+    rows: Rows[C]  # seq_lens = prefix_lens + extend_lens
     input_ids: DeviceOnly  # int64 [extend_num_tokens], the tokens to compute
     out_cache_loc: DeviceOnly  # int64 [extend_num_tokens], token -> KV location it writes
     prefix_lens: tuple[int, ...]  # host [num_reqs]: tokens already in the KV cache
@@ -76,13 +78,13 @@ class Extended:
     @classmethod
     def _trusted(  # noqa: PLR0917  # the attrs __init__ it stands in for is positional too
         cls,
-        rows: Rows,
+        rows: Rows[C],
         input_ids: DeviceOnly,
         out_cache_loc: DeviceOnly,
         prefix_lens: tuple[int, ...],
         extend_lens: tuple[int, ...],
         extend_num_tokens: int,
-    ) -> Extended:
+    ) -> Extended[C]:
         # NOTE: skips the checks: only for columns `extend` built row for row.
         batch = _new(cls)
         _put(batch, "rows", rows)
@@ -100,10 +102,10 @@ class Extended:
 
 @final
 @attrs.frozen(eq=False)
-class Decoding:
+class Decoding(Generic[C]):
     """Ready for a decode forward: one new token per row."""
 
-    rows: Rows  # seq_lens counts the token this forward writes
+    rows: Rows[C]  # seq_lens counts the token this forward writes
     out_cache_loc: DeviceOnly  # int64 [num_reqs], row -> KV location of its new token
 
     def __attrs_post_init__(self) -> None:
@@ -119,7 +121,7 @@ class Decoding:
             )
 
     @classmethod
-    def _trusted(cls, rows: Rows, out_cache_loc: DeviceOnly) -> Decoding:
+    def _trusted(cls, rows: Rows[C], out_cache_loc: DeviceOnly) -> Decoding[C]:
         # NOTE: skips the checks: only for columns `decode` built row for row.
         batch = _new(cls)
         _put(batch, "rows", rows)
@@ -133,10 +135,10 @@ class Decoding:
 
 @final
 @attrs.frozen(eq=False)
-class Filtered:
+class Filtered(Generic[C]):
     """A running batch between steps: rows removed or merged in, nothing to run yet."""
 
-    rows: Rows
+    rows: Rows[C]
 
     @property
     def device(self) -> torch.device:
@@ -146,10 +148,11 @@ class Filtered:
 _new = object.__new__
 _put = object.__setattr__  # what attrs' frozen __init__ does
 
-Batch: TypeAlias = Idle | Extended | Decoding | Filtered
-Running: TypeAlias = Extended | Decoding | Filtered  # phases that hold rows to decode or filter
+Batch: TypeAlias = Idle[C] | Extended[C] | Decoding[C] | Filtered[C]
+# The phases that hold rows to decode or filter.
+Running: TypeAlias = Extended[C] | Decoding[C] | Filtered[C]
 
-_Phase_co = TypeVar("_Phase_co", Idle, Extended, Decoding, Filtered, covariant=True)
+_Phase_co = TypeVar("_Phase_co", covariant=True)
 
 
 class Step(NamedTuple, Generic[_Phase_co]):

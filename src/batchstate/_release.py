@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from returns.result import Failure, Result
 
+from batchstate._columns import C, D
 from batchstate._errors import PhaseError, ReleaseError, StillRunning
 from batchstate._filter import Departed
 from batchstate._mirrored import overlap
@@ -13,7 +14,9 @@ from batchstate._pools import Pools
 __all__ = ["release"]
 
 
-def release(left: Departed | Batch, running: Batch, pools: Pools) -> Result[Pools, ReleaseError]:
+def release(
+    left: Departed | Batch[C], running: Batch[D], pools: Pools
+) -> Result[Pools, ReleaseError]:
     """Free the request slots and KV tokens of every row of `left`.
 
     Args:

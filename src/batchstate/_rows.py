@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Final, Self, final
+from typing import Final, Generic, final
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from batchstate._errors import RecordShapeError
+from batchstate._columns import (
+    NO_COLUMNS,
+    C,
+    Pending,
+    cat_pending,
+    check_column_set,
+    empty_columns,
+    take_pending,
+)
+from batchstate._errors import ColumnError, RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64, upload
 
 __all__ = ["Req", "Rows", "build_rows"]
@@ -36,13 +45,14 @@ class Req:
 
 @final
 @attrs.frozen(eq=False)
-class Rows:
+class Rows(Generic[C]):
     """The per-row columns of a batch: one row per request, in order.
 
-    Every column has `num_reqs` rows on each of its sides. Filter, merge and
-    decode compute every new host column first and upload them together
-    (`build_rows`), so a transition costs one host-to-device copy however
-    many columns change.
+    Every column has `num_reqs` rows on each of its sides, the scheduler's
+    own `columns` (a `Columns` set, `NoColumns` by default) included. Filter,
+    merge and decode compute every new host column first and upload them
+    together (`build_rows`), so a transition costs one host-to-device copy
+    however many columns change.
     """
 
     device: torch.device
@@ -53,14 +63,15 @@ class Rows:
     orig_seq_lens: DeviceOnly  # int32 [num_reqs], equals seq_lens (before truncation tricks)
     seq_lens_sum: int  # host only: equals seq_lens.host.sum()
     max_seq_len: int  # host only: equals seq_lens.host.max(), 0 when empty
+    columns: C = NO_COLUMNS  # type: ignore[assignment]  # the default C is NoColumns
 
     def __attrs_post_init__(self) -> None:
         check_columns(self)
 
-    @classmethod
-    def empty(cls, device: torch.device) -> Self:
-        """Zero rows on every column, device and host."""
-        return cls(
+    @staticmethod
+    def empty(device: torch.device, columns: type[C]) -> Rows[C]:
+        """Zero rows on every column, device and host, the `columns` set's included."""
+        return Rows(
             device,
             (),
             host_int64([]),
@@ -69,16 +80,17 @@ class Rows:
             DeviceOnly.empty(torch.int32, device),
             0,
             0,
+            empty_columns(columns, device),
         )
 
-    @classmethod
+    @staticmethod
     def from_host(
-        cls,
         device: torch.device,
         reqs: Sequence[Req],
         slots: Sequence[int],
         seq_lens: Sequence[int],
-    ) -> Rows:
+        columns: C,
+    ) -> Rows[C]:
         """Build every column and its mirror from host lists, in one upload."""
         rows, _ = build_rows(
             device,
@@ -88,6 +100,7 @@ class Rows:
             host_int64(seq_lens),
             sum(seq_lens),
             max(seq_lens, default=0),
+            columns,
         )
         check_columns(rows)
         return rows
@@ -95,7 +108,7 @@ class Rows:
     def __len__(self) -> int:
         return len(self.reqs)
 
-    def take(self, index: HostArray) -> Rows:
+    def take(self, index: HostArray) -> Rows[C]:
         """The rows at host positions `index` (strictly increasing), on both sides."""
         if index.shape[0] == len(self.reqs):
             return self  # strictly increasing and in range: every row, in order
@@ -108,10 +121,13 @@ class Rows:
             seq_lens,
             int(seq_lens.sum()),
             int(seq_lens.max()) if index.shape[0] else 0,
+            take_pending(self.columns, index),
         )
         return rows
 
-    def without(self, kept: HostArray, dropped: Sequence[int], dropped_lens: Sequence[int]) -> Rows:
+    def without(
+        self, kept: HostArray, dropped: Sequence[int], dropped_lens: Sequence[int]
+    ) -> Rows[C]:
         """The rows at `kept`, given the few rows it drops and their lengths (the host knows them).
 
         The same as `take(kept)`, with the host values derived from the
@@ -136,10 +152,11 @@ class Rows:
             seq_lens,
             self.seq_lens_sum - sum(dropped_lens),
             longest,
+            take_pending(self.columns, kept),
         )
         return rows
 
-    def cat(self, other: Rows) -> Rows:
+    def cat(self, other: Rows[C]) -> Rows[C]:
         """These rows followed by `other`'s."""
         rows, _ = build_rows(
             self.device,
@@ -149,6 +166,7 @@ class Rows:
             np.concatenate((self.seq_lens.host, other.seq_lens.host)),
             self.seq_lens_sum + other.seq_lens_sum,
             max(self.max_seq_len, other.max_seq_len),
+            cat_pending(self.columns, other.columns),
         )
         return rows
 
@@ -167,11 +185,14 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     seq_lens: HostArray,
     seq_lens_sum: int,
     max_seq_len: int,
+    columns: C | Pending,
     extra: Sequence[npt.NDArray[np.generic]] = (),
-) -> tuple[Rows, list[torch.Tensor]]:
+) -> tuple[Rows[C], list[torch.Tensor]]:
     """Rows from new host columns, uploaded with `extra` host arrays in one copy.
 
     `slots` is a pair when the rows keep their slots (nothing to upload).
+    `columns` is the rows' column set, or a `Pending` one whose host sides
+    join the same upload.
     Host arrays must be fresh (no one else holds them): they are frozen, not
     copied. Returns the rows and the device copies of `extra`, in order.
 
@@ -182,7 +203,13 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     hosts: list[npt.NDArray[np.generic]] = [seq_lens, seq_lens.astype(np.int32), *extra]
     if not isinstance(slots, Mirrored):
         hosts.append(slots)
+    if isinstance(columns, Pending):
+        hosts.extend(columns.hosts)
     sides = upload(hosts, device)
+    if isinstance(columns, Pending):
+        pending = len(columns.hosts)
+        columns = columns.finish(sides[len(sides) - pending :])  # type: ignore[assignment]  # finish rebuilds the same set
+        del sides[len(sides) - pending :]
     if not isinstance(slots, Mirrored):
         slots = Mirrored._pair(frozen(slots), sides.pop())
     rows = object.__new__(Rows)
@@ -195,6 +222,7 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     put(rows, "orig_seq_lens", DeviceOnly(sides[1]))
     put(rows, "seq_lens_sum", seq_lens_sum)
     put(rows, "max_seq_len", max_seq_len)
+    put(rows, "columns", columns)
     return rows, sides[2:]
 
 
@@ -205,7 +233,7 @@ def _take_tuple(items: tuple[Req, ...], index: HostArray) -> tuple[Req, ...]:
     return tuple(operator.itemgetter(*positions)(items))
 
 
-def check_columns(rows: Rows) -> None:
+def check_columns(rows: Rows[C]) -> None:
     """Raise `RecordShapeError` unless every column has `len(reqs)` rows, its dtype and device.
 
     Host sides must also be read-only numpy arrays: a writable one could be
@@ -226,6 +254,10 @@ def check_columns(rows: Rows) -> None:
     )
     for name, tensor, dtype in devices:
         check_device(f"Rows.{name}", tensor, dtype, num_reqs, rows.device)
+    try:
+        check_column_set(rows.columns, num_reqs, rows.device, "Rows")
+    except ColumnError as error:
+        raise RecordShapeError(str(error)) from error
     slots = rows.req_pool_indices.host
     if num_reqs and slots.min() < 1:
         raise RecordShapeError(

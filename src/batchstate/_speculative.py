@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import NamedTuple, TypeAlias, final
+from typing import Generic, NamedTuple, TypeAlias, final
 
 import attrs
 import numpy as np
@@ -21,8 +21,9 @@ import numpy.typing as npt
 import torch
 from returns.result import Failure, Result, Success
 
+from batchstate._columns import NO_COLUMNS, C, check_column_set
 from batchstate._decode import DecodeError
-from batchstate._errors import ContextTooLong, DraftError, PhaseError
+from batchstate._errors import ColumnError, ContextTooLong, DraftError, PhaseError, RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate._phases import Decoding, Filtered, Step
 from batchstate._pools import Pools
@@ -37,7 +38,7 @@ Drafts: TypeAlias = Sequence[int] | npt.NDArray[np.integer] | torch.Tensor
 
 @final
 @attrs.frozen(eq=False, repr=False)
-class Verifying:
+class Verifying(Generic[C]):
     """A decode batch in its verify window: row lengths are known only on the device.
 
     Built by `verify` before the verify forward. That forward writes KV for
@@ -61,6 +62,7 @@ class Verifying:
     draft_lens: HostArray  # read-only int64 [num_reqs], row -> draft tokens with KV reserved
     seq_lens: DeviceOnly  # int64 [num_reqs], row -> KV tokens the verify forward attends over
     out_cache_loc: DeviceOnly  # int64 [num_reqs + sum(draft_lens)], token -> KV location
+    columns: C = NO_COLUMNS  # type: ignore[assignment]  # the default C is NoColumns
 
     def __attrs_post_init__(self) -> None:
         num_reqs = len(self.reqs)
@@ -77,6 +79,10 @@ class Verifying:
         )
         for name, tensor, length in devices:
             check_device(f"Verifying.{name}", tensor, torch.int64, length, self.device)
+        try:
+            check_column_set(self.columns, num_reqs, self.device, "Verifying")
+        except ColumnError as error:
+            raise RecordShapeError(str(error)) from error
 
     def __repr__(self) -> str:
         return (
@@ -85,14 +91,16 @@ class Verifying:
         )
 
 
-class VerifyStep(NamedTuple):
+class VerifyStep(NamedTuple, Generic[C]):
     """What `verify` returns: the verify window and the pools holding its drafts' KV."""
 
-    batch: Verifying
+    batch: Verifying[C]
     pools: Pools
 
 
-def verify(batch: Decoding, draft_lens: Drafts, pools: Pools) -> Result[VerifyStep, DecodeError]:
+def verify(
+    batch: Decoding[C], draft_lens: Drafts, pools: Pools
+) -> Result[VerifyStep[C], DecodeError]:
     """Reserve KV for each row's drafts, up front, and open the verify window.
 
     Row i gets locations for positions `[c, c + draft_lens[i])` past its
@@ -169,11 +177,12 @@ def verify(batch: Decoding, draft_lens: Drafts, pools: Pools) -> Result[VerifySt
         frozen(drafts),
         DeviceOnly(forward_lens),
         DeviceOnly(forward_locs),
+        rows.columns,
     )
     return Success(VerifyStep(verifying, after))
 
 
-def sync(batch: Verifying, num_accepted: torch.Tensor, pools: Pools) -> Step[Filtered]:
+def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[Filtered[C]]:
     """Read each row's accepted drafts from the device, free the rest, mirror the lengths again.
 
     The one device read of the decode path: it waits for the verify forward
@@ -237,6 +246,7 @@ def sync(batch: Verifying, num_accepted: torch.Tensor, pools: Pools) -> Step[Fil
         seq_lens,
         int(seq_lens.sum()),
         int(seq_lens.max()) if num_reqs else 0,
+        batch.columns,
     )
     check_columns(rows)
     return Step(Filtered(rows), shrunk.unwrap())
