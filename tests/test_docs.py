@@ -6,8 +6,8 @@ import contextlib
 import inspect
 import io
 import re
-import typing
 import subprocess
+import typing
 from pathlib import Path
 from typing import Final
 

@@ -20,7 +20,6 @@ import torch
 from returns.result import Failure
 
 from batchstate import (
-    NoColumns,
     Batch,
     BatchConflict,
     ContextTooLong,
@@ -36,6 +35,7 @@ from batchstate import (
     InvariantViolation,
     KeepIndicesError,
     Mirrored,
+    NoColumns,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
