@@ -190,9 +190,12 @@ def sync(batch: Verifying, num_accepted: torch.Tensor, pools: Pools) -> Step[Fil
         `Step(Filtered, Pools)`: a running batch to filter, merge or decode.
 
     Raises:
+        PhaseError: `batch` is not `Verifying`.
         DraftError: `num_accepted` has the wrong shape, dtype or device, a
             count out of range, or `pools` do not hold `batch`'s drafts.
     """
+    if not isinstance(batch, Verifying):
+        raise PhaseError(f"sync takes Verifying, got {type(batch).__name__}")
     num_reqs = len(batch.reqs)
     if (
         num_accepted.shape != (num_reqs,)
