@@ -17,6 +17,8 @@ import attrs
 import torch
 from hypothesis import strategies as st
 
+from batchstate import FreeList
+
 # The long profile: `BATCHSTATE_LONG=1 python -m pytest tests/test_state_machine.py`.
 LONG: Final = os.environ.get("BATCHSTATE_LONG", "") not in ("", "0")
 
@@ -90,6 +92,10 @@ def snapshot(value: object) -> object:
         data = value if value.device.type == "meta" else value.detach().cpu()
         flat = () if value.device.type == "meta" else tuple(data.flatten().tolist())
         return TensorState(flat, value.dtype, tuple(value.shape), value.device)
+    if isinstance(value, FreeList):
+        # A free list's value is its ids: cells past its tail belong to no value
+        # (a give from it writes there), so a snapshot ignores them.
+        return (FreeList, snapshot(value.ids), len(value))
     kind = type(value)
     if attrs.has(kind):
         fields = attrs.fields(kind)

@@ -150,7 +150,7 @@ def verify(
     table_cells = Mirrored.from_host(
         torch.stack((slots[draft_rows], draft_positions, draft_locs)), rows.device
     )
-    after.table.write(*table_cells.unbind())
+    # Position c - 1 is not among the cells the write below sets (drafts start at c).
     decode_locs = after.table.host[slots, committed - 1].to(torch.int64)
     out_cache_loc = torch.empty(len(rows) + draft_locs.shape[0], dtype=torch.int64)
     leads = first_draft + torch.arange(len(rows))  # each row's decode token
@@ -168,6 +168,8 @@ def verify(
         DeviceOnly(forward[out_cache_loc.shape[0] :]),
         DeviceOnly(forward[: out_cache_loc.shape[0]]),
     )
+    # NOTE: the table write comes last: a failure before it leaves the table as it was.
+    after.table.write(*table_cells.unbind())
     return Success(VerifyStep(verifying, after))
 
 
