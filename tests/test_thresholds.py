@@ -165,6 +165,7 @@ def test_extend_places_rows_as_python_would(page_size: int, num_reqs: int, resum
     cached = 5
     items: list[Req | Resumed] = []
     prefixes = [0] * num_reqs
+    held_slot, held_row = 0, []  # a resumed request's slot and its cached locations
     if resumed:
         held, pools = extend(idle(CPU), [Req(999, tuple(range(cached)))], pools).unwrap()
         held_slot = held.rows.req_pool_indices.host.tolist()[0]

@@ -58,21 +58,18 @@ class Verifying:
 
     def __attrs_post_init__(self) -> None:
         num_reqs = len(self.reqs)
-        num_tokens = num_reqs + int(self.draft_lens.sum())
-        columns = (
+        columns = [
             ("rids", self.rids, num_reqs, _CPU),
             ("req_pool_indices.host", self.req_pool_indices.host, num_reqs, _CPU),
             ("req_pool_indices.device", self.req_pool_indices.device, num_reqs, self.device),
             ("draft_lens", self.draft_lens, num_reqs, _CPU),
             ("seq_lens", self.seq_lens.device, num_reqs, self.device),
-            ("out_cache_loc", self.out_cache_loc.device, num_tokens, self.device),
-        )
+        ]
         for name, tensor, rows, device in columns:
-            if tensor.shape != (rows,) or tensor.dtype != torch.int64 or tensor.device != device:
-                raise RecordShapeError(
-                    f"Verifying.{name}: expected int64 [{rows}] on {device},"
-                    f" got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
-                )
+            _expect_column(name, tensor, rows, device)
+        # Summed only once checked on the host: a device draft_lens would be read.
+        num_tokens = num_reqs + int(self.draft_lens.sum())
+        _expect_column("out_cache_loc", self.out_cache_loc.device, num_tokens, self.device)
 
     def __repr__(self) -> str:
         return (
@@ -237,6 +234,14 @@ def sync(batch: Verifying, num_accepted: torch.Tensor, pools: Pools) -> Step[Fil
         int(seq_lens_host.max()) if num_reqs else 0,
     )
     return Step(Filtered(rows), shrunk.unwrap())
+
+
+def _expect_column(name: str, tensor: torch.Tensor, rows: int, device: torch.device) -> None:
+    if tensor.shape != (rows,) or tensor.dtype != torch.int64 or tensor.device != device:
+        raise RecordShapeError(
+            f"Verifying.{name}: expected int64 [{rows}] on {device},"
+            f" got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
+        )
 
 
 def _draft_lens(draft_lens: Sequence[int] | torch.Tensor, num_reqs: int) -> torch.Tensor:
