@@ -15,12 +15,19 @@ from typing import Final, NamedTuple
 
 import attrs
 import torch
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from batchstate import FreeList
 
 # The long profile: `BATCHSTATE_LONG=1 python -m pytest tests/test_state_machine.py`.
 LONG: Final = os.environ.get("BATCHSTATE_LONG", "") not in ("", "0")
+# The mutation profile (tools/mutation.py sets it): small, derandomized budgets,
+# so each mutant runs fast and the same mutant is killed (or not) every run.
+FAST: Final = os.environ.get("BATCHSTATE_FAST", "") not in ("", "0")
+if FAST:
+    settings.register_profile("mutation", max_examples=20, derandomize=True, deadline=None)
+    settings.load_profile("mutation")
 
 
 class PoolShape(NamedTuple):

@@ -63,6 +63,7 @@ from batchstate import (
 )
 from tests.strategies import (
     CPU,
+    FAST,
     LONG,
     PoolShape,
     assert_unchanged,
@@ -73,7 +74,7 @@ from tests.strategies import (
     tile,
 )
 
-MAX_EXAMPLES: Final = 5000 if LONG else 200
+MAX_EXAMPLES: Final = 5000 if LONG else 40 if FAST else 200
 STEP_COUNT: Final = 100 if LONG else 40
 
 _counts: dict[str, int] = {"examples": 0, "steps": 0, "resumed": 0}
@@ -485,6 +486,8 @@ def test_state_machine() -> None:
         f" in {elapsed:.1f} s ({'long' if LONG else 'CI'} profile); failures seen: {_failures}"
     )
     assert _counts["steps"] > _counts["examples"], "the machine ran no steps"
+    if FAST:
+        return  # the mutation profile's budget is too small to reach every failure
     # The budget must reach full pools and every admission failure, or it proves little.
     expected = {"OutOfReqSlots", "OutOfKVTokens", "ContextTooLong", "EmptyPrompt", "StillRunning"}
     assert expected <= set(_failures), f"never reached: {expected - set(_failures)}"

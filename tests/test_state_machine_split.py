@@ -47,6 +47,7 @@ from batchstate import (
     verify,
 )
 from tests.strategies import (
+    FAST,
     LONG,
     PoolShape,
     assert_unchanged,
@@ -64,7 +65,7 @@ from tests.test_state_machine import (
     run_machine,
 )
 
-MAX_EXAMPLES: Final = 3000 if LONG else 200
+MAX_EXAMPLES: Final = 3000 if LONG else 40 if FAST else 200
 STEP_COUNT: Final = 100 if LONG else 40
 
 
@@ -335,6 +336,8 @@ def test_speculative_state_machine() -> None:
         f" states, {_counts['synced']} syncs in {elapsed:.1f} s; failures seen: {_failures}"
     )
     assert _counts["steps"] > _counts["examples"], "the machine ran no steps"
+    if FAST:
+        return  # the mutation profile's budget is too small to reach every failure
     assert _counts["synced"] >= 10, "too few verify windows synced"
     expected = {"OutOfKVTokens", "ContextTooLong", "StillRunning", "NotOwned", "DraftError"}
     assert expected <= set(_failures), f"never reached: {expected - set(_failures)}"
