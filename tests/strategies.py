@@ -16,10 +16,19 @@ from typing import Final, NamedTuple
 import attrs
 import numpy as np
 import torch
+from hypothesis import settings
 from hypothesis import strategies as st
+
+from batchstate import FreeList
 
 # The long profile: `BATCHSTATE_LONG=1 python -m pytest tests/test_state_machine.py`.
 LONG: Final = os.environ.get("BATCHSTATE_LONG", "") not in ("", "0")
+# The mutation profile (tools/mutation.py sets it): small, derandomized budgets,
+# so each mutant runs fast and the same mutant is killed (or not) every run.
+FAST: Final = os.environ.get("BATCHSTATE_FAST", "") not in ("", "0")
+if FAST:
+    settings.register_profile("mutation", max_examples=20, derandomize=True, deadline=None)
+    settings.load_profile("mutation")
 
 
 class PoolShape(NamedTuple):
@@ -93,6 +102,10 @@ def snapshot(value: object) -> object:
         data = value if value.device.type == "meta" else value.detach().cpu()
         flat = () if value.device.type == "meta" else tuple(data.flatten().tolist())
         return TensorState(flat, value.dtype, tuple(value.shape), value.device)
+    if isinstance(value, FreeList):
+        # A free list's value is its ids: cells past its tail belong to no value
+        # (a give from it writes there), so a snapshot ignores them.
+        return (FreeList, snapshot(value.ids), len(value))
     kind = type(value)
     if attrs.has(kind):
         fields = attrs.fields(kind)

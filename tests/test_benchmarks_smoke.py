@@ -39,6 +39,9 @@ def test_run_reports_every_point() -> None:
         assert set(point["stats"]) == {"batchstate", "mutable", "floor"}
         step = point["stats"]["batchstate"]["step"]
         assert 0 < step["q1_us"] <= step["median_us"] <= step["q3_us"]
+        medians = {name: stats["step"]["median_us"] for name, stats in point["stats"].items()}
+        assert point["a_over_b"] == pytest.approx(medians["batchstate"] / medians["mutable"])
+        assert point["a_over_c"] == pytest.approx(medians["batchstate"] / medians["floor"])
     assert set(extras["work"]) == {1, 16}
     assert set(extras["work"][1]) == {"batchstate", "mutable", "floor"}
 

@@ -16,8 +16,10 @@ cells the device write just accepted (see `TokenTable.write`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -48,6 +50,9 @@ from batchstate import (
     merge,
     prebuilt,
     release,
+    split,
+    sync,
+    verify,
 )
 from tests.builders import CPU, make_extended, make_phase, make_reqs, make_test_pools
 from tests.strategies import assert_unchanged, snapshot
@@ -68,6 +73,7 @@ _SEAMS: Final[tuple[tuple[object, str], ...]] = (
     (Pools, "_allocate_fresh"),
     (Pools, "_take_pages"),
     (Pools, "free"),
+    (Pools, "shrink"),
     (TokenTable, "write"),
     (TokenTable, "write_rows"),
     (Mirrored, "from_hosts"),
@@ -173,6 +179,31 @@ def _release(page_size: int) -> Setup:
     return (lambda: release(left, running, pools)), (left, running, pools)
 
 
+def _split(page_size: int) -> Setup:
+    batch, _ = make_phase(Decoding, make_test_pools(page_size), [3, 5, 7, 9])
+    return (lambda: split(batch, [1, 2])), (batch,)  # type: ignore[arg-type]  # a Decoding
+
+
+def _release_departed(page_size: int) -> Setup:
+    batch, pools = make_phase(Decoding, make_test_pools(page_size), [3, 17, 5, 20])
+    # Released against a later batch, not the split's own kept rows: the slots are compared.
+    kept, left = split(batch, [1, 3])  # type: ignore[arg-type]  # a Decoding
+    running = filter_batch(kept, [0])
+    return (lambda: release(left, running, pools)), (left, running, pools)
+
+
+def _verify(page_size: int) -> Setup:
+    batch, pools = make_phase(Decoding, make_test_pools(page_size), [15, 5, 30])
+    return (lambda: verify(batch, [2, 0, 5], pools)), (batch, pools)  # type: ignore[arg-type]  # a Decoding
+
+
+def _sync(page_size: int) -> Setup:
+    batch, pools = make_phase(Decoding, make_test_pools(page_size), [15, 5, 30])
+    window, pools = verify(batch, [2, 0, 5], pools).unwrap()  # type: ignore[arg-type]  # a Decoding
+    accepted = torch.tensor([1, 0, 0])  # frees the last row's draft-only page (pages of 16)
+    return (lambda: sync(window, accepted, pools)), (window, accepted, pools)
+
+
 _TRANSITIONS: Final[dict[str, Callable[[int], Setup]]] = {
     "extend-new-and-resumed": _extend_mixed,  # three allocations and the table write
     "prebuilt": _prebuilt,  # the same admission without a forward
@@ -180,6 +211,10 @@ _TRANSITIONS: Final[dict[str, Callable[[int], Setup]]] = {
     "filter": _filter,  # gathers on both sides
     "merge": _merge,  # concatenations on both sides
     "release": _release,  # the free list grows
+    "split": _split,  # gathers on both sides, the rows that left on the host
+    "release-departed": _release_departed,  # a Departed, compared against the running rows
+    "verify": _verify,  # allocate_tokens, the table write, one copy for the forward
+    "sync": _sync,  # the device read, shrink, the mirror copy
 }
 
 
@@ -196,13 +231,13 @@ def _assert_valid(inputs: tuple[object, ...]) -> None:
             check_batch(value, compare_device=True)  # type: ignore[arg-type]  # a record
 
 
-@pytest.mark.parametrize(
-    "page_size",
-    [
-        1,  # one token per page: the fast paths
-        16,  # partly filled pages, read back from the host table
-    ],
+_PAGE_SIZES: Final = (
+    1,  # one token per page: the fast paths
+    16,  # partly filled pages, read back from the host table
 )
+
+
+@pytest.mark.parametrize("page_size", _PAGE_SIZES)
 @pytest.mark.parametrize("name", _TRANSITIONS)
 def test_exception_at_every_seam(
     monkeypatch: pytest.MonkeyPatch, name: str, page_size: int
@@ -210,12 +245,7 @@ def test_exception_at_every_seam(
     """An exception at any seam of a transition leaves every input valid and unchanged."""
     setup = _TRANSITIONS[name]
     with _seams(monkeypatch) as injector:
-        call, inputs = setup(page_size)
-        injector.device_table = _device_table(inputs)
-        injector.armed = True
-        call()
-        injector.armed = False
-        num_calls = injector.calls
+        num_calls = _count_seam_calls(injector, name, page_size)
         assert num_calls, f"{name} passed no seam: the sweep would prove nothing"
         print(f"{name}, page size {page_size}: {num_calls} faults injected")
         for fail_at in range(num_calls):
@@ -230,6 +260,36 @@ def test_exception_at_every_seam(
                 injector.armed = False
             assert_unchanged(before, inputs, f"{name} inputs after a fault {raised.value}")
             _assert_valid(inputs)
+
+
+def _count_seam_calls(injector: _Injector, name: str, page_size: int) -> int:
+    # A clean run, counting its seam calls: the sweep injects one fault per call.
+    call, inputs = _TRANSITIONS[name](page_size)
+    injector.device_table = _device_table(inputs)
+    injector.calls, injector.fail_at, injector.armed = 0, None, True
+    try:
+        call()
+    finally:
+        injector.armed = False
+    return injector.calls
+
+
+def test_reliability_doc_states_the_number_of_faults_injected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/reliability.md's fault count is what the sweep above injects, at both page sizes."""
+    with _seams(monkeypatch) as injector:
+        total = sum(
+            _count_seam_calls(injector, name, page_size)
+            for name in _TRANSITIONS
+            for page_size in _PAGE_SIZES
+        )
+    print(f"fault sweep: {total} faults over {len(_TRANSITIONS)} transitions")
+    doc = (Path(__file__).parents[1] / "docs" / "reliability.md").read_text()
+    stated = {int(count) for count in re.findall(r"(\d+) (?:injected faults|faults in all)", doc)}
+    assert stated == {total}, (
+        f"docs/reliability.md states {sorted(stated)}, the sweep injects {total}"
+    )
 
 
 class _AllocFault(NamedTuple):

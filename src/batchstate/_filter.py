@@ -34,8 +34,10 @@ class Departed:
     slots: HostArray  # read-only int64 [num_left], the request slots they own
     seq_lens: HostArray  # read-only int64 [num_left], the tokens each holds in its slot
     # The rows that stayed, from the same split: disjoint from these by
-    # construction, so `release` need not compare slots against them.
-    stayed: object = None  # compared by identity only
+    # construction, so `release` need not compare slots against them. Only
+    # `split` sets it: not an argument, and `attrs.evolve` resets it, so a
+    # value built or changed by hand is always compared. Compared by identity.
+    stayed: object = attrs.field(default=None, init=False)
 
     def __repr__(self) -> str:
         return f"Departed(rids={[req.rid for req in self.reqs]}, slots={self.slots.tolist()})"
@@ -110,6 +112,8 @@ def keep_indices(keep: Keep, num_rows: int) -> HostArray:
     if index.shape[0] == 0:
         return index
     if not _increasing(keep, index):
+        if isinstance(keep, Sequence) and bool in set(map(type, keep)):
+            raise KeepIndicesError("keep indices must be integers, got a bool")  # off the hot path
         steps = np.diff(index)
         at = int((steps <= 0).argmax())
         kind = "a duplicate" if int(steps[at]) == 0 else "out of order"
@@ -149,8 +153,8 @@ def _split(batch: Running[C], keep: Keep, transition: str) -> Split[C]:
         tuple(rows.reqs[position] for position in positions),
         frozen(rows.req_pool_indices.host[left_index]),
         left_lens,
-        stayed,
     )
+    object.__setattr__(left, "stayed", stayed)  # frozen, and not an __init__ argument
     return Split(Filtered(stayed), left)
 
 
@@ -176,9 +180,9 @@ def _as_host_int64(keep: Keep) -> HostArray:
         if keep.dtype.kind not in "iu":
             raise KeepIndicesError(f"keep indices must be integers, got {keep.dtype}")
         return frozen(keep.astype(np.int64))
-    # A bool equals 0 or 1, so in strictly increasing non-negative positions it
-    # can only stand first or second: checking those two catches every mask
-    # that the later checks would not, without scanning thousands of rows.
+    # A bool is an int to `array`: a mask would pass as positions 0 and 1. In
+    # strictly increasing positions a bool can only stand first or second
+    # (`keep_indices` names one elsewhere when the order check fails).
     if bool in map(type, keep[:2]):
         raise KeepIndicesError("keep indices must be integers, got a bool")
     try:

@@ -71,6 +71,7 @@ class Verifying(Generic[C]):
             "Verifying.req_pool_indices.host", self.req_pool_indices.host, np.int64, num_reqs
         )
         check_host("Verifying.draft_lens", self.draft_lens, np.int64, num_reqs)
+        # Summed only once checked as a host array: a device draft_lens would be read.
         num_tokens = num_reqs + int(self.draft_lens.sum())
         devices = (
             ("req_pool_indices.device", self.req_pool_indices.device, num_reqs),
@@ -156,6 +157,7 @@ def verify(
     draft_positions = (
         committed[draft_rows] + np.arange(draft_rows.shape[0]) - first_draft[draft_rows]
     )
+    # Position c - 1 is not among the cells the write below sets (drafts start at c).
     decode_locs = after.table.host[slots, committed - 1].astype(np.int64)
     leads = first_draft + np.arange(len(rows))  # each row's decode token
     out_cache_loc = np.empty(len(rows) + draft_locs.shape[0], dtype=np.int64)
@@ -166,9 +168,6 @@ def verify(
     cells = (slots[draft_rows], draft_positions, draft_locs.astype(np.int32))
     # One host-to-device copy for the table write and what the forward reads.
     forward_locs, forward_lens, *cell_sides = upload((out_cache_loc, reserved, *cells), rows.device)
-    after.table.write(
-        *(Mirrored._pair(frozen(host), side) for host, side in zip(cells, cell_sides, strict=True))
-    )
     verifying = Verifying(
         rows.device,
         rows.reqs,
@@ -178,6 +177,10 @@ def verify(
         DeviceOnly(forward_lens),
         DeviceOnly(forward_locs),
         rows.columns,
+    )
+    # NOTE: the table write comes last: a failure before it leaves the table as it was.
+    after.table.write(
+        *(Mirrored._pair(frozen(host), side) for host, side in zip(cells, cell_sides, strict=True))
     )
     return Success(VerifyStep(verifying, after))
 
@@ -201,6 +204,7 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
         `Step(Filtered, Pools)`: a running batch to filter, merge or decode.
 
     Raises:
+        PhaseError: `batch` is not `Verifying`.
         DraftError: `num_accepted` has the wrong shape, dtype or device, a
             count out of range, or `pools` do not hold `batch`'s drafts.
     """
