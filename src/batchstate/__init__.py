@@ -5,6 +5,10 @@ A device tensor and its CPU mirror are one `Mirrored` value; the four phases
 transition returns a new record (and new `Pools` where it allocates).
 """
 
+from batchstate._cached_extend import decode_cached, extend_cached
+from batchstate._cached_invariants import check_cached_pools
+from batchstate._cached_pools import CachedPools, CachedStep, cached_pools
+from batchstate._cached_release import release_cached
 from batchstate._decode import DecodeError, decode
 from batchstate._errors import (
     AllocError,
@@ -32,6 +36,7 @@ from batchstate._merge import merge
 from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
 from batchstate._pools import Allocation, Pools, make_pools
+from batchstate._prefix_cache import PrefixCache
 from batchstate._release import release
 from batchstate._rows import Req, Rows
 from batchstate._speculative import Verifying, VerifyStep, sync, verify
@@ -46,6 +51,8 @@ __all__ = [
     "Allocation",
     "Batch",
     "BatchConflict",
+    "CachedPools",
+    "CachedStep",
     "ContextTooLong",
     "DecodeError",
     "Decoding",
@@ -67,6 +74,7 @@ __all__ = [
     "OutOfReqSlots",
     "PhaseError",
     "Pools",
+    "PrefixCache",
     "RecordShapeError",
     "ReleaseError",
     "Req",
@@ -83,10 +91,14 @@ __all__ = [
     "VerifyStep",
     "Verifying",
     "__version__",
+    "cached_pools",
     "check_batch",
+    "check_cached_pools",
     "check_pools",
     "decode",
+    "decode_cached",
     "extend",
+    "extend_cached",
     "filter_batch",
     "idle",
     "keep_indices",
@@ -94,6 +106,7 @@ __all__ = [
     "merge",
     "prebuilt",
     "release",
+    "release_cached",
     "split",
     "sync",
     "unwrap",
