@@ -150,7 +150,7 @@ class CacheMachine(RuleBasedStateMachine):
     )
     def admit(self, picks: list[tuple[int, list[int]]], empty: int) -> None:
         """Extend requests that share headers; merge them into the running batch."""
-        reqs = []
+        reqs: list[Req] = []
         for header, tail in picks:
             self.next_rid += 1
             ids = (HEADERS[header] if header < len(HEADERS) else ()) + tuple(tail)

@@ -183,14 +183,14 @@ def test_transition_row(
     )
     caller = CALLERS.get(row.function)
     assert caller is not None, f"add a caller for {row.function.__name__} to CALLERS"
-    result, pools, live = caller(source, operand, pools)
+    result, after, live = caller(source, operand, pools)
     assert type(result) is row.target
     for batch in live:
         check_batch(batch, compare_device=True)
-    if isinstance(pools, CachedPools):
-        check_cached_pools(pools, live, compare_device=True)
+    if isinstance(after, CachedPools):
+        check_cached_pools(after, live, compare_device=True)
     else:
-        check_pools(pools, live if row.function is verify else [result], compare_device=True)
+        check_pools(after, live if row.function is verify else [result], compare_device=True)
     if row.function is merge and source is not None and operand is not None:
         assert len(result.rows) == len(source.rows) + len(operand.rows)
         assert result.rows.seq_lens_sum == source.rows.seq_lens_sum + operand.rows.seq_lens_sum
