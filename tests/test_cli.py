@@ -41,7 +41,7 @@ def test_summary_table_reports_a_passing_run(capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert out.startswith("batchstate simulate   OK\n")
     assert "oracle              pass (24/24 requests match)" in out
-    assert "pool conservation   ok: 32/32 slots, 512/512 KV tokens free" in out
+    assert "pool conservation   ok: 32/32 slots, " in out  # free, or cached and evictable
 
 
 def test_json_output_is_machine_readable(capsys: pytest.CaptureFixture[str]) -> None:

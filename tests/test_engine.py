@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from batchstate import Decoding, Extended, Pools, make_pools
+from batchstate import CachedPools, Decoding, Extended, Pools, make_pools
 from batchstate.engine import (
     END_TOKEN,
     Engine,
@@ -80,10 +80,12 @@ class _Corrupting:
     inner: ModelTokens
     corrupt: Callable[[Decoding], Decoding]
 
-    def after_extend(self, batch: Extended, pools: Pools) -> list[int]:
+    def after_extend(self, batch: Extended, pools: Pools | CachedPools) -> list[int]:
         return self.inner.after_extend(batch, pools)
 
-    def after_decode(self, batch: Decoding, pools: Pools, last_tokens: Sequence[int]) -> list[int]:
+    def after_decode(
+        self, batch: Decoding, pools: Pools | CachedPools, last_tokens: Sequence[int]
+    ) -> list[int]:
         return self.inner.after_decode(self.corrupt(batch), pools, last_tokens)
 
 

@@ -12,26 +12,35 @@ from hypothesis import strategies as st
 from batchstate import (
     TRANSITIONS,
     Batch,
+    CachedPools,
     Decoding,
     Pools,
+    Req,
     Transition,
     Verifying,
+    cached_pools,
     check_batch,
+    check_cached_pools,
     check_pools,
     decode,
+    decode_cached,
     extend,
+    extend_cached,
     filter_batch,
     idle,
     merge,
     prebuilt,
     release,
+    release_cached,
     split,
     sync,
     verify,
 )
 from tests.builders import CPU, make_phase, make_reqs, make_test_pools
 
-Caller = Callable[[Batch | None, Batch | None, Pools], tuple[Batch, Pools, list[Batch]]]
+Caller = Callable[
+    [Batch | None, Batch | None, Pools], tuple[Batch, Pools | CachedPools, list[Batch]]
+]
 
 
 def _call_idle(
@@ -107,6 +116,27 @@ def _call_sync(
     return synced, pools, [synced]
 
 
+def _call_extend_cached(
+    source: Batch | None, operand: Batch | None, pools: Pools
+) -> tuple[Batch, CachedPools, list[Batch]]:
+    # A first request computes a shared header and is released into the cache;
+    # the second reads the header's whole pages from it.
+    shared = cached_pools(pools)
+    header = tuple(range(7, 40))
+    first, shared = extend_cached(source, [Req(50, (*header, 1))], shared).unwrap()  # type: ignore[arg-type]  # as above
+    shared = release_cached(first, idle(CPU), shared).unwrap()
+    batch, shared = extend_cached(source, [Req(51, (*header, 2, 3))], shared).unwrap()  # type: ignore[arg-type]  # as above
+    assert batch.prefix_lens[0] == len(header) // shared.page_size * shared.page_size
+    return batch, shared, [batch]
+
+
+def _call_decode_cached(
+    source: Batch | None, operand: Batch | None, pools: Pools
+) -> tuple[Batch, CachedPools, list[Batch]]:
+    batch, shared = decode_cached(source, cached_pools(pools)).unwrap()  # type: ignore[arg-type]  # as above
+    return batch, shared, [batch]
+
+
 CALLERS: dict[Callable[..., object], Caller] = {
     idle: _call_idle,
     extend: _call_extend,
@@ -117,6 +147,8 @@ CALLERS: dict[Callable[..., object], Caller] = {
     merge: _call_merge,
     verify: _call_verify,
     sync: _call_sync,
+    extend_cached: _call_extend_cached,
+    decode_cached: _call_decode_cached,
 }
 
 
@@ -151,11 +183,14 @@ def test_transition_row(
     )
     caller = CALLERS.get(row.function)
     assert caller is not None, f"add a caller for {row.function.__name__} to CALLERS"
-    result, pools, live = caller(source, operand, pools)
+    result, after, live = caller(source, operand, pools)
     assert type(result) is row.target
     for batch in live:
         check_batch(batch, compare_device=True)
-    check_pools(pools, live if row.function is verify else [result], compare_device=True)
+    if isinstance(after, CachedPools):
+        check_cached_pools(after, live, compare_device=True)
+    else:
+        check_pools(after, live if row.function is verify else [result], compare_device=True)
     if row.function is merge and source is not None and operand is not None:
         assert len(result.rows) == len(source.rows) + len(operand.rows)
         assert result.rows.seq_lens_sum == source.rows.seq_lens_sum + operand.rows.seq_lens_sum

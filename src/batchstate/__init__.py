@@ -5,6 +5,10 @@ A device tensor and its CPU mirror are one `Mirrored` value; the four phases
 transition returns a new record (and new `Pools` where it allocates).
 """
 
+from batchstate._cached_extend import decode_cached, extend_cached
+from batchstate._cached_invariants import check_cached_pools
+from batchstate._cached_pools import CachedPools, CachedStep, cached_pools
+from batchstate._cached_release import release_cached
 from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
 from batchstate._decode import DecodeError, decode
 from batchstate._errors import (
@@ -34,6 +38,7 @@ from batchstate._merge import merge
 from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
 from batchstate._pools import Allocation, Pools, make_pools
+from batchstate._prefix_cache import PrefixCache
 from batchstate._release import release
 from batchstate._rows import Req, Rows
 from batchstate._sampling import GREEDY, Sampling, SamplingParams
@@ -50,6 +55,8 @@ __all__ = [
     "Allocation",
     "Batch",
     "BatchConflict",
+    "CachedPools",
+    "CachedStep",
     "ColumnError",
     "Columns",
     "ContextTooLong",
@@ -75,6 +82,7 @@ __all__ = [
     "OutOfReqSlots",
     "PhaseError",
     "Pools",
+    "PrefixCache",
     "RecordShapeError",
     "ReleaseError",
     "Req",
@@ -94,10 +102,14 @@ __all__ = [
     "Verifying",
     "__version__",
     "build_columns",
+    "cached_pools",
     "check_batch",
+    "check_cached_pools",
     "check_pools",
     "decode",
+    "decode_cached",
     "extend",
+    "extend_cached",
     "filter_batch",
     "idle",
     "keep_indices",
@@ -105,6 +117,7 @@ __all__ = [
     "merge",
     "prebuilt",
     "release",
+    "release_cached",
     "split",
     "sync",
     "unwrap",

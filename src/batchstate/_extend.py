@@ -163,12 +163,7 @@ def _admit(
     batch: Idle[C], inputs: Sequence[Req | Resumed], pools: Pools, columns: C
 ) -> _Admitted[C] | ExtendError:
     pools.table.expect_on(batch.device)
-    if type(columns) is not type(batch.rows.columns):
-        raise ColumnError(
-            f"the batch carries {type(batch.rows.columns).__name__} columns,"
-            f" got {type(columns).__name__}"
-        )
-    check_column_set(columns, len(inputs), batch.device, "columns")
+    _expect_columns(batch, columns, len(inputs))
     if not inputs:
         return EmptyExtend()
     if len(inputs) <= _MAX_ROW_WRITES and all(type(item) is Req for item in inputs):
@@ -327,6 +322,16 @@ def _expect_unique(values: Sequence[int], what: str) -> None:
     if len(set(values)) != len(values):
         repeated = sorted({value for value in values if values.count(value) > 1})
         raise BatchConflict(f"the same {what} appears twice among the requests: {repeated}")
+
+
+def _expect_columns(batch: Idle[C], columns: C, num_rows: int) -> None:
+    # Before any allocation: the admitted rows' columns are the batch's set, of their length.
+    if type(columns) is not type(batch.rows.columns):
+        raise ColumnError(
+            f"the batch carries {type(batch.rows.columns).__name__} columns,"
+            f" got {type(columns).__name__}"
+        )
+    check_column_set(columns, num_rows, batch.device, "columns")
 
 
 def _expect_idle(batch: object, transition: str) -> None:

@@ -7,6 +7,7 @@ from typing import Final, TypeAlias, final
 
 import attrs
 
+from batchstate._cached_extend import decode_cached, extend_cached
 from batchstate._decode import decode
 from batchstate._errors import (
     BatchConflict,
@@ -93,4 +94,22 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         raises=(DraftError, BatchConflict),
     ),
     Transition(Verifying, sync, Filtered, raises=(DraftError,)),
+    # Prefix caching, on `CachedPools`: eviction is part of allocating.
+    Transition(
+        Idle,
+        extend_cached,
+        Extended,
+        failures=(OutOfReqSlots, OutOfKVTokens, ContextTooLong, EmptyExtend, EmptyPrompt),
+        raises=(BatchConflict,),
+    ),
+    *(
+        Transition(
+            source,
+            decode_cached,
+            Decoding,
+            failures=(OutOfKVTokens, ContextTooLong),
+            raises=(BatchConflict, StaleRecord),
+        )
+        for source in _RUNNING
+    ),
 )

@@ -133,6 +133,10 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         prompt_len=tuple(args.prompt_len),
         output_len=tuple(args.output_len),
         seed=args.seed,
+        shared_prefixes=args.shared_prefix[0],
+        shared_prefix_len=args.shared_prefix[1],
+        shared_fraction=args.shared_prefix[2],
+        follow_ups=args.follow_ups,
     )
     engine = EngineConfig(
         max_running=args.max_running,
@@ -151,7 +155,16 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         max_context_len=args.max_context_len,
         device=args.device,
         oracle=not args.no_oracle,
+        prefix_cache=not args.no_prefix_cache,
     )
+
+
+def _number(text: str) -> int | float:
+    # `--shared-prefix 4 64 0.5`: two counts and a share.
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def _parser() -> _Parser:
@@ -208,6 +221,23 @@ def _add_workload_options(add: _Add) -> None:
         " (default: 4 48)",
     )
     add("--seed", type=int, default=0, help="seed of the workload and of meta's tokens")
+    add(
+        "--shared-prefix",
+        type=_number,
+        nargs=3,
+        default=[0, 32, 0.0],
+        metavar=("COUNT", "LEN", "FRACTION"),
+        help="COUNT distinct prefixes of LEN tokens; a FRACTION of the requests start with one"
+        " (default: 0 32 0.0, none)",
+    )
+    add(
+        "--follow-ups",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="share of requests that are a second turn of an earlier one: its prompt and"
+        " answer, then new tokens",
+    )
 
 
 def _add_engine_options(add: _Add) -> None:
@@ -243,6 +273,11 @@ def _add_engine_options(add: _Add) -> None:
         help="share of a request's output budget reserved when it is admitted",
     )
     add("--headroom-pages", type=int, default=1, metavar="N", help="pages reserved per admission")
+    add(
+        "--no-prefix-cache",
+        action="store_true",
+        help="give finished requests' KV back instead of caching it for later prefixes",
+    )
 
 
 def _add_output_options(add: _Add) -> None:

@@ -16,25 +16,37 @@ from time import perf_counter
 from typing import TypeVar, final
 
 import attrs
+from returns.result import Result
 
 from batchstate import (
+    AllocError,
+    CachedPools,
+    CachedStep,
+    DecodeError,
     Decoding,
     Departed,
     Extended,
     Filtered,
     Idle,
     InvariantViolation,
+    NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
     Pools,
+    ReleaseError,
     Req,
+    Step,
     check_batch,
+    check_cached_pools,
     check_pools,
     decode,
+    decode_cached,
     extend,
+    extend_cached,
     idle,
     merge,
     release,
+    release_cached,
     split,
 )
 from batchstate.engine._admission import Budget, choose, reserve
@@ -78,7 +90,8 @@ class Engine:
 
     Args:
         specs: the workload, in arrival order.
-        pools: empty pools for the run.
+        pools: empty pools for the run; `CachedPools` runs with a prefix cache
+            (finished requests' KV is cached, extends read cached prefixes).
         tokens: runs the forwards (a model) or draws tokens (meta).
         counter: counts device reads on audited steps; None counts none.
     """
@@ -87,13 +100,14 @@ class Engine:
         self,
         config: EngineConfig,
         specs: Sequence[RequestSpec],
-        pools: Pools,
+        pools: Pools | CachedPools,
         tokens: TokenSource,
         counter: ReadCounter | None = None,
     ) -> None:
         self.config, self.pools, self.tokens, self.counter = config, pools, tokens, counter
         self.running: Filtered | Idle = idle(pools.table.device.device)
         self.pending = deque(sorted(specs, key=lambda spec: spec.arrival_step))
+        self.prompts: dict[int, tuple[int, ...]] = {}  # rid -> its whole prompt, once it arrived
         self.waiting: deque[Req] = deque()
         self.live: dict[int, _Live] = {}
         self.outputs: dict[int, tuple[int, ...]] = {}
@@ -113,9 +127,19 @@ class Engine:
             if not self.waiting and not len(self.running.rows):
                 self.clock = max(self.clock, self.pending[0].arrival_step)  # skip idle steps
             while self.pending and self.pending[0].arrival_step <= self.clock:
-                spec = self.pending.popleft()
-                self.live[spec.rid] = _Live(spec, [])
-                self.waiting.append(Req(spec.rid, spec.prompt))
+                spec = self.pending[0]
+                if spec.follows is not None and spec.follows not in self.outputs:
+                    if not self.waiting and not len(self.running.rows):
+                        raise EngineError(f"request {spec.rid} follows one that never ran")
+                    break  # a follow-up turn waits for the conversation's last answer
+                self.pending.popleft()
+                prompt = spec.prompt
+                if spec.follows is not None:
+                    # The conversation so far (its prompt and answer), then the new turn.
+                    prompt = self.prompts[spec.follows] + self.outputs[spec.follows] + prompt
+                self.prompts[spec.rid] = prompt
+                self.live[spec.rid] = _Live(attrs.evolve(spec, prompt=prompt, follows=None), [])
+                self.waiting.append(Req(spec.rid, prompt))
             self._step()
             self.clock += 1
             every = self.config.check_every
@@ -133,7 +157,10 @@ class Engine:
         """
         try:
             check_batch(self.running)
-            check_pools(self.pools, [self.running])
+            if isinstance(self.pools, CachedPools):
+                check_cached_pools(self.pools, [self.running])
+            else:
+                check_pools(self.pools, [self.running])
         except InvariantViolation as error:
             raise InvariantViolation(f"after step {len(self.trace)}: {error}") from error
         self.trace.num_checks += 1
@@ -155,6 +182,8 @@ class Engine:
         keep, done = self._record(batch, sampled)
         self._timed(lambda: self._retire(batch, keep, done))
         used = (self.pools.num_pages * self.pools.page_size) - self.pools.num_free_tokens
+        if isinstance(self.pools, CachedPools):  # cached but evictable pages count as free
+            used = (self.pools.num_pages * self.pools.page_size) - self.pools.num_available_tokens
         self.trace.append(
             is_extend=isinstance(batch, Extended),
             batch_size=len(batch.rows),
@@ -170,7 +199,7 @@ class Engine:
         pools, running = self.pools, self.running.rows
         budget = Budget(
             min(self.config.max_running - len(running), pools.num_free_slots),
-            pools.num_free_tokens,
+            pools.num_available_tokens if isinstance(pools, CachedPools) else pools.num_free_tokens,
             reserve(
                 map(self._remaining, running.rids.tolist()),
                 pools.page_size,
@@ -187,13 +216,19 @@ class Engine:
         remaining = (self._remaining(req.rid) for req in self.waiting)
         reqs = list(islice(self.waiting, choose(self.waiting, remaining, budget)))
         while reqs:
-            result = self._timed(lambda: extend(idle(running.device), reqs, pools), audit=False)
+            result = self._timed(lambda: self._extend(reqs, pools), audit=False)
             step = result.value_or(None)
             if step is not None:
+                self._count_cache(pools, step.pools)
                 self.pools = step.pools
                 for _ in reqs:
                     self.waiting.popleft()
-                return step.batch
+                batch = step.batch
+                self.trace.prefill_computed += batch.extend_num_tokens
+                self.trace.prefill_cached += sum(batch.prefix_lens)
+                self.trace.cache_hits += sum(1 for length in batch.prefix_lens if length)
+                self.trace.extended_requests += len(reqs)
+                return batch
             failure = result.failure()
             if not isinstance(failure, OutOfKVTokens | OutOfReqSlots):
                 raise EngineError(f"extend failed: {failure}")
@@ -202,14 +237,33 @@ class Engine:
             raise EngineError(f"nothing running and request {self.waiting[0].rid} does not fit")
         return None
 
+    def _extend(
+        self, reqs: list[Req], pools: Pools | CachedPools
+    ) -> Result[Step[Extended] | CachedStep[Extended], AllocError | NotOwned]:
+        device = self.running.device
+        if isinstance(pools, CachedPools):
+            return extend_cached(idle(device), reqs, pools)
+        return extend(idle(device), reqs, pools)
+
+    def _count_cache(self, before: Pools | CachedPools, after: Pools | CachedPools) -> None:
+        # An allocation only takes pages out of the cache: what it lost was evicted.
+        if isinstance(before, CachedPools) and isinstance(after, CachedPools):
+            self.trace.evicted_pages += before.cache.num_pages - after.cache.num_pages
+
     def _decode(self) -> Decoding:
         while True:
             running = self.running
             if isinstance(running, Idle):
                 raise EngineError("decode with nothing running")
-            result = self._timed(partial(decode, running, self.pools))
+            pools = self.pools
+            result: Result[Step[Decoding] | CachedStep[Decoding], DecodeError] = (
+                self._timed(partial(decode_cached, running, pools))
+                if isinstance(pools, CachedPools)
+                else self._timed(partial(decode, running, pools))
+            )
             step = result.value_or(None)
             if step is not None:
+                self._count_cache(pools, step.pools)
                 self.pools = step.pools
                 return step.batch
             failure = result.failure()
@@ -254,9 +308,15 @@ class Engine:
             self.pools = self._release(left, kept)
         self.running = merge(self.running, kept) if isinstance(batch, Extended) else kept
 
-    def _release(self, left: Departed, running: Filtered) -> Pools:
-        result = release(left, running, self.pools)
-        pools = result.value_or(None)
+    def _release(self, left: Departed, running: Filtered) -> Pools | CachedPools:
+        result: Result[Pools, ReleaseError] | Result[CachedPools, ReleaseError]
+        if isinstance(self.pools, CachedPools):
+            # The KV holds each row's prompt and all it generated but the last token.
+            tokens = [self.prompts[req.rid] + self._generated(req.rid) for req in left.reqs]
+            result = release_cached(left, running, self.pools, tokens)
+        else:
+            result = release(left, running, self.pools)
+        pools: Pools | CachedPools | None = result.value_or(None)
         if pools is None:
             raise EngineError(f"release failed: {result.failure()}")
         return pools
@@ -274,6 +334,10 @@ class Engine:
             result = work()
         self._bookkeeping_s += perf_counter() - start
         return result
+
+    def _generated(self, rid: int) -> tuple[int, ...]:
+        live = self.live.get(rid)
+        return tuple(live.generated) if live is not None else self.outputs[rid]
 
     def _remaining(self, rid: int) -> int:
         live = self.live[rid]

@@ -15,7 +15,7 @@ from typing import final
 import attrs
 import torch
 
-from batchstate import Decoding, Extended, Pools, Rows
+from batchstate import CachedPools, Decoding, Extended, Pools, Rows
 from batchstate.engine._model import TinyModel
 
 __all__ = ["KVCache", "make_kv_cache", "sample_decode", "sample_extend"]
@@ -34,7 +34,7 @@ class KVCache:
     v: torch.Tensor  # the same
 
 
-def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
+def make_kv_cache(model: TinyModel, pools: Pools | CachedPools) -> KVCache:
     """A zeroed cache with `pools.kv_cache_size` rows per layer, on the model's device."""
     config = model.config
     shape = (config.num_layers, pools.kv_cache_size, config.num_heads, config.head_dim)
@@ -44,7 +44,9 @@ def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
     )
 
 
-def sample_extend(model: TinyModel, cache: KVCache, batch: Extended, pools: Pools) -> torch.Tensor:
+def sample_extend(
+    model: TinyModel, cache: KVCache, batch: Extended, pools: Pools | CachedPools
+) -> torch.Tensor:
     """Run an extend forward and return each row's greedy next token.
 
     Writes K/V of every extend token at `batch.out_cache_loc` (mutates `cache`).
@@ -76,7 +78,11 @@ def sample_extend(model: TinyModel, cache: KVCache, batch: Extended, pools: Pool
 
 
 def sample_decode(
-    model: TinyModel, cache: KVCache, batch: Decoding, pools: Pools, input_ids: torch.Tensor
+    model: TinyModel,
+    cache: KVCache,
+    batch: Decoding,
+    pools: Pools | CachedPools,
+    input_ids: torch.Tensor,
 ) -> torch.Tensor:
     """Run a decode forward of one token per row and return each row's greedy next token.
 

@@ -6,6 +6,7 @@ from typing import final
 
 import attrs
 
+from batchstate import CachedPools
 from batchstate.engine._simulate import Simulation
 
 __all__ = ["Summary", "render_summary", "summarize"]
@@ -39,6 +40,13 @@ class Summary:
     oracle: str  # "pass (...)", "FAIL (...)" or "skipped (...)"
     oracle_passed: bool | None  # None: the oracle did not run
     oracle_s: float | None  # None: the oracle did not run
+    prefix_cache: bool = False
+    prefill_computed: int = 0  # input ids the extends computed
+    prefill_cached: int = 0  # input ids read from the prefix cache instead
+    cache_hits: int = 0  # extended requests that read a cached prefix
+    extended_requests: int = 0  # requests extended (retracted ones count again)
+    evicted_pages: int = 0
+    step_ms: float = 0.0  # mean wall time per step
 
     @property
     def ok(self) -> bool:
@@ -85,10 +93,22 @@ def summarize(run: Simulation) -> Summary:
         pools=(
             f"{pools.num_free_slots}/{pools.max_reqs} slots,"
             f" {pools.num_free_tokens}/{pools.num_pages * pools.page_size} KV tokens free"
+            + (
+                f" + {pools.cache.num_tokens} cached (evictable)"
+                if isinstance(pools, CachedPools)
+                else ""
+            )
         ),
         oracle=oracle,
         oracle_passed=None if run.oracle is None else run.oracle.passed,
         oracle_s=run.oracle_s,
+        prefix_cache=run.config.prefix_cache,
+        prefill_computed=trace.prefill_computed,
+        prefill_cached=trace.prefill_cached,
+        cache_hits=trace.cache_hits,
+        extended_requests=trace.extended_requests,
+        evicted_pages=trace.evicted_pages,
+        step_ms=1e3 * sum(trace.step_s) / max(steps, 1),
     )
 
 
@@ -123,12 +143,33 @@ def render_summary(summary: Summary) -> str:
         ("device reads", f"{reads} (decode path)"),
         ("invariant checks", f"{s.invariant_checks} passed"),
         ("pool conservation", f"{'ok' if s.pools_conserved else 'LEAK'}: {s.pools}"),
+        ("prefix cache", _cache_line(s)),
+        ("prefill", _prefill_line(s)),
         ("oracle", s.oracle),
     )
     width = max(len(name) for name, _ in rows)
     lines = [f"{'batchstate simulate':<{width}}   {'OK' if s.ok else 'FAILED'}"]
     lines += [f"{name:<{width}}   {value}" for name, value in rows]
     return "\n".join(lines)
+
+
+def _cache_line(s: Summary) -> str:
+    if not s.prefix_cache:
+        return "off (--no-prefix-cache)"
+    rate = 100 * s.cache_hits / max(s.extended_requests, 1)
+    return (
+        f"on: {s.cache_hits}/{s.extended_requests} extends hit ({rate:.0f}%),"
+        f" {s.evicted_pages} pages evicted"
+    )
+
+
+def _prefill_line(s: Summary) -> str:
+    total = s.prefill_computed + s.prefill_cached
+    saved = 100 * s.prefill_cached / max(total, 1)
+    return (
+        f"{s.prefill_computed} tokens computed, {s.prefill_cached} read from the cache"
+        f" ({saved:.0f}% saved); {s.step_ms:.2f} ms per step"
+    )
 
 
 _EXAMPLE = Summary(

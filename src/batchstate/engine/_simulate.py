@@ -9,7 +9,7 @@ from typing import final
 import attrs
 import torch
 
-from batchstate import Pools, make_pools
+from batchstate import CachedPools, Pools, cached_pools, make_pools
 from batchstate.engine._engine import Engine, EngineConfig
 from batchstate.engine._model import ModelConfig, TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
@@ -38,6 +38,7 @@ class SimulationConfig:
     max_context_len: int | None = None  # default: longest prompt + longest output
     device: str = "cpu"
     oracle: bool = True  # ignored on meta, which runs no model
+    prefix_cache: bool = True  # share KV of common prefixes through a prefix cache
 
     @property
     def num_slots(self) -> int:
@@ -45,7 +46,7 @@ class SimulationConfig:
 
     @property
     def context_len(self) -> int:
-        longest = self.workload.prompt_len[1] + self.workload.output_len[1]
+        longest = self.workload.longest_prompt + self.workload.output_len[1]
         return longest if self.max_context_len is None else self.max_context_len
 
     def validate(self) -> None:
@@ -90,7 +91,7 @@ class SimulationConfig:
                 f" got {self.num_kv_tokens}"
             )
         # A request needs its whole prompt and output in KV at once (whole pages).
-        longest = self.workload.prompt_len[1] + self.workload.output_len[1]
+        longest = self.workload.longest_prompt + self.workload.output_len[1]
         pages = -(-longest // self.page_size)
         if pages * self.page_size > self.num_kv_tokens:
             raise ValueError(
@@ -116,7 +117,8 @@ class Simulation:
     outputs: dict[int, tuple[int, ...]]
     trace: Trace
     wall_s: float
-    pools: Pools  # after the run: everything should be free again
+    pools: Pools | CachedPools  # after the run: everything free again (or cached)
+    prompts: dict[int, tuple[int, ...]]  # rid -> the prompt it ran with (follow-ups' history)
     oracle: OracleResult | None  # None: not run (meta, or switched off)
     oracle_s: float | None  # None: the oracle did not run
     reads_measured: bool  # False when no step was audited
@@ -124,10 +126,10 @@ class Simulation:
     @property
     def pools_conserved(self) -> bool:
         pools = self.pools
-        return (
-            pools.num_free_slots == pools.max_reqs
-            and pools.num_free_tokens == pools.num_pages * pools.page_size
+        free = (
+            pools.num_available_tokens if isinstance(pools, CachedPools) else pools.num_free_tokens
         )
+        return pools.num_free_slots == pools.max_reqs and free == pools.num_pages * pools.page_size
 
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -147,9 +149,10 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
     config.validate()
     device = torch.device(config.device)
     specs = make_workload(config.workload)
-    pools = make_pools(
+    plain = make_pools(
         config.num_slots, config.context_len, config.num_kv_tokens, device, config.page_size
     )
+    pools: Pools | CachedPools = cached_pools(plain) if config.prefix_cache else plain
     source: TokenSource
     model = None
     if device.type == "meta":
@@ -168,7 +171,7 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
     wall_s = perf_counter() - start
     oracle, oracle_s = None, None
     if model is not None and config.oracle:
-        requests = {spec.rid: (spec.prompt, spec.max_new_tokens) for spec in specs}
+        requests = {spec.rid: (engine.prompts[spec.rid], spec.max_new_tokens) for spec in specs}
         report("oracle", 0, total)
         oracle_start = perf_counter()
         oracle = check_oracle(
@@ -186,6 +189,7 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
         engine.trace,
         wall_s,
         engine.pools,
+        engine.prompts,
         oracle,
         oracle_s,
         engine.trace.num_audited > 0,

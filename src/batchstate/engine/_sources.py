@@ -8,7 +8,7 @@ from typing import Protocol, final
 
 import torch
 
-from batchstate import Decoding, Extended, Pools
+from batchstate import CachedPools, Decoding, Extended, Pools
 from batchstate.engine._model import TinyModel
 from batchstate.engine._paged import KVCache, sample_decode, sample_extend
 
@@ -18,11 +18,13 @@ __all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
 class TokenSource(Protocol):
     """Runs a forward for a batch and returns each row's next token, on the host."""
 
-    def after_extend(self, batch: Extended, pools: Pools) -> list[int]:
+    def after_extend(self, batch: Extended, pools: Pools | CachedPools) -> list[int]:
         """The token after each row's last input id, in row order."""
         ...
 
-    def after_decode(self, batch: Decoding, pools: Pools, last_tokens: Sequence[int]) -> list[int]:
+    def after_decode(
+        self, batch: Decoding, pools: Pools | CachedPools, last_tokens: Sequence[int]
+    ) -> list[int]:
         """The token after each row's `last_tokens[row]`, in row order."""
         ...
 
@@ -40,12 +42,14 @@ class ModelTokens:
         self.model = model
         self.cache = cache
 
-    def after_extend(self, batch: Extended, pools: Pools) -> list[int]:
+    def after_extend(self, batch: Extended, pools: Pools | CachedPools) -> list[int]:
         """Run the extend forward (writes the cache) and read the sampled tokens."""
         tokens: list[int] = sample_extend(self.model, self.cache, batch, pools).tolist()
         return tokens
 
-    def after_decode(self, batch: Decoding, pools: Pools, last_tokens: Sequence[int]) -> list[int]:
+    def after_decode(
+        self, batch: Decoding, pools: Pools | CachedPools, last_tokens: Sequence[int]
+    ) -> list[int]:
         """Run the decode forward (writes the cache) and read the sampled tokens."""
         input_ids = torch.tensor(last_tokens, dtype=torch.int64).to(self.model.device)
         tokens: list[int] = sample_decode(self.model, self.cache, batch, pools, input_ids).tolist()
@@ -60,11 +64,13 @@ class RandomTokens:
         self.vocab_size = vocab_size
         self.rng = random.Random(seed)
 
-    def after_extend(self, batch: Extended, pools: Pools) -> list[int]:
+    def after_extend(self, batch: Extended, pools: Pools | CachedPools) -> list[int]:
         """One random token per row."""
         return self._draw(len(batch.rows))
 
-    def after_decode(self, batch: Decoding, pools: Pools, last_tokens: Sequence[int]) -> list[int]:
+    def after_decode(
+        self, batch: Decoding, pools: Pools | CachedPools, last_tokens: Sequence[int]
+    ) -> list[int]:
         """One random token per row."""
         return self._draw(len(batch.rows))
 

@@ -26,6 +26,11 @@ class Trace:
         self.num_retractions = 0
         self.device_reads = 0  # counted on audited steps' decode path
         self.num_checks = 0  # invariant checks that passed
+        self.prefill_computed = 0  # input ids the extends computed
+        self.prefill_cached = 0  # input ids the extends read from the prefix cache instead
+        self.cache_hits = 0  # requests extended with a cached prefix
+        self.extended_requests = 0  # requests extended (a retracted one again)
+        self.evicted_pages = 0  # cached pages evicted to make room
 
     def __len__(self) -> int:
         return len(self.step_s)

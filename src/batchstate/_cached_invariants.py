@@ -1,0 +1,144 @@
+"""The invariants of cached pools: every page free, cached or in use, counted exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from batchstate._cached_pools import CachedPools
+from batchstate._errors import InvariantViolation
+from batchstate._phases import Batch
+
+__all__ = ["check_cached_pools"]
+
+
+def check_cached_pools(
+    pools: CachedPools, batches: Iterable[Batch] = (), *, compare_device: bool = False
+) -> None:
+    """Check that every KV page is exactly one of free, cached or in use, and counted right.
+
+    - free + cached + private (in use by one row, past its prefix) = capacity,
+      no page in two of them, page 0 in none;
+    - each slot's cached prefix is whole pages, shorter than its row, and its
+      pages are cached; each cached page is locked by exactly the rows that
+      read it (its reference count is those rows plus the cache's one);
+    - the tree is well formed: edges of whole pages, keys their first page,
+      a child locked no more than its parent, page totals as counted;
+    - slots, and every row of `batches`, as `check_pools` checks them, and a
+      row's cached prefix is what the cache matches for its `input_ids`.
+
+    Raises:
+        InvariantViolation: naming the invariant and the numbers.
+    """
+    inner, cache, page_size = pools._pools, pools.cache, pools.page_size
+    batches = list(batches)
+    _expect(cache.owner is inner.table, "the cache belongs to another table")
+    _check_tree(pools)
+    entries = cache.entries()
+    cached = np.array([page for page, _ in entries.values()], dtype=np.int64)
+    locks = {page: count for page, count in entries.values()}
+    table, slot_tokens, prefix_lens = inner.table.host, inner.slot_tokens, pools.prefix_lens
+    _expect(int(prefix_lens[0]) == 0, "padding slot 0 reads a cached prefix")
+    readers = np.zeros(pools.num_pages + 1, dtype=np.int64)
+    private = []
+    for slot in range(1, pools.max_reqs + 1):
+        tokens, prefix = int(slot_tokens[slot]), int(prefix_lens[slot])
+        _expect(
+            prefix % page_size == 0 and (prefix < tokens or prefix == tokens == 0),
+            f"slot {slot}: cached prefix {prefix} of {tokens} tokens is not whole pages before"
+            " its last token",
+        )
+        pages = table[slot, :tokens:page_size].astype(np.int64) // page_size
+        np.add.at(readers, pages[: prefix // page_size], 1)
+        private.append(pages[prefix // page_size :])
+    for page in np.nonzero(readers)[0].tolist():
+        _expect(page in locks, f"page {page} is read as a cached prefix but not cached")
+    for page, count in locks.items():
+        _expect(
+            int(readers[page]) == count,
+            f"page {page}: locked by {count} rows, read by {int(readers[page])}",
+        )
+    every = np.concatenate((inner.free_pages, cached, *private))
+    uses = np.bincount(every, minlength=pools.num_pages + 1)
+    _expect(
+        uses.shape[0] == pools.num_pages + 1 and int(uses[0]) == 0 and bool((uses[1:] == 1).all()),
+        f"KV pages: {inner.free_pages.shape[0]} free + {cached.shape[0]} cached"
+        f" + {every.shape[0] - inner.free_pages.shape[0] - cached.shape[0]} private"
+        f" != {pools.num_pages}, or a page is in two states or none",
+    )
+    _check_slots(pools, batches, compare_device=compare_device)
+    for batch in batches:
+        slots = batch.rows.req_pool_indices.host.tolist()
+        for req, slot in zip(batch.rows.reqs, slots, strict=True):
+            prefix = int(prefix_lens[slot])
+            length, pages = cache.match(req.input_ids[:prefix])
+            row_pages = table[slot, :prefix:page_size].astype(np.int64) // page_size
+            _expect(
+                length == prefix and np.array_equal(pages, row_pages),
+                f"slot {slot}: its cached prefix is not the cache's pages for its tokens",
+            )
+
+
+def _check_slots(pools: CachedPools, batches: list[Batch], *, compare_device: bool) -> None:
+    # As `check_pools` for slots: each free or owned once, rows laid out in whole
+    # pages, every row of `batches` owning its slot at its length.
+    max_reqs, page_size, table = pools.max_reqs, pools.page_size, pools.table.host
+    slot_tokens = pools.slot_tokens
+    owned = slot_tokens.nonzero()[0]
+    uses = np.bincount(np.concatenate((pools.free_slots, owned)), minlength=max_reqs + 1)
+    _expect(
+        int(slot_tokens[0]) == 0 and int(uses[0]) == 0 and bool((uses[1:] == 1).all()),
+        f"request slots: {pools.num_free_slots} free + {owned.shape[0]} owned != {max_reqs},"
+        " or a slot is both or neither",
+    )
+    for slot in owned.tolist():
+        cells = table[slot, : int(slot_tokens[slot])].astype(np.int64)
+        pages = cells[::page_size] // page_size
+        layout = np.repeat(pages, page_size)[: cells.shape[0]] * page_size + (
+            np.arange(cells.shape[0]) % page_size
+        )
+        _expect(np.array_equal(cells, layout), f"slot {slot}: locations do not fill whole pages")
+    seen: set[int] = set()
+    for batch in batches:
+        rows = batch.rows
+        pairs = zip(rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist(), strict=True)
+        for slot, seq_len in pairs:
+            _expect(slot not in seen, f"slot {slot} is in two rows")
+            seen.add(slot)
+            _expect(
+                1 <= slot <= max_reqs and int(slot_tokens[slot]) == seq_len,
+                f"slot {slot}: row has {seq_len} tokens, the pools hold another count",
+            )
+    if compare_device:
+        device_table = pools.table.device.cpu().numpy()
+        _expect(np.array_equal(table, device_table), "table: host != device")
+
+
+def _check_tree(pools: CachedPools) -> None:
+    cache, page_size = pools.cache, pools.page_size
+    total = locked = 0
+    for prefix, node in cache._nodes():
+        _expect(
+            len(node.tokens) > 0
+            and len(node.tokens) % page_size == 0
+            and len(node.pages) == len(node.tokens) // page_size,
+            f"cache node at {len(prefix)} tokens: edge of {len(node.tokens)} tokens,"
+            f" {len(node.pages)} pages",
+        )
+        for key, child in node.children.items():
+            _expect(key == child.tokens[:page_size], "a cache node is keyed by other tokens")
+            _expect(child.locks <= node.locks, "a cache node is locked more than its parent")
+        total += len(node.pages)
+        locked += len(node.pages) if node.locks else 0
+        _expect(node.locks >= 0, "a cache node has negative locks")
+    _expect(
+        total == cache.num_pages and locked == cache.num_locked,
+        f"cache counts {cache.num_pages} pages ({cache.num_locked} locked),"
+        f" the tree holds {total} ({locked})",
+    )
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvariantViolation(message)
