@@ -1,10 +1,13 @@
 """batchstate: an LLM serving scheduler's per-step batch as frozen records with pure transitions.
 
 A device tensor and its CPU mirror are one `Mirrored` value; the four phases
-`Idle`, `Extended`, `Decoding` and `Filtered` are frozen records; every
+`Idle`, `Extended`, `Decoding` and `Filtered` are frozen records, with
+`Mixed` (prompt chunks and decode rows in one forward), `Chunked` (a request
+between chunks) and `Verifying` (speculation's window) beside them; every
 transition returns a new record (and new `Pools` where it allocates).
 """
 
+from batchstate._chunked import Chunked
 from batchstate._decode import DecodeError, decode
 from batchstate._errors import (
     AllocError,
@@ -15,6 +18,8 @@ from batchstate._errors import (
     EmptyPrompt,
     InvariantViolation,
     KeepIndicesError,
+    NoChunkBudget,
+    NotHeld,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
@@ -28,12 +33,15 @@ from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
 from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
 from batchstate._free_list import FreeList
 from batchstate._invariants import check_batch, check_pools
+from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
 from batchstate._merge import merge
 from batchstate._mirrored import DeviceOnly, Mirrored
+from batchstate._mixed import Mixed, MixError, MixStep, Settled, decode_sampled, mix, settle
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
 from batchstate._pools import Allocation, Pools, make_pools
 from batchstate._release import release
 from batchstate._rows import Req, Rows
+from batchstate._sampled import Sampled, follow, read_sampled
 from batchstate._speculative import Verifying, VerifyStep, sync, verify
 from batchstate._token_table import TokenTable
 from batchstate._transitions import TRANSITIONS, Transition
@@ -46,6 +54,7 @@ __all__ = [
     "Allocation",
     "Batch",
     "BatchConflict",
+    "Chunked",
     "ContextTooLong",
     "DecodeError",
     "Decoding",
@@ -58,10 +67,17 @@ __all__ = [
     "Extended",
     "Filtered",
     "FreeList",
+    "Holder",
     "Idle",
     "InvariantViolation",
     "KeepIndicesError",
+    "Leaks",
     "Mirrored",
+    "MixError",
+    "MixStep",
+    "Mixed",
+    "NoChunkBudget",
+    "NotHeld",
     "NotOwned",
     "OutOfKVTokens",
     "OutOfReqSlots",
@@ -73,6 +89,8 @@ __all__ = [
     "Resumed",
     "Rows",
     "Running",
+    "Sampled",
+    "Settled",
     "Split",
     "StaleRecord",
     "Step",
@@ -84,16 +102,23 @@ __all__ = [
     "Verifying",
     "__version__",
     "check_batch",
+    "check_leaks",
     "check_pools",
     "decode",
+    "decode_sampled",
     "extend",
     "filter_batch",
+    "find_leaks",
+    "follow",
     "idle",
     "keep_indices",
     "make_pools",
     "merge",
+    "mix",
     "prebuilt",
+    "read_sampled",
     "release",
+    "settle",
     "split",
     "sync",
     "unwrap",

@@ -7,6 +7,7 @@ from typing import Final, final
 
 import attrs
 
+from batchstate._chunked import Chunked
 from batchstate._decode import decode
 from batchstate._errors import (
     BatchConflict,
@@ -15,6 +16,8 @@ from batchstate._errors import (
     EmptyExtend,
     EmptyPrompt,
     KeepIndicesError,
+    NoChunkBudget,
+    NotHeld,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
@@ -23,12 +26,21 @@ from batchstate._errors import (
 from batchstate._extend import extend, idle, prebuilt
 from batchstate._filter import filter_batch, split
 from batchstate._merge import merge
+from batchstate._mixed import Mixed, decode_sampled, mix, settle
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 from batchstate._speculative import Verifying, sync, verify
 
 __all__ = ["TRANSITIONS", "Transition"]
 
-Phase = type[Idle] | type[Extended] | type[Decoding] | type[Filtered] | type[Verifying]
+Phase = (
+    type[Idle]
+    | type[Extended]
+    | type[Decoding]
+    | type[Filtered]
+    | type[Verifying]
+    | type[Mixed]
+    | type[Chunked]
+)
 
 
 @final
@@ -58,6 +70,15 @@ _ADMIT_FAILURES: Final = (
     NotOwned,
 )
 _RUNNING: Final = (Extended, Decoding, Filtered)
+_MIX_FAILURES: Final = (
+    NoChunkBudget,
+    EmptyExtend,
+    NotHeld,
+    EmptyPrompt,
+    ContextTooLong,
+    OutOfReqSlots,
+    OutOfKVTokens,
+)
 
 TRANSITIONS: Final[tuple[Transition, ...]] = (
     Transition(None, idle, Idle),
@@ -92,4 +113,28 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         raises=(DraftError, BatchConflict),
     ),
     Transition(Verifying, sync, Filtered, raises=(DraftError,)),
+    # Chunked prefill and mixed forwards: new requests (no operand) or a held chunk.
+    *(
+        Transition(
+            source,
+            mix,
+            Mixed,
+            operand=operand,
+            failures=_MIX_FAILURES,
+            raises=(BatchConflict, StaleRecord),
+        )
+        for source in (Idle, Filtered)
+        for operand in (None, Chunked)
+    ),
+    # Device-resident tokens: decode fed the last forward's sampled tokens.
+    Transition(
+        Filtered,
+        decode_sampled,
+        Mixed,
+        failures=(OutOfKVTokens, ContextTooLong),
+        raises=(BatchConflict, StaleRecord),
+    ),
+    # After a mixed forward: the running rows, and a Chunked per prompt that goes on.
+    Transition(Mixed, settle, Filtered),
+    Transition(Mixed, settle, Chunked),
 )
