@@ -26,6 +26,10 @@ class Trace:
         self.num_retractions = 0
         self.device_reads = 0  # counted on audited steps' decode path
         self.num_checks = 0  # invariant checks that passed
+        self.num_chunks = 0  # forwards' rows that stopped part way through a prompt
+        self.num_mixed_steps = 0  # forwards with prompt tokens and decode rows together
+        self.named_reads = 0  # sampled-token reads through read_sampled (one per mixed step)
+        self.overshoot_tokens = 0  # overlap: tokens decoded past a stop, then dropped
 
     def __len__(self) -> int:
         return len(self.step_s)
