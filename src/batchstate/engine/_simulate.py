@@ -81,9 +81,11 @@ class SimulationConfig:
             ("--headroom-pages", engine.headroom_pages),
             ("--check-every", engine.check_every),
             ("--audit-every", engine.audit_every),
+            ("--chunk-size", engine.chunk_size),
         ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        _check_modes(engine)
         if self.num_kv_tokens < 0 or self.num_kv_tokens % self.page_size:
             raise ValueError(
                 f"--kv-tokens must be a non-negative multiple of --page-size={self.page_size},"
@@ -190,6 +192,12 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
         oracle_s,
         engine.trace.num_audited > 0,
     )
+
+
+def _check_modes(engine: EngineConfig) -> None:
+    # Overlap feeds every running row the device's token: every forward must hold them all.
+    if engine.overlap and not engine.mixed:
+        raise ValueError("--overlap needs --mixed: the decode rows ride in every forward")
 
 
 def _quiet(phase: str, done: int, total: int) -> None:
