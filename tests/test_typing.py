@@ -22,6 +22,7 @@ from batchstate import *
 def snippet(
     idle_: Idle, extended: Extended, decoding: Decoding, filtered: Filtered,
     pools: Pools, reqs: list[Req], tensor: torch.Tensor, pair: Mirrored, device_only: DeviceOnly,
+    chunked: Chunked, mixed: Mixed, sampled: Sampled,
 ) -> None:
 """
 
@@ -75,6 +76,24 @@ REJECTED: Final = {
     "reject_out_cache_loc_as_mirror": (
         "def plan(locs: Mirrored) -> None: ...\nplan(decoding.out_cache_loc)"
     ),
+    # A held chunk is not a batch: it can only be mixed again or released.
+    "reject_decode_from_chunked": "decode(chunked, pools)",
+    "reject_merge_chunked_into_filtered": "merge(filtered, chunked)",
+    "reject_filter_chunked": "filter_batch(chunked, [0])",
+    "reject_chunked_rows": "print(chunked.rows)",
+    # A mixed forward is settled before anything else touches it.
+    "reject_decode_from_mixed": "decode(mixed, pools)",
+    "reject_filter_mixed": "filter_batch(mixed, [0])",
+    "reject_merge_mixed": "merge(filtered, mixed)",
+    "reject_release_mixed": "release(mixed, filtered, pools)",
+    "reject_check_batch_mixed": "check_batch(mixed)",
+    "reject_mix_from_decoding": "mix(decoding, reqs, 8, pools)",
+    "reject_mix_from_extended": "mix(extended, reqs, 8, pools)",
+    "reject_settle_filtered": "settle(filtered)",
+    # Device-resident tokens are device-only: no host side to read, no host list where they go.
+    "reject_sampled_tokens_as_mirror": "def plan(t: Mirrored) -> None: ...\nplan(sampled.tokens)",
+    "reject_decode_sampled_host_tokens": "decode_sampled(filtered, [1, 2], pools)",
+    "reject_decode_sampled_from_decoding": "decode_sampled(decoding, sampled, pools)",
 }
 
 ACCEPTED: Final = {
@@ -95,6 +114,15 @@ ACCEPTED: Final = {
             return int(seq_lens.host.sum())
         plan(decoding.rows.seq_lens)
         plan(extended.rows.req_pool_indices)
+    """,
+    "accept_overlap_loop": """\
+        step = mix(filtered, [chunked, *reqs], 64, pools, sampled).unwrap()
+        running, held = settle(step.batch)
+        tokens = follow(Sampled.of(step.batch.rows, tensor), running)
+        decoded = decode_sampled(running, tokens, step.pools).unwrap()
+        pools = release(held[0], settle(decoded.batch).running, decoded.pools).unwrap()
+        check_leaks(pools, [running, *held, decoded.batch])
+        print(read_sampled(tokens).tolist())
     """,
     "accept_failure_handling": """\
         result = decode(filtered, pools)
@@ -139,6 +167,7 @@ _REASON: Final = {
     "reject_prefix_lens_on_decoding": "[attr-defined]",
     "reject_input_ids_on_filtered": "[attr-defined]",
     "reject_result_used_as_step": "[attr-defined]",
+    "reject_chunked_rows": "[attr-defined]",
 }
 
 
