@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from batchstate import CachedPools, Decoding, Extended, Pools, make_pools
+from batchstate import CachedPools, Decoding, Extended, Mixed, Pools, Sampled, make_pools
 from batchstate.engine import (
     END_TOKEN,
     Engine,
@@ -88,6 +88,12 @@ class _Corrupting:
     ) -> list[int]:
         return self.inner.after_decode(self.corrupt(batch), pools, last_tokens)
 
+    def after_mixed(self, batch: Mixed, pools: Pools) -> Sampled:
+        return self.inner.after_mixed(batch, pools)
+
+    def read(self, sampled: Sampled) -> list[int]:
+        return self.inner.read(sampled)
+
 
 @pytest.mark.parametrize(
     ("page_size", "num_kv_tokens", "max_running", "optimistic", "runs_out"),
@@ -116,6 +122,40 @@ def test_engine_matches_oracle(
     lengths = {len(tokens) for tokens in engine.outputs.values()}
     assert len(lengths) > 10  # requests finished at many different steps
     assert any(tokens[-1] == END_TOKEN for tokens in engine.outputs.values())
+
+
+@pytest.mark.parametrize(
+    ("chunk_size", "mixed", "overlap"),
+    [(16, False, False), (16, True, False), (0, True, True), (16, True, True)],
+    ids=["chunked", "chunked-mixed", "mixed-overlap", "chunked-mixed-overlap"],
+)
+@pytest.mark.parametrize(
+    ("page_size", "num_kv_tokens", "max_running"),
+    [(1, 4096, 32), (16, 4096, 32), (1, 400, 32), (16, LONGEST + 16, 8)],
+    ids=["p1", "p16", "p1-retract", "p16-retract-to-one"],
+)
+def test_engine_modes_match_oracle(  # noqa: PLR0917  # pytest passes parameters by name
+    chunk_size: int, mixed: bool, overlap: bool, page_size: int, num_kv_tokens: int,
+    max_running: int,
+) -> None:  # fmt: skip
+    """Chunked prefill, mixed steps and overlap: every request matches the oracle, no leaks."""
+    pools = make_pools(max_running, LONGEST, num_kv_tokens, torch.device("cpu"), page_size)
+    config = EngineConfig(
+        max_running=max_running, check_every=3, chunk_size=chunk_size, mixed=mixed,
+        overlap=overlap,
+    )  # fmt: skip
+    if num_kv_tokens < 4096:
+        config = attrs.evolve(config, new_token_ratio=0.0, headroom_pages=0)
+    engine = _run(make_workload(WORKLOAD), pools, config)
+    assert engine.outputs == _expected(WORKLOAD)
+    trace = engine.trace
+    assert (trace.num_retractions > 0) == (num_kv_tokens < 4096)
+    assert trace.num_chunks > 0 or not chunk_size
+    assert trace.num_mixed_steps > 0 or not mixed
+    # Overlap decodes each request once past its stop (the token is dropped).
+    assert trace.overshoot_tokens == (len(engine.outputs) if overlap else 0)
+    assert engine.pools.num_free_tokens == num_kv_tokens
+    assert trace.num_checks > 20  # check_leaks ran with every periodic check
 
 
 def _swap_out_cache_loc(batch: Decoding) -> Decoding:

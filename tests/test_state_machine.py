@@ -35,6 +35,7 @@ from returns.result import Failure, Success
 
 from batchstate import (
     Batch,
+    Chunked,
     ContextTooLong,
     Decoding,
     Departed,
@@ -42,7 +43,10 @@ from batchstate import (
     EmptyPrompt,
     Extended,
     Filtered,
+    Holder,
     Idle,
+    Mixed,
+    NoChunkBudget,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
@@ -51,6 +55,7 @@ from batchstate import (
     Resumed,
     StillRunning,
     check_batch,
+    check_leaks,
     check_pools,
     decode,
     extend,
@@ -58,8 +63,10 @@ from batchstate import (
     idle,
     make_pools,
     merge,
+    mix,
     prebuilt,
     release,
+    settle,
 )
 from tests.strategies import (
     CPU,
@@ -77,7 +84,7 @@ from tests.strategies import (
 MAX_EXAMPLES: Final = 5000 if LONG else 40 if FAST else 200
 STEP_COUNT: Final = 100 if LONG else 40
 
-_counts: dict[str, int] = {"examples": 0, "steps": 0, "resumed": 0}
+_counts: dict[str, int] = {"examples": 0, "steps": 0, "resumed": 0, "mixed": 0, "chunks": 0}
 _failures: dict[str, int] = {}  # Failure type -> how often the machine predicted and saw it
 
 
@@ -298,6 +305,115 @@ class BatchMachine(RuleBasedStateMachine):
         assert locs == [int(table[row.slot, row.seq_len - 1]) for row in self.model_running]
         self.pools, self.running = pools, batch
 
+    @rule(
+        data=st.data(),
+        num_new=st.integers(0, 3),
+        resume_picks=st.lists(st.integers(0, 7), max_size=2, unique=True),
+        budget=st.sampled_from([0, 1, 3, 8, 16, 40]),
+        with_running=st.booleans(),
+    )
+    def mixed_step(
+        self,
+        *,
+        data: st.DataObject,
+        num_new: int,
+        resume_picks: list[int],
+        budget: int,
+        with_running: bool,
+    ) -> None:
+        """Mix chunks of held and new requests (under a budget) with the running rows, settle."""
+        shape = self.shape
+        running = self._running_as_base()
+        if isinstance(running, Decoding):
+            running = filter_batch(running, list(range(len(self.model_running))))
+        base = running if with_running else idle(CPU)
+        decode_rows = self.model_running if with_running else []
+        picks = sorted({pick % len(self.held) for pick in resume_picks}) if self.held else []
+        admit: list[Req | Chunked] = []
+        wanted: list[tuple[_Row | None, Req]] = []
+        for pick in picks:
+            row = self.held[pick]
+            length = data.draw(prompt_lengths(shape.max_context_len, row.seq_len), label="resume")
+            req = Req(row.req.rid, _make_ids(row.req.rid, length))
+            admit.append(Chunked(req, row.slot, row.seq_len))
+            wanted.append((row, req))
+        for _ in range(num_new):
+            length = data.draw(prompt_lengths(shape.max_context_len), label="prompt")
+            rid = self._fresh_rid()
+            req = Req(rid, _make_ids(rid, length))
+            admit.append(req)
+            wanted.append((None, req))
+        before = snapshot((self.pools, self.running))
+        result = mix(base, admit, budget, self.pools, [1] * len(decode_rows))
+        expected = self._predict_mix(wanted, budget, decode_rows)
+        if expected is not None:
+            if expected is NoChunkBudget or expected is EmptyExtend:
+                self._assert_failed(result, expected, before)
+            else:  # the first of several possible failures: its type, and nothing changed
+                assert isinstance(result, Failure), f"expected a Failure, got {result}"
+                assert_unchanged(before, (self.pools, self.running), "inputs after a Failure")
+            return
+        if not isinstance(result, Success):
+            assert_unchanged(before, (self.pools, self.running), "inputs after a Failure")
+            return  # the model's page count is an upper bound when pages are shared
+        mixed, pools = result.unwrap()
+        self._apply_mix(mixed, pools, wanted, decode_rows, running if not with_running else None)
+
+    def _apply_mix(
+        self,
+        mixed: Mixed,
+        pools: Pools,
+        wanted: list[tuple[_Row | None, Req]],
+        decode_rows: list[_Row],
+        parked: Decoding | Filtered | Idle | None,
+    ) -> None:
+        # The model after a successful mix and settle: slots, lengths, held chunks, rows.
+        settled, held = settle(mixed)
+        extend_rows: list[_Row] = []
+        slots = iter(self.model_free_slots)
+        extend_lens = mixed.rows.seq_lens.host.tolist()[: mixed.num_extend_rows]
+        for (row, req), seq_len in zip(wanted, extend_lens, strict=False):
+            slot = row.slot if row is not None else next(slots)
+            extend_rows.append(_Row(req, slot, seq_len))
+        taken = len(extend_rows)
+        self.model_free_slots = self.model_free_slots[sum(r is None for r, _ in wanted[:taken]) :]
+        done_held = [row for row, _ in wanted[:taken] if row is not None]
+        self.held = [row for row in self.held if row not in done_held]
+        for row in decode_rows:
+            row.seq_len += 1
+        cut = [row for row in extend_rows if row.seq_len < len(row.req.input_ids)]
+        whole = [row for row in extend_rows if row not in cut]
+        assert [(c.req.rid, c.slot, c.cached) for c in held] == [
+            (row.req.rid, row.slot, row.seq_len) for row in cut
+        ]
+        self.pools = pools
+        self.held += cut
+        if parked is None:
+            self.running, self.model_running = settled, decode_rows + whole
+        else:
+            self.running = merge(parked, settled)
+            self.model_running = self.model_running + whole
+        self._assert_rows(self.running, self.model_running)
+        _counts["mixed"] += 1
+        _counts["chunks"] += len(cut)
+
+    def _predict_mix(
+        self, wanted: list[tuple[_Row | None, Req]], budget: int, decode_rows: list[_Row]
+    ) -> type | None:
+        # The failures the model can name exactly; None: expect Success (or a pool Failure).
+        shape = self.shape
+        if budget < 1:
+            return NoChunkBudget
+        if not wanted and not decode_rows:
+            return EmptyExtend
+        for row, req in wanted:
+            cached = row.seq_len if row is not None else 0
+            if len(req.input_ids) <= cached or len(req.input_ids) > shape.max_context_len:
+                return EmptyPrompt
+        if any(row.seq_len >= shape.max_context_len for row in decode_rows):
+            return ContextTooLong
+        return None
+
     @rule(pattern=keep_patterns(), destination=st.sampled_from(["release", "later", "hold"]))
     def finish(self, pattern: tuple[bool, ...], destination: str) -> None:
         """Filter rows out (none, all, staggered, random); release them now, later, or hold them."""
@@ -439,12 +555,20 @@ class BatchMachine(RuleBasedStateMachine):
         ]
         assert batch.out_cache_loc.device.tolist() == locs
 
+    def _holders(self) -> list[Holder]:
+        # Every live record that holds memory: the leak check's view of the machine.
+        chunks = [Chunked(row.req, row.slot, row.seq_len) for row in self.held]
+        return [*self._other_batches(), *chunks]
+
     @invariant()
     def holds_everything(self) -> None:
         """Every invariant, the model's free counts, and KV locations that never move."""
         _counts["steps"] += 1
         check_batch(self.running, compare_device=True)
         check_pools(self.pools, self._other_batches(), compare_device=True)
+        # Every owned slot is held by exactly one live record: the batch, a finished
+        # record not yet released, or a request held between chunks.
+        check_leaks(self.pools, self._holders())
         self._assert_rows(self.running, self.model_running)
         pools = self.pools
         assert pools.num_free_slots == len(self.model_free_slots)
@@ -468,7 +592,7 @@ run_machine: Callable[..., None] = run_state_machine_as_test
 def test_state_machine() -> None:
     """No sequence of public transitions breaks an invariant or disagrees with the model."""
     started = time.perf_counter()
-    _counts.update(examples=0, steps=0, resumed=0)
+    _counts.update(examples=0, steps=0, resumed=0, mixed=0, chunks=0)
     _failures.clear()
     run_machine(
         BatchMachine,
@@ -482,7 +606,8 @@ def test_state_machine() -> None:
     elapsed = time.perf_counter() - started
     print(
         f"\nstate machine: {_counts['examples']} runs, {_counts['steps']} checked states,"
-        f" {_counts['resumed']} chunked-prefill resumes"
+        f" {_counts['resumed']} chunked-prefill resumes, {_counts['mixed']} mixed steps"
+        f" ({_counts['chunks']} chunks held)"
         f" in {elapsed:.1f} s ({'long' if LONG else 'CI'} profile); failures seen: {_failures}"
     )
     assert _counts["steps"] > _counts["examples"], "the machine ran no steps"
@@ -492,3 +617,4 @@ def test_state_machine() -> None:
     expected = {"OutOfReqSlots", "OutOfKVTokens", "ContextTooLong", "EmptyPrompt", "StillRunning"}
     assert expected <= set(_failures), f"never reached: {expected - set(_failures)}"
     assert _counts["resumed"], "no chunked-prefill continuation was ever admitted"
+    assert _counts["mixed"] and _counts["chunks"], "no mixed step or held chunk was ever made"

@@ -34,6 +34,7 @@ from batchstate import (
     Decoding,
     Departed,
     DraftError,
+    Holder,
     Idle,
     OutOfKVTokens,
     Pools,
@@ -107,6 +108,9 @@ class SpeculativeMachine(BatchMachine):
 
     def _owners(self) -> list[_Row]:
         return super()._owners() + [row for _, rows in self.departed for row in rows]
+
+    def _holders(self) -> list[Holder]:
+        return [*super()._holders(), *(left for left, _ in self.departed)]
 
     def _assert_departed(self, left: Departed, rows: Sequence[_Row]) -> None:
         assert left.reqs == tuple(row.req for row in rows)

@@ -13,9 +13,16 @@ from batchstate import (
     TRANSITIONS,
     Batch,
     CachedPools,
+    Chunked,
     Decoding,
+    Extended,
+    Filtered,
+    Holder,
+    Idle,
+    Mixed,
     Pools,
     Req,
+    Sampled,
     Transition,
     Verifying,
     cached_pools,
@@ -24,14 +31,18 @@ from batchstate import (
     check_pools,
     decode,
     decode_cached,
+    decode_sampled,
     extend,
     extend_cached,
     filter_batch,
+    find_leaks,
     idle,
     merge,
+    mix,
     prebuilt,
     release,
     release_cached,
+    settle,
     split,
     sync,
     verify,
@@ -41,6 +52,8 @@ from tests.builders import CPU, make_phase, make_reqs, make_test_pools
 Caller = Callable[
     [Batch | None, Batch | None, Pools], tuple[Batch, Pools | CachedPools, list[Batch]]
 ]
+# The chunked and mixed rows take and return records outside Batch.
+Source = Batch | Chunked | None
 
 
 def _call_idle(
@@ -103,7 +116,7 @@ def _call_verify(
     # The window is not a Batch: the pools are checked alone, with no rows to match.
     assert source is not None
     verifying, pools = verify(source, [2] * len(source.rows), pools).unwrap()  # type: ignore[arg-type]  # as above
-    return verifying, pools, []  # type: ignore[return-value]  # the one target outside Batch
+    return verifying, pools, [verifying]  # type: ignore[return-value,list-item]  # a target outside Batch
 
 
 def _call_sync(
@@ -137,6 +150,50 @@ def _call_decode_cached(
     return batch, shared, [batch]
 
 
+def _call_mix(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
+    # Idle or Filtered source; the operand is a held Chunked, or None for new requests only.
+    assert isinstance(source, Idle | Filtered)
+    tokens = [7] * len(source.rows)
+    admit: list[Req | Chunked] = [] if operand is None else [operand]  # type: ignore[list-item]  # a Chunked
+    admit += make_reqs([9, 30], first_rid=60)
+    mixed, pools = mix(source, admit, 20, pools, tokens).unwrap()
+    assert mixed.num_extend_rows >= 1
+    assert mixed.num_extend_tokens == 20 or not mixed.partial
+    assert mixed.rows.rids.tolist()[mixed.num_extend_rows :] == source.rows.rids.tolist()
+    return mixed, pools, [mixed]
+
+
+def _call_decode_sampled(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    assert isinstance(source, Filtered)
+    tokens = torch.arange(len(source.rows), dtype=torch.int64)
+    mixed, pools = decode_sampled(source, Sampled.of(source.rows, tokens), pools).unwrap()
+    assert mixed.input_ids.device.tolist() == tokens.tolist()
+    assert mixed.num_extend_rows == 0
+    return mixed, pools, [mixed]
+
+
+def _call_settle(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    # The source is a Filtered (see test_transition_row): mix a long prompt in, cut by the budget.
+    assert isinstance(source, Filtered)
+    long = make_reqs([45], first_rid=70)
+    mixed, pools = mix(source, long, 11, pools, [3] * len(source.rows)).unwrap()
+    running, held = settle(mixed)
+    assert [chunk.cached for chunk in held] == [11]
+    assert running.rows.rids.tolist() == source.rows.rids.tolist()
+    return running, pools, [running, *held]
+
+
+def _call_settle_held(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    _, pools, live = _call_settle(source, operand, pools)
+    return live[-1], pools, live
+
+
 CALLERS: dict[Callable[..., object], Caller] = {
     idle: _call_idle,
     extend: _call_extend,
@@ -149,7 +206,16 @@ CALLERS: dict[Callable[..., object], Caller] = {
     sync: _call_sync,
     extend_cached: _call_extend_cached,
     decode_cached: _call_decode_cached,
+    mix: _call_mix,  # type: ignore[dict-item]  # its records are not all Batch
+    decode_sampled: _call_decode_sampled,  # type: ignore[dict-item]  # as above
 }
+
+
+def make_chunk(pools: Pools, first_rid: int) -> tuple[Chunked, Pools]:
+    """A request held between chunks: 8 of its 40 prompt tokens prefilled."""
+    mixed, pools = mix(idle(CPU), make_reqs([40], first_rid), 8, pools).unwrap()
+    _, (chunk,) = settle(mixed)
+    return chunk, pools
 
 
 def _row_id(row: Transition) -> str:
@@ -170,27 +236,37 @@ def test_transition_row(
 ) -> None:
     """Each legal transition yields its target phase, and every invariant holds after it."""
     pools = make_test_pools(page_size)
-    # make_phase builds mirrored phases only: sync's caller opens its window from a Decoding.
-    phase = Decoding if row.source is not None and issubclass(row.source, Verifying) else row.source
+    # make_phase builds mirrored phases only: sync's caller opens its window from a Decoding,
+    # settle's mixes one from a Filtered.
+    windows = {Verifying: Decoding, Mixed: Filtered}
+    phase = windows.get(row.source, row.source) if row.source is not None else None
     source, pools = make_phase(phase, pools, source_lengths) if phase else (None, pools)
-    operand_phase = (
-        None if row.operand is None or issubclass(row.operand, Verifying) else row.operand
-    )
-    operand, pools = (
-        make_phase(operand_phase, pools, operand_lengths, first_rid=20)
-        if operand_phase
-        else (None, pools)
-    )
+    operand: Batch | Chunked | None = None
+    if row.operand is Chunked:
+        operand, pools = make_chunk(pools, first_rid=40)
+    elif row.operand is not None and not issubclass(row.operand, Verifying):
+        operand, pools = make_phase(row.operand, pools, operand_lengths, first_rid=20)
+    holders_before: list[Holder] = [source] if source is not None else []
+    holders_before += [operand] if operand is not None else []
+    unheld_before = set(find_leaks(pools, holders_before).unheld)  # make_phase drops rows
     caller = CALLERS.get(row.function)
+    if row.function is settle:
+        caller = _call_settle if row.target is Filtered else _call_settle_held  # type: ignore[assignment]  # as above
     assert caller is not None, f"add a caller for {row.function.__name__} to CALLERS"
-    result, after, live = caller(source, operand, pools)
+    result, after, outputs = caller(source, operand, pools)  # type: ignore[arg-type]  # as above
+    live: list[Holder] = list(outputs)
     assert type(result) is row.target
-    for batch in live:
+    batches = [batch for batch in live if isinstance(batch, Idle | Extended | Decoding | Filtered)]
+    for batch in batches:
         check_batch(batch, compare_device=True)
     if isinstance(after, CachedPools):
-        check_cached_pools(after, live, compare_device=True)
+        check_cached_pools(after, batches, compare_device=True)
     else:
-        check_pools(after, live if row.function is verify else [result], compare_device=True)
-    if row.function is merge and source is not None and operand is not None:
+        check_pools(after, batches, compare_device=True)
+        # Every slot the transition's inputs held is held by its outputs: nothing leaked.
+        leaks = find_leaks(after, live)
+        assert set(leaks.unheld) <= unheld_before, leaks
+        assert not leaks.held_twice and not leaks.wrong_length, leaks
+    if row.function is merge and source is not None and isinstance(operand, Filtered | Extended):
         assert len(result.rows) == len(source.rows) + len(operand.rows)
         assert result.rows.seq_lens_sum == source.rows.seq_lens_sum + operand.rows.seq_lens_sum

@@ -28,8 +28,9 @@ class Lora(Columns):
 def snippet(
     idle_: Idle, extended: Extended, decoding: Decoding, filtered: Filtered,
     pools: Pools, reqs: list[Req], tensor: torch.Tensor, pair: Mirrored, device_only: DeviceOnly,
-    sampled: Decoding[Sampling], sampled_idle: Idle[Sampling], lora: Filtered[Lora],
+    with_sampling: Decoding[Sampling], sampling_idle: Idle[Sampling], lora: Filtered[Lora],
     sampling: Sampling,
+    chunked: Chunked, mixed: Mixed, sampled: Sampled,
 ) -> None:
 """
 
@@ -84,15 +85,34 @@ REJECTED: Final = {
         "def plan(locs: Mirrored) -> None: ...\nplan(decoding.out_cache_loc)"
     ),
     # Columns: declared once, typed everywhere.
-    "reject_undeclared_column": "print(sampled.rows.columns.adapter)",
-    "reject_merge_different_columns": "merge(sampled, lora)",
+    "reject_undeclared_column": "print(with_sampling.rows.columns.adapter)",
+    "reject_merge_different_columns": "merge(with_sampling, lora)",
     "reject_columns_of_another_set": (
-        "def serve(batch: Decoding[Lora]) -> None: ...\nserve(sampled)"
+        "def serve(batch: Decoding[Lora]) -> None: ...\nserve(with_sampling)"
     ),
     "reject_columns_into_plain_batch": (
-        "def plain(batch: Decoding) -> None: ...\nplain(decode(sampled, pools).unwrap().batch)"
+        "def plain(batch: Decoding) -> None: ...\n"
+        "plain(decode(with_sampling, pools).unwrap().batch)"
     ),
-    "reject_extend_without_columns": "extend(sampled_idle, reqs, pools)",
+    "reject_extend_without_columns": "extend(sampling_idle, reqs, pools)",
+    # A held chunk is not a batch: it can only be mixed again or released.
+    "reject_decode_from_chunked": "decode(chunked, pools)",
+    "reject_merge_chunked_into_filtered": "merge(filtered, chunked)",
+    "reject_filter_chunked": "filter_batch(chunked, [0])",
+    "reject_chunked_rows": "print(chunked.rows)",
+    # A mixed forward is settled before anything else touches it.
+    "reject_decode_from_mixed": "decode(mixed, pools)",
+    "reject_filter_mixed": "filter_batch(mixed, [0])",
+    "reject_merge_mixed": "merge(filtered, mixed)",
+    "reject_release_mixed": "release(mixed, filtered, pools)",
+    "reject_check_batch_mixed": "check_batch(mixed)",
+    "reject_mix_from_decoding": "mix(decoding, reqs, 8, pools)",
+    "reject_mix_from_extended": "mix(extended, reqs, 8, pools)",
+    "reject_settle_filtered": "settle(filtered)",
+    # Device-resident tokens are device-only: no host side to read, no host list where they go.
+    "reject_sampled_tokens_as_mirror": "def plan(t: Mirrored) -> None: ...\nplan(sampled.tokens)",
+    "reject_decode_sampled_host_tokens": "decode_sampled(filtered, [1, 2], pools)",
+    "reject_decode_sampled_from_decoding": "decode_sampled(decoding, sampled, pools)",
 }
 
 ACCEPTED: Final = {
@@ -115,13 +135,22 @@ ACCEPTED: Final = {
         plan(extended.rows.req_pool_indices)
     """,
     "accept_columns_through_every_transition": """\
-        step = extend(sampled_idle, reqs, pools, sampling).unwrap()
+        step = extend(sampling_idle, reqs, pools, sampling).unwrap()
         decoded, pools = decode(step.batch, pools).unwrap()
         kept, left = split(decoded, [0])
         pools = release(left, kept, pools).unwrap()
         running: Filtered[Sampling] = merge(kept, step.batch)
         temperature: Mirrored[np.float32] = running.rows.columns.temperature
         print(temperature.host.tolist())
+    """,
+    "accept_overlap_loop": """\
+        step = mix(filtered, [chunked, *reqs], 64, pools, sampled).unwrap()
+        running, held = settle(step.batch)
+        tokens = follow(Sampled.of(step.batch.rows, tensor), running)
+        decoded = decode_sampled(running, tokens, step.pools).unwrap()
+        pools = release(held[0], settle(decoded.batch).running, decoded.pools).unwrap()
+        check_leaks(pools, [running, *held, decoded.batch])
+        print(read_sampled(tokens).tolist())
     """,
     "accept_failure_handling": """\
         result = decode(filtered, pools)
@@ -170,6 +199,7 @@ _REASON: Final = {
     "reject_prefix_lens_on_decoding": "[attr-defined]",
     "reject_input_ids_on_filtered": "[attr-defined]",
     "reject_result_used_as_step": "[attr-defined]",
+    "reject_chunked_rows": "[attr-defined]",
 }
 
 

@@ -1,7 +1,9 @@
 """batchstate: an LLM serving scheduler's per-step batch as frozen records with pure transitions.
 
 A device tensor and its CPU mirror are one `Mirrored` value; the four phases
-`Idle`, `Extended`, `Decoding` and `Filtered` are frozen records; every
+`Idle`, `Extended`, `Decoding` and `Filtered` are frozen records, with
+`Mixed` (prompt chunks and decode rows in one forward), `Chunked` (a request
+between chunks) and `Verifying` (speculation's window) beside them; every
 transition returns a new record (and new `Pools` where it allocates).
 """
 
@@ -9,6 +11,7 @@ from batchstate._cached_extend import decode_cached, extend_cached
 from batchstate._cached_invariants import check_cached_pools
 from batchstate._cached_pools import CachedPools, CachedStep, cached_pools
 from batchstate._cached_release import release_cached
+from batchstate._chunked import Chunked
 from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
 from batchstate._decode import DecodeError, decode
 from batchstate._errors import (
@@ -21,6 +24,8 @@ from batchstate._errors import (
     EmptyPrompt,
     InvariantViolation,
     KeepIndicesError,
+    NoChunkBudget,
+    NotHeld,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
@@ -34,13 +39,16 @@ from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
 from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
 from batchstate._free_list import FreeList
 from batchstate._invariants import check_batch, check_pools
+from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
 from batchstate._merge import merge
 from batchstate._mirrored import DeviceOnly, Mirrored
+from batchstate._mixed import Mixed, MixError, MixStep, Settled, decode_sampled, mix, settle
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
 from batchstate._pools import Allocation, Pools, make_pools
 from batchstate._prefix_cache import PrefixCache
 from batchstate._release import release
 from batchstate._rows import Req, Rows
+from batchstate._sampled import Sampled, follow, read_sampled
 from batchstate._sampling import GREEDY, Sampling, SamplingParams
 from batchstate._speculative import Verifying, VerifyStep, sync, verify
 from batchstate._token_table import TokenTable
@@ -57,6 +65,7 @@ __all__ = [
     "BatchConflict",
     "CachedPools",
     "CachedStep",
+    "Chunked",
     "ColumnError",
     "Columns",
     "ContextTooLong",
@@ -71,12 +80,19 @@ __all__ = [
     "Extended",
     "Filtered",
     "FreeList",
+    "Holder",
     "HostColumn",
     "Idle",
     "InvariantViolation",
     "KeepIndicesError",
+    "Leaks",
     "Mirrored",
+    "MixError",
+    "MixStep",
+    "Mixed",
+    "NoChunkBudget",
     "NoColumns",
+    "NotHeld",
     "NotOwned",
     "OutOfKVTokens",
     "OutOfReqSlots",
@@ -89,8 +105,10 @@ __all__ = [
     "Resumed",
     "Rows",
     "Running",
+    "Sampled",
     "Sampling",
     "SamplingParams",
+    "Settled",
     "Split",
     "StaleRecord",
     "Step",
@@ -105,19 +123,26 @@ __all__ = [
     "cached_pools",
     "check_batch",
     "check_cached_pools",
+    "check_leaks",
     "check_pools",
     "decode",
     "decode_cached",
+    "decode_sampled",
     "extend",
     "extend_cached",
     "filter_batch",
+    "find_leaks",
+    "follow",
     "idle",
     "keep_indices",
     "make_pools",
     "merge",
+    "mix",
     "prebuilt",
+    "read_sampled",
     "release",
     "release_cached",
+    "settle",
     "split",
     "sync",
     "unwrap",

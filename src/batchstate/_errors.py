@@ -25,6 +25,8 @@ __all__ = [
     "EmptyPrompt",
     "InvariantViolation",
     "KeepIndicesError",
+    "NoChunkBudget",
+    "NotHeld",
     "NotOwned",
     "OutOfKVTokens",
     "OutOfReqSlots",
@@ -127,6 +129,39 @@ class StillRunning:
 
     def __str__(self) -> str:
         return f"request slots {list(self.slots)} are still in the running batch"
+
+
+@final
+@attrs.frozen
+class NotHeld:
+    """A chunk whose slot does not hold its cached tokens: never held, or already moved on.
+
+    A `Chunked` is good for one continuation: once `mix` has continued it,
+    merged its last chunk into the running batch, or `release` has freed it,
+    the pools no longer hold `cached` tokens in its slot.
+    """
+
+    rid: int
+    slot: int
+    cached: int
+    owned: int  # tokens the pools hold in the slot (0: free or out of range)
+
+    def __str__(self) -> str:
+        return (
+            f"request {self.rid} is not held in slot {self.slot}: the chunk says"
+            f" {self.cached} cached tokens, the pools hold {self.owned}"
+        )
+
+
+@final
+@attrs.frozen
+class NoChunkBudget:
+    """A chunk budget below one token: no prompt could make progress."""
+
+    budget: int
+
+    def __str__(self) -> str:
+        return f"the chunk budget must be at least 1 token per step, got {self.budget}"
 
 
 AllocError: TypeAlias = OutOfReqSlots | OutOfKVTokens | ContextTooLong | EmptyExtend | EmptyPrompt

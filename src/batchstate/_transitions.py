@@ -8,6 +8,7 @@ from typing import Final, TypeAlias, final
 import attrs
 
 from batchstate._cached_extend import decode_cached, extend_cached
+from batchstate._chunked import Chunked
 from batchstate._decode import decode
 from batchstate._errors import (
     BatchConflict,
@@ -16,6 +17,8 @@ from batchstate._errors import (
     EmptyExtend,
     EmptyPrompt,
     KeepIndicesError,
+    NoChunkBudget,
+    NotHeld,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
@@ -24,6 +27,7 @@ from batchstate._errors import (
 from batchstate._extend import extend, idle, prebuilt
 from batchstate._filter import filter_batch, split
 from batchstate._merge import merge
+from batchstate._mixed import Mixed, decode_sampled, mix, settle
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 from batchstate._speculative import Verifying, sync, verify
 
@@ -60,6 +64,15 @@ _ADMIT_FAILURES: Final = (
     NotOwned,
 )
 _RUNNING: Final = (Extended, Decoding, Filtered)
+_MIX_FAILURES: Final = (
+    NoChunkBudget,
+    EmptyExtend,
+    NotHeld,
+    EmptyPrompt,
+    ContextTooLong,
+    OutOfReqSlots,
+    OutOfKVTokens,
+)
 
 TRANSITIONS: Final[tuple[Transition, ...]] = (
     Transition(None, idle, Idle),
@@ -112,4 +125,28 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         )
         for source in _RUNNING
     ),
+    # Chunked prefill and mixed forwards: new requests (no operand) or a held chunk.
+    *(
+        Transition(
+            source,
+            mix,
+            Mixed,
+            operand=operand,
+            failures=_MIX_FAILURES,
+            raises=(BatchConflict, StaleRecord),
+        )
+        for source in (Idle, Filtered)
+        for operand in (None, Chunked)
+    ),
+    # Device-resident tokens: decode fed the last forward's sampled tokens.
+    Transition(
+        Filtered,
+        decode_sampled,
+        Mixed,
+        failures=(OutOfKVTokens, ContextTooLong),
+        raises=(BatchConflict, StaleRecord),
+    ),
+    # After a mixed forward: the running rows, and a Chunked per prompt that goes on.
+    Transition(Mixed, settle, Filtered),
+    Transition(Mixed, settle, Chunked),
 )

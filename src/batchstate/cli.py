@@ -49,8 +49,8 @@ class _Parser(argparse.ArgumentParser):
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Adds `(default: X)` to an option's help, unless it says its default itself.
 
-    Flags (default False) and options whose default is computed (None) say
-    nothing or say it in words, so each option shows its default once.
+    Flags and options whose default is computed (None) say nothing or say it
+    in words, so each option shows its default once.
     """
 
     def _get_help_string(self, action: argparse.Action) -> str:
@@ -58,7 +58,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if (
             "(default" in help_text
             or action.default in (None, argparse.SUPPRESS)
-            or (action.default is False)
+            or action.nargs == 0  # a flag: its name says what it changes
         ):
             return help_text
         return f"{help_text} (default: %(default)s)"
@@ -145,6 +145,9 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         headroom_pages=args.headroom_pages,
         check_every=args.check_every,
         audit_every=args.audit_every,
+        chunk_size=args.chunk_size,
+        mixed=args.mixed,
+        overlap=args.overlap,
     )
     return SimulationConfig(
         workload=workload,
@@ -277,6 +280,24 @@ def _add_engine_options(add: _Add) -> None:
         "--no-prefix-cache",
         action="store_true",
         help="give finished requests' KV back instead of caching it for later prefixes",
+    )
+    add(
+        "--chunk-size",
+        type=int,
+        default=32,
+        metavar="N",
+        help="prompt tokens per step; longer prompts are prefilled in chunks; 0: whole prompts",
+    )
+    add(
+        "--no-mixed",
+        dest="mixed",
+        action="store_false",
+        help="run prompt chunks in forwards of their own, not beside the running decode rows",
+    )
+    add(
+        "--overlap",
+        action="store_true",
+        help="keep sampled tokens on the device and check finishes one step late (needs --mixed)",
     )
 
 

@@ -3,13 +3,17 @@
 One step either extends newly admitted requests and merges them into the
 running batch, or decodes the running batch (retracting the newest requests
 while the KV pool is too small for everyone's next token). Then finished
-rows are filtered out and their memory released. See docs/engine.md.
+rows are filtered out and their memory released. With a chunk budget,
+mixed steps or overlap (`EngineConfig`), admissions go through `mix`
+instead: prompts in chunks, decode rows in the same forward, and with
+overlap the sampled tokens stay on the device until the next step is
+built. See docs/engine.md.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import islice
 from time import perf_counter
@@ -22,6 +26,7 @@ from batchstate import (
     AllocError,
     CachedPools,
     CachedStep,
+    Chunked,
     DecodeError,
     Decoding,
     Departed,
@@ -29,24 +34,33 @@ from batchstate import (
     Filtered,
     Idle,
     InvariantViolation,
+    Mixed,
+    MixError,
+    MixStep,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
     Pools,
     ReleaseError,
     Req,
+    Sampled,
     Step,
     check_batch,
     check_cached_pools,
+    check_leaks,
     check_pools,
     decode,
     decode_cached,
+    decode_sampled,
     extend,
     extend_cached,
+    follow,
     idle,
     merge,
+    mix,
     release,
     release_cached,
+    settle,
     split,
 )
 from batchstate.engine._admission import Budget, choose, reserve
@@ -75,6 +89,14 @@ class EngineConfig:
     headroom_pages: int = 1  # pages reserved per request at admission
     check_every: int = 0  # check_batch/check_pools every N steps; 0 = only at the end
     audit_every: int = 16  # count device reads on every Nth step's decode path
+    chunk_size: int = 0  # prompt tokens per step, cut into chunks; 0: whole prompts
+    mixed: bool = False  # admissions run in the same forward as the decode rows
+    overlap: bool = False  # sampled tokens stay on the device; finish checks one step late
+
+    @property
+    def uses_mix(self) -> bool:
+        """Whether admissions go through `mix` (chunks, mixed steps or overlap)."""
+        return bool(self.chunk_size) or self.mixed or self.overlap
 
 
 @final
@@ -115,6 +137,11 @@ class Engine:
         self.clock = 0  # engine steps, the unit of arrival times
         self._bookkeeping_s = 0.0
         self._audited = False
+        self.held: deque[Chunked] = deque()  # requests between chunks, oldest first
+        # Overlap: the last forward's tokens, not yet read, and whose rows to record.
+        self.unread: Sampled | None = None
+        self.unread_rids: set[int] = set()
+        self._parked: Filtered | Idle | None = None  # running rows sitting out a prefill step
 
     def run(self, on_step: Callable[[int], None] | None = None) -> None:
         """Step until every request has finished; `on_step(num_finished)` after each step.
@@ -123,8 +150,8 @@ class Engine:
             EngineError: a transition failed in a way the policy rules out.
             InvariantViolation: a periodic or final check failed (prefixed with the step).
         """
-        while self.pending or self.waiting or len(self.running.rows):
-            if not self.waiting and not len(self.running.rows):
+        while self.pending or self.waiting or len(self.running.rows) or self.held or self.unread:
+            if self.pending and not (self.waiting or len(self.running.rows) or self.held):
                 self.clock = max(self.clock, self.pending[0].arrival_step)  # skip idle steps
             while self.pending and self.pending[0].arrival_step <= self.clock:
                 spec = self.pending[0]
@@ -161,6 +188,7 @@ class Engine:
                 check_cached_pools(self.pools, [self.running])
             else:
                 check_pools(self.pools, [self.running])
+                check_leaks(self.pools, [self.running, *self.held])
         except InvariantViolation as error:
             raise InvariantViolation(f"after step {len(self.trace)}: {error}") from error
         self.trace.num_checks += 1
@@ -171,6 +199,9 @@ class Engine:
         self._audited = bool(self.config.audit_every) and (
             len(self.trace) % self.config.audit_every == 0
         )
+        if self.config.uses_mix:
+            self._mixed_step(start)
+            return
         extended = self._admit()
         batch: Extended | Decoding
         if extended is not None:
@@ -271,6 +302,191 @@ class Engine:
                 raise EngineError(f"decode failed with {len(running.rows)} running: {failure}")
             self._retract(running)
 
+    # ---- chunked, mixed and overlapped steps ----------------------------------------------
+
+    @property
+    def _plain(self) -> Pools:
+        # Mixed steps run without a prefix cache (SimulationConfig.engine_config sees to it).
+        if not isinstance(self.pools, Pools):
+            raise EngineError("chunked and mixed steps do not run over a prefix cache")
+        return self.pools
+
+    def _mixed_step(self, start: float) -> None:
+        batch = self._mix() or self._decode_mixed()
+        if batch is None and self.unread is None and self.held:
+            self._retract_held()  # nothing runs beside the held chunk: start it afresh
+            batch = self._mix()
+        if batch is None and self.unread is None:
+            raise EngineError(f"nothing can run: {len(self.waiting)} waiting, none fits")
+        sampled = self.tokens.after_mixed(batch, self._plain) if batch is not None else None
+        done: set[int] = set()
+        if self.config.overlap:
+            done = self._read_unread()  # the previous step's tokens, read one step late
+        if batch is None:
+            self.trace.append(
+                is_extend=False, batch_size=0, kv_tokens_used=self._used(), step_s=0.0,
+                bookkeeping_s=0.0, audited=False,
+            )  # fmt: skip
+            return
+        assert sampled is not None
+        settled = self._timed(lambda: settle(batch))
+        self.held.extend(settled.held)
+        running = settled.running
+        if not self.config.overlap:
+            by_rid = dict(zip(sampled.rids.tolist(), self.tokens.read(sampled), strict=True))
+            done = self._record_tokens((rid, by_rid[rid]) for rid in running.rows.rids.tolist())
+        keep = [row for row, rid in enumerate(running.rows.rids.tolist()) if rid not in done]
+        self.trace.overshoot_tokens += len(running.rows) - len(keep) if self.config.overlap else 0
+        self._timed(lambda: self._retire_mixed(running, keep))
+        if self.config.overlap:
+            self.unread = sampled
+            partial = {batch.rows.reqs[row].rid for row in batch.partial}
+            self.unread_rids = set(running.rows.rids.tolist()) - done - partial
+        self.trace.named_reads += 1
+        self.trace.num_chunks += len(batch.partial)
+        num_decode = len(batch.rows) - batch.num_extend_rows
+        self.trace.num_mixed_steps += bool(batch.num_extend_rows and num_decode)
+        self.trace.append(
+            is_extend=bool(batch.num_extend_rows), batch_size=len(batch.rows),
+            kv_tokens_used=self._used(), step_s=perf_counter() - start,
+            bookkeeping_s=self._bookkeeping_s, audited=self._audited,
+        )  # fmt: skip
+
+    def _mix(self) -> Mixed | None:
+        # Held chunks first, then waiting requests that fit (chosen as for extend).
+        if not self.held and not self.waiting:
+            return None
+        config, pools, running = self.config, self._plain, self.running
+        held = list(self.held)
+        room = config.max_running - len(running.rows) - len(held)
+        chosen = self._choose(max(room, 0), len(held)) if room > 0 else 0
+        admit: list[Req | Chunked] = [*held, *islice(self.waiting, chosen)]
+        base = running if config.mixed else idle(running.rows.device)
+        budget = config.chunk_size or config.max_prefill_tokens
+        while admit:
+            tokens = self._tokens_for(base)
+            result = self._timed(partial(mix, base, admit, budget, pools, tokens))
+            step = result.value_or(None)
+            if step is not None:
+                return self._admitted(step.batch, step.pools, len(held))
+            failure = result.failure()
+            if not isinstance(failure, OutOfKVTokens | OutOfReqSlots):
+                raise EngineError(f"mix failed: {failure}")
+            admit.pop()  # the estimate was off: try one fewer
+        return None
+
+    def _admitted(self, batch: Mixed, pools: Pools, num_held: int) -> Mixed:
+        self.pools = pools
+        taken = batch.num_extend_rows
+        for _ in range(min(taken, num_held)):
+            self.held.popleft()
+        for _ in range(max(taken - num_held, 0)):
+            self.waiting.popleft()
+        if not self.config.mixed:
+            # A prefill-only step: the running rows wait; merged in after settle.
+            self._parked = self.running
+            self.running = idle(self.running.rows.device)
+        return batch
+
+    def _decode_mixed(self) -> Mixed | None:
+        while len(self.running.rows):
+            running = self.running
+            assert isinstance(running, Filtered)
+            tokens = self._tokens_for(running)
+            result: Result[MixStep, MixError]
+            if isinstance(tokens, Sampled):
+                result = self._timed(partial(decode_sampled, running, tokens, self._plain))
+            else:
+                result = self._timed(partial(mix, running, (), 1, self._plain, tokens))
+            step = result.value_or(None)
+            if step is not None:
+                self.pools = step.pools
+                return step.batch
+            failure = result.failure()
+            if not isinstance(failure, OutOfKVTokens):
+                raise EngineError(f"decode failed with {len(running.rows)} running: {failure}")
+            if self.held:
+                self._retract_held()
+            elif len(running.rows) > 1:
+                self._retract(running)
+            else:
+                raise EngineError(f"decode failed with 1 running: {failure}")
+        return None
+
+    def _tokens_for(self, running: Filtered | Idle) -> list[int] | Sampled:
+        # Each running row's input token: the last one the host knows, or the device's.
+        if isinstance(running, Idle):
+            return []
+        if self.config.overlap and self.unread is not None:
+            return self._timed(partial(follow, self.unread, running))
+        return [self.live[rid].generated[-1] for rid in running.rows.rids.tolist()]
+
+    def _read_unread(self) -> set[int]:
+        # The previous forward's tokens reach the host: the one named read of the step.
+        if self.unread is None:
+            return set()
+        tokens = self.tokens.read(self.unread)
+        rids = self.unread.rids.tolist()
+        wanted = self.unread_rids
+        self.unread, self.unread_rids = None, set()
+        return self._record_tokens(
+            (rid, token) for rid, token in zip(rids, tokens, strict=True) if rid in wanted
+        )
+
+    def _record_tokens(self, pairs: Iterable[tuple[int, int]]) -> set[int]:
+        done = set()
+        for rid, token in pairs:
+            live = self.live[rid]
+            live.generated.append(token)
+            if token == END_TOKEN or len(live.generated) >= live.spec.max_new_tokens:
+                done.add(rid)
+                self.outputs[rid] = tuple(live.generated)
+                del self.live[rid]
+        return done
+
+    def _retire_mixed(self, running: Filtered, keep: list[int]) -> None:
+        kept, left = split(running, keep)
+        if len(keep) < len(running.rows):
+            self.pools = self._release(left, kept)
+        parked = self._parked
+        self._parked = None
+        self.running = kept if parked is None else merge(parked, kept)
+
+    def _retract_held(self) -> None:
+        # The newest held chunk gives its KV back and waits for a fresh prefill.
+        chunk = self.held.pop()
+        result = release(chunk, self.running, self._plain)
+        pools = result.value_or(None)
+        if pools is None:
+            raise EngineError(f"release failed: {result.failure()}")
+        self.pools = pools
+        self.waiting.appendleft(chunk.req)
+        self.trace.num_retractions += 1
+
+    def _choose(self, num_rows: int, num_held: int) -> int:
+        pools, running = self.pools, self.running.rows
+        held_tokens = sum(chunk.remaining for chunk in self.held)
+        budget = Budget(
+            min(num_rows, pools.num_free_slots),
+            pools.num_free_tokens - held_tokens,
+            reserve(
+                map(self._remaining, running.rids.tolist()),
+                pools.page_size,
+                self.config.new_token_ratio,
+                self.config.headroom_pages,
+            ),
+            1 << 62,  # the chunk budget, not the prefill cap, limits a mixed step
+            pools.page_size,
+            self.config.new_token_ratio,
+            self.config.headroom_pages,
+            anything_running=bool(len(running)) or bool(num_held),
+        )
+        remaining = (self._remaining(req.rid) for req in self.waiting)
+        return choose(self.waiting, remaining, budget)
+
+    def _used(self) -> int:
+        return (self.pools.num_pages * self.pools.page_size) - self.pools.num_free_tokens
+
     def _retract(self, running: Filtered) -> None:
         # The newest row goes back to the front of the queue, to re-prefill its
         # prompt and what it generated so far; the oldest rows keep going.
@@ -283,6 +499,7 @@ class Engine:
 
         self.running = self._timed(drop_last)
         victim = self.live[running.rows.reqs[last].rid]
+        self.unread_rids.discard(victim.spec.rid)  # its unread token is computed again
         self.waiting.appendleft(Req(victim.spec.rid, victim.spec.prompt + tuple(victim.generated)))
         self.trace.num_retractions += 1
 

@@ -13,12 +13,13 @@ import math
 from typing import final
 
 import attrs
+import numpy as np
 import torch
 
-from batchstate import CachedPools, Decoding, Extended, Pools, Rows
+from batchstate import CachedPools, Decoding, Extended, Mixed, Pools, Rows
 from batchstate.engine._model import TinyModel
 
-__all__ = ["KVCache", "make_kv_cache", "sample_decode", "sample_extend"]
+__all__ = ["KVCache", "make_kv_cache", "sample_decode", "sample_extend", "sample_mixed"]
 
 
 @final
@@ -107,6 +108,42 @@ def sample_decode(
         query_layout=(row, torch.zeros_like(row), 1),
     )
     return model.greedy(hidden)
+
+
+def sample_mixed(model: TinyModel, cache: KVCache, batch: Mixed, pools: Pools) -> torch.Tensor:
+    """Run one forward over a mixed batch (chunks, prompts, decode rows) and sample every row.
+
+    Input ids, positions and KV locations all come from the record, so the
+    decode rows' tokens may still be device-only. Writes K/V at
+    `batch.out_cache_loc` (mutates `cache`).
+
+    Returns:
+        device int64 `[num_reqs]`: each row's greedy token after its last
+        computed token (meaningless for `batch.partial` rows).
+    """
+    extend_lens = batch.extend_lens  # host-only layout: one ragged run per row
+    token_rows = np.repeat(np.arange(extend_lens.shape[0]), extend_lens)
+    cols = np.arange(batch.num_tokens) - (np.cumsum(extend_lens) - extend_lens)[token_rows]
+    # One host-to-device copy: each token's (row, column), then each row's last token.
+    packed = np.concatenate((token_rows, cols, batch.sample_index)).astype(np.int64)
+    layout = torch.from_numpy(packed).to(model.device)
+    num_tokens = batch.num_tokens
+    row, col, last = (
+        layout[:num_tokens],
+        layout[num_tokens : 2 * num_tokens],
+        layout[2 * num_tokens :],
+    )
+    hidden = _forward(
+        model,
+        cache,
+        pools.table.device,
+        batch.rows,
+        input_ids=batch.input_ids.device,
+        positions=batch.positions.device,
+        out_cache_loc=batch.out_cache_loc.device,
+        query_layout=(row, col, int(extend_lens.max()) if extend_lens.shape[0] else 0),
+    )
+    return model.greedy(hidden[last])
 
 
 def _forward(

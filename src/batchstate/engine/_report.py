@@ -27,6 +27,10 @@ class Summary:
     extend_steps: int
     decode_steps: int
     retractions: int
+    chunks: int  # rows that stopped part way through a prompt
+    mixed_steps: int  # forwards with prompt tokens and decode rows together
+    named_reads_per_step: float  # read_sampled calls per step: 1 in mix modes, 0 otherwise
+    overshoot_tokens: int  # overlap: tokens decoded past a stop, then dropped
     wall_s: float
     steps_per_s: float
     tokens_per_s: float  # generated tokens per second of the engine loop
@@ -81,6 +85,10 @@ def summarize(run: Simulation) -> Summary:
         extend_steps=sum(trace.is_extend),
         decode_steps=steps - sum(trace.is_extend),
         retractions=trace.num_retractions,
+        chunks=trace.num_chunks,
+        mixed_steps=trace.num_mixed_steps,
+        named_reads_per_step=trace.named_reads / max(steps, 1),
+        overshoot_tokens=trace.overshoot_tokens,
         wall_s=run.wall_s,
         steps_per_s=steps / wall,
         tokens_per_s=generated / wall,
@@ -102,7 +110,7 @@ def summarize(run: Simulation) -> Summary:
         oracle=oracle,
         oracle_passed=None if run.oracle is None else run.oracle.passed,
         oracle_s=run.oracle_s,
-        prefix_cache=run.config.prefix_cache,
+        prefix_cache=run.config.uses_prefix_cache,
         prefill_computed=trace.prefill_computed,
         prefill_cached=trace.prefill_cached,
         cache_hits=trace.cache_hits,
@@ -132,6 +140,11 @@ def render_summary(summary: Summary) -> str:
         ("tokens", f"{s.prompt_tokens} prompt, {s.generated_tokens} generated"),
         ("steps", f"{s.steps} ({s.extend_steps} extend, {s.decode_steps} decode)"),
         ("retractions", f"{s.retractions}"),
+        (
+            "chunks, mixed",
+            f"{s.chunks} partial prefills, {s.mixed_steps} mixed steps,"
+            f" {s.overshoot_tokens} tokens past a stop (overlap)",
+        ),
         ("wall time", f"{s.wall_s:.2f} s (engine loop{oracle_time})"),
         ("steps/s", f"{s.steps_per_s:.0f}"),
         ("tokens/s", f"{s.tokens_per_s:.0f} generated"),
@@ -140,7 +153,11 @@ def render_summary(summary: Summary) -> str:
             f"{s.bookkeeping_us_per_step:.0f} µs per step, median {s.bookkeeping_us_median:.0f}"
             " (batchstate calls)",
         ),
-        ("device reads", f"{reads} (decode path)"),
+        (
+            "device reads",
+            f"{reads} (decode path); {s.named_reads_per_step:.2f} named reads per step"
+            " (read_sampled)",
+        ),
         ("invariant checks", f"{s.invariant_checks} passed"),
         ("pool conservation", f"{'ok' if s.pools_conserved else 'LEAK'}: {s.pools}"),
         ("prefix cache", _cache_line(s)),
@@ -173,6 +190,7 @@ def _prefill_line(s: Summary) -> str:
 
 
 _EXAMPLE = Summary(
-    "cpu", 16, 256, 256, 7000, 5000, 300, 100, 200, 0, 1.0, 300.0, 5000.0, 600.0, 500.0, 0, 20, 3,
+    "cpu", 16, 256, 256, 7000, 5000, 300, 100, 200, 0, 0, 0, 0.0, 0, 1.0, 300.0, 5000.0, 600.0,
+    500.0, 0, 20, 3,
     True, "", "pass", True, 1.0,
 )  # fmt: skip

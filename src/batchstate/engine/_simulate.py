@@ -38,7 +38,25 @@ class SimulationConfig:
     max_context_len: int | None = None  # default: longest prompt + longest output
     device: str = "cpu"
     oracle: bool = True  # ignored on meta, which runs no model
-    prefix_cache: bool = True  # share KV of common prefixes through a prefix cache
+    prefix_cache: bool = True  # share KV of common prefixes, when the workload has any
+
+    @property
+    def uses_prefix_cache(self) -> bool:
+        """The cache runs when the workload shares prefixes (and it is not switched off).
+
+        The cached path admits whole prompts with `extend_cached` and decodes
+        with `decode_cached`: prompt chunks and mixed steps are not modelled
+        over a prefix cache, so such a run ignores `--chunk-size` and `--mixed`.
+        """
+        workload = self.workload
+        return self.prefix_cache and bool(workload.shared_prefixes or workload.follow_ups)
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings for this run (whole prompts when the cache runs)."""
+        if self.uses_prefix_cache:
+            return attrs.evolve(self.engine, chunk_size=0, mixed=False)
+        return self.engine
 
     @property
     def num_slots(self) -> int:
@@ -82,9 +100,11 @@ class SimulationConfig:
             ("--headroom-pages", engine.headroom_pages),
             ("--check-every", engine.check_every),
             ("--audit-every", engine.audit_every),
+            ("--chunk-size", engine.chunk_size),
         ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        _check_modes(engine, cached=self.uses_prefix_cache)
         if self.num_kv_tokens < 0 or self.num_kv_tokens % self.page_size:
             raise ValueError(
                 f"--kv-tokens must be a non-negative multiple of --page-size={self.page_size},"
@@ -152,7 +172,7 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
     plain = make_pools(
         config.num_slots, config.context_len, config.num_kv_tokens, device, config.page_size
     )
-    pools: Pools | CachedPools = cached_pools(plain) if config.prefix_cache else plain
+    pools: Pools | CachedPools = cached_pools(plain) if config.uses_prefix_cache else plain
     source: TokenSource
     model = None
     if device.type == "meta":
@@ -162,7 +182,7 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
         source = ModelTokens(model, make_kv_cache(model, pools))
     _warm_up(device, model)
     counter = read_counter()
-    engine = Engine(config.engine, specs, pools, source, counter)
+    engine = Engine(config.engine_config, specs, pools, source, counter)
     total = len(specs)
     report = progress or _quiet
     report("engine", 0, total)
@@ -194,6 +214,17 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
         oracle_s,
         engine.trace.num_audited > 0,
     )
+
+
+def _check_modes(engine: EngineConfig, *, cached: bool) -> None:
+    # Overlap feeds every running row the device's token: every forward must hold them all.
+    if engine.overlap and not engine.mixed:
+        raise ValueError("--overlap needs --mixed: the decode rows ride in every forward")
+    if engine.overlap and cached:
+        raise ValueError(
+            "--overlap needs mixed steps, which do not run over a prefix cache:"
+            " add --no-prefix-cache"
+        )
 
 
 def _quiet(phase: str, done: int, total: int) -> None:

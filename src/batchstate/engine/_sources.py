@@ -8,9 +8,9 @@ from typing import Protocol, final
 
 import torch
 
-from batchstate import CachedPools, Decoding, Extended, Pools
+from batchstate import CachedPools, Decoding, Extended, Mixed, Pools, Sampled, read_sampled
 from batchstate.engine._model import TinyModel
-from batchstate.engine._paged import KVCache, sample_decode, sample_extend
+from batchstate.engine._paged import KVCache, sample_decode, sample_extend, sample_mixed
 
 __all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
 
@@ -26,6 +26,14 @@ class TokenSource(Protocol):
         self, batch: Decoding, pools: Pools | CachedPools, last_tokens: Sequence[int]
     ) -> list[int]:
         """The token after each row's `last_tokens[row]`, in row order."""
+        ...
+
+    def after_mixed(self, batch: Mixed, pools: Pools) -> Sampled:
+        """Run a mixed forward; each row's next token stays on the device."""
+        ...
+
+    def read(self, sampled: Sampled) -> list[int]:
+        """The host's copy of `sampled`: the one named read of a step."""
         ...
 
 
@@ -55,6 +63,15 @@ class ModelTokens:
         tokens: list[int] = sample_decode(self.model, self.cache, batch, pools, input_ids).tolist()
         return tokens
 
+    def after_mixed(self, batch: Mixed, pools: Pools) -> Sampled:
+        """Run the mixed forward (writes the cache); the sampled tokens stay on the device."""
+        return Sampled.of(batch.rows, sample_mixed(self.model, self.cache, batch, pools))
+
+    def read(self, sampled: Sampled) -> list[int]:
+        """`read_sampled`: one permitted read, which waits for the forward."""
+        tokens: list[int] = read_sampled(sampled).tolist()
+        return tokens
+
 
 @final
 class RandomTokens:
@@ -73,6 +90,16 @@ class RandomTokens:
     ) -> list[int]:
         """One random token per row."""
         return self._draw(len(batch.rows))
+
+    def after_mixed(self, batch: Mixed, pools: Pools) -> Sampled:
+        """Placeholder device tokens (meta holds no data); `read` draws the real ones."""
+        return Sampled.of(
+            batch.rows, torch.empty(len(batch.rows), dtype=torch.int64, device=batch.device)
+        )
+
+    def read(self, sampled: Sampled) -> list[int]:
+        """One random token per row, drawn on the host: nothing is read from the device."""
+        return self._draw(len(sampled))
 
     def _draw(self, num_rows: int) -> list[int]:
         randrange, vocab_size = self.rng.randrange, self.vocab_size

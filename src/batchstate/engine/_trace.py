@@ -31,6 +31,10 @@ class Trace:
         self.cache_hits = 0  # requests extended with a cached prefix
         self.extended_requests = 0  # requests extended (a retracted one again)
         self.evicted_pages = 0  # cached pages evicted to make room
+        self.num_chunks = 0  # forwards' rows that stopped part way through a prompt
+        self.num_mixed_steps = 0  # forwards with prompt tokens and decode rows together
+        self.named_reads = 0  # sampled-token reads through read_sampled (one per mixed step)
+        self.overshoot_tokens = 0  # overlap: tokens decoded past a stop, then dropped
 
     def __len__(self) -> int:
         return len(self.step_s)

@@ -1,0 +1,113 @@
+"""Leak detection: memory the pools count as owned that no live record holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TypeAlias, final
+
+import attrs
+
+from batchstate._chunked import Chunked
+from batchstate._errors import InvariantViolation
+from batchstate._filter import Departed
+from batchstate._mixed import Mixed
+from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle
+from batchstate._pools import Pools
+from batchstate._speculative import Verifying
+
+__all__ = ["Holder", "Leaks", "check_leaks", "find_leaks"]
+
+# Everything that can hold a request slot between two calls.
+Holder: TypeAlias = Batch | Mixed | Chunked | Verifying | Departed
+
+
+@final
+@attrs.frozen
+class Leaks:
+    """What `find_leaks` found; falsy when nothing leaked.
+
+    `unheld` slots are owned in the pools but held by no record given:
+    their `unheld_tokens` KV tokens (`unheld_pages` pages) can never come
+    back. `held_twice` slots are held by two records; `wrong_length` slots
+    are held at another length than the pools own (a stale record).
+    """
+
+    unheld: tuple[int, ...] = ()
+    unheld_tokens: int = 0
+    unheld_pages: int = 0
+    held_twice: tuple[int, ...] = ()
+    wrong_length: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.unheld or self.held_twice or self.wrong_length)
+
+    def __str__(self) -> str:
+        if not self:
+            return "no leaks"
+        parts = []
+        if self.unheld:
+            parts.append(
+                f"slots {list(self.unheld)} are owned but held by no record"
+                f" ({self.unheld_tokens} KV tokens, {self.unheld_pages} pages)"
+            )
+        if self.held_twice:
+            parts.append(f"slots {list(self.held_twice)} are held twice")
+        if self.wrong_length:
+            parts.append(f"slots {list(self.wrong_length)} are held at another length")
+        return "; ".join(parts)
+
+
+def find_leaks(pools: Pools, holders: Iterable[Holder]) -> Leaks:
+    """Compare the slots the pools own with the slots `holders` hold: host data only.
+
+    Pass every live record: the running batch, each held `Chunked`, a
+    `Mixed` or `Verifying` between its transition and the next, and each
+    `Departed` not yet released. A `Verifying` holds its slots at a length
+    only the device knows, so its lengths are not compared.
+    """
+    owned = pools.slot_tokens
+    seen: dict[int, int] = {}
+    twice: set[int] = set()
+    wrong: set[int] = set()
+    for holder in holders:
+        for slot, length in _held(holder):
+            if slot in seen:
+                twice.add(slot)
+            seen[slot] = length
+            in_table = 1 <= slot < owned.shape[0]
+            if not in_table or (length >= 0 and int(owned[slot]) != length):
+                wrong.add(slot)
+    owned_slots = owned.nonzero()[0].tolist()
+    unheld = tuple(slot for slot in owned_slots if slot not in seen)
+    page = pools.page_size
+    tokens = [int(owned[slot]) for slot in unheld]
+    return Leaks(
+        unheld,
+        sum(tokens),
+        sum(-(-count // page) for count in tokens),
+        tuple(sorted(twice)),
+        tuple(sorted(wrong)),
+    )
+
+
+def check_leaks(pools: Pools, holders: Iterable[Holder]) -> None:
+    """Raise `InvariantViolation` unless `find_leaks` finds nothing."""
+    leaks = find_leaks(pools, holders)
+    if leaks:
+        raise InvariantViolation(f"leak check: {leaks}")
+
+
+def _held(holder: Holder) -> list[tuple[int, int]]:
+    # (slot, tokens it holds) per row; -1 where only the device knows the length.
+    if isinstance(holder, Chunked):
+        return [(holder.slot, holder.cached)]
+    if isinstance(holder, Departed):
+        return list(zip(holder.slots.tolist(), holder.seq_lens.tolist(), strict=True))
+    if isinstance(holder, Verifying):
+        return [(slot, -1) for slot in holder.req_pool_indices.host.tolist()]
+    if isinstance(holder, Idle | Extended | Decoding | Filtered | Mixed):
+        rows = holder.rows
+        return list(
+            zip(rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist(), strict=True)
+        )
+    raise TypeError(f"find_leaks: {type(holder).__name__} holds no request slots")

@@ -1,0 +1,108 @@
+"""Device-resident sampled tokens: the next step's inputs, before the host has seen them.
+
+An overlap scheduler builds step N+1 while step N still runs: N+1's input
+tokens are N's sampled tokens, which exist only on the device. `Sampled`
+holds them with the host-known request ids of their rows, so they can follow
+rows through a split or a merge (`follow`, a device gather by a host index)
+and feed `decode_sampled` or `mix` without a read. The host learns them
+later through `read_sampled`, one named read that an audit permits.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import numpy as np
+import torch
+
+from batchstate._errors import BatchConflict, PhaseError, RecordShapeError
+from batchstate._mirrored import DeviceOnly, HostArray, describe, frozen, upload
+from batchstate._phases import Filtered
+from batchstate._rows import Rows
+from batchstate.audit import permitted_reads
+
+__all__ = ["Sampled", "follow", "read_sampled"]
+
+
+@final
+@attrs.frozen(eq=False, repr=False)
+class Sampled:
+    """One sampled token per row of a forward, on the device only.
+
+    Build it with `Sampled.of(forward.rows, tokens)` right after the
+    forward's sampler; nothing here reads `tokens`.
+    """
+
+    rids: HostArray  # read-only int64 [num_rows], row -> request id
+    tokens: DeviceOnly  # int64 [num_rows], row -> its sampled token
+
+    @classmethod
+    def of(cls, rows: Rows, tokens: torch.Tensor) -> Sampled:
+        """The tokens a sampler produced for `rows` (int64 `[num_rows]` on the rows' device).
+
+        Raises:
+            RecordShapeError: `tokens` has another shape, dtype or device.
+        """
+        if not isinstance(tokens, torch.Tensor):
+            raise RecordShapeError(f"Sampled: expected a torch tensor, got {type(tokens).__name__}")
+        if (
+            tokens.shape != (len(rows),)
+            or tokens.dtype != torch.int64
+            or tokens.device != rows.device
+        ):
+            raise RecordShapeError(
+                f"Sampled: expected int64 [{len(rows)}] on {rows.device}, got {tokens.dtype}"
+                f" {list(tokens.shape)} on {tokens.device}"
+            )
+        return cls(rows.rids, DeviceOnly(tokens))
+
+    def __len__(self) -> int:
+        return int(self.rids.shape[0])
+
+    def __repr__(self) -> str:
+        tokens = describe("DeviceOnly", self.tokens.device)
+        return f"Sampled(rids={self.rids.tolist()}, tokens={tokens})"
+
+
+def follow(sampled: Sampled, batch: Filtered) -> Sampled:
+    """`sampled`'s tokens for `batch`'s rows, in `batch`'s order: a device gather, no read.
+
+    The index is computed on the host from request ids; rows already in
+    order cost nothing.
+
+    Raises:
+        PhaseError: `batch` is not `Filtered`.
+        BatchConflict: a row of `batch` has no token in `sampled`.
+    """
+    if not isinstance(batch, Filtered):
+        raise PhaseError(f"follow takes Filtered, got {type(batch).__name__}")
+    wanted = batch.rows.rids
+    if np.array_equal(sampled.rids, wanted):
+        return sampled
+    index = _positions(sampled.rids, wanted)
+    (device_index,) = upload((index,), batch.rows.device)
+    return Sampled(wanted, DeviceOnly(sampled.tokens.device.index_select(0, device_index)))
+
+
+def read_sampled(sampled: Sampled) -> HostArray:
+    """Copy the tokens to the host: the one named read of a step that keeps tokens on the device.
+
+    It waits for the forward that sampled them. It runs inside
+    `permitted_reads`, so an audit counts it and does not forbid it.
+    Returns a read-only int64 array `[num_rows]`, in `sampled.rids` order.
+    """
+    with permitted_reads("sampled tokens: finish checks"):
+        host = sampled.tokens.device.to("cpu").numpy()  # NOTE: the one read; it waits
+    return frozen(host.astype(np.int64, copy=True))
+
+
+def _positions(have: HostArray, wanted: HostArray) -> HostArray:
+    # Where each wanted rid sits in `have`, by a sorted search on the host.
+    order = np.argsort(have, kind="stable")
+    at = np.searchsorted(have, wanted, sorter=order).clip(0, max(have.shape[0] - 1, 0))
+    index = order[at] if have.shape[0] else np.zeros(wanted.shape[0], dtype=np.int64)
+    missing = (have[index] != wanted) if have.shape[0] else np.ones(wanted.shape[0], bool)
+    if missing.any():
+        raise BatchConflict(f"no sampled token for requests {wanted[missing].tolist()}")
+    return index.astype(np.int64)
