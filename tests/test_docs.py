@@ -36,6 +36,16 @@ def test_readme_example_runs_and_prints_what_it_says() -> None:
     assert printed.getvalue().strip() == promised.group(1)
 
 
+def test_design_columns_example_runs() -> None:
+    """The worked column-set example in docs/design.md executes, its assert included."""
+    text = (DOCS / "design.md").read_text()
+    example = re.search(r"### Columns\n.*?```python\n(.*?)```", text, re.S)
+    assert example is not None
+    namespace: dict[str, object] = {"__name__": "design_example"}
+    exec(compile(example.group(1), "docs/design.md", "exec"), namespace)
+    assert "kept" in namespace
+
+
 def test_transitions_doc_is_rendered_from_the_table() -> None:
     """docs/transitions.md holds exactly the table that TRANSITIONS renders to.
 

@@ -24,6 +24,7 @@ write. The library never names a column.
 
 from __future__ import annotations
 
+import sys
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Final, NamedTuple, TypeAlias, final
@@ -90,7 +91,12 @@ _FIELDS: dict[type[Columns], tuple[_Field, ...]] = {}
 def _read_fields(cls: type[Columns]) -> tuple[_Field, ...]:
     if not attrs.has(cls):
         raise ColumnError(f"{cls.__name__}: a column set must be an attrs class")
-    hints = typing.get_type_hints(cls, localns=_NAMES)
+    # The class's module first; the names a column is written with as a fallback
+    # (a class made by `exec` or in a notebook may have no module to look in).
+    module = sys.modules.get(cls.__module__)
+    hints = typing.get_type_hints(
+        cls, globalns=dict(vars(module)) if module else {}, localns=_NAMES
+    )
     fields = []
     for field in attrs.fields(cls):
         hint = hints[field.name]
@@ -109,7 +115,13 @@ def _read_fields(cls: type[Columns]) -> tuple[_Field, ...]:
     return tuple(fields)
 
 
-_NAMES: Final = {"Mirrored": Mirrored, "DeviceOnly": DeviceOnly, "HostColumn": HostColumn}
+_NAMES: Final = {
+    "Mirrored": Mirrored,
+    "DeviceOnly": DeviceOnly,
+    "HostColumn": HostColumn,
+    "np": np,
+    "numpy": np,
+}
 
 
 def empty_columns(cls: type[C], device: torch.device) -> C:
@@ -129,7 +141,11 @@ def empty_columns(cls: type[C], device: torch.device) -> C:
     return cls(**values)
 
 
-def build_columns(cls: type[C], values: Mapping[str, Sequence[object]], device: torch.device) -> C:
+def build_columns(
+    cls: type[C],
+    values: Mapping[str, Sequence[object] | npt.NDArray[np.generic]],
+    device: torch.device,
+) -> C:
     """A column set for new rows from per-row host values, in one host-to-device copy.
 
     Args:

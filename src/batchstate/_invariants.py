@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from batchstate._columns import C
 from batchstate._errors import InvariantViolation, RecordShapeError
 from batchstate._mirrored import torch_dtype
 from batchstate._phases import Batch, Decoding, Extended
@@ -15,7 +16,7 @@ from batchstate._rows import check_columns
 __all__ = ["check_batch", "check_pools"]
 
 
-def check_batch(batch: Batch, *, compare_device: bool = False) -> None:
+def check_batch(batch: Batch[C], *, compare_device: bool = False) -> None:
     """Check a record's invariants; `compare_device` also compares mirrors (it syncs).
 
     Raises:
@@ -65,7 +66,7 @@ def check_batch(batch: Batch, *, compare_device: bool = False) -> None:
 
 
 def check_pools(
-    pools: Pools, batches: Iterable[Batch] = (), *, compare_device: bool = False
+    pools: Pools, batches: Iterable[Batch[C]] = (), *, compare_device: bool = False
 ) -> None:
     """Check conservation: free + owned = capacity, nothing owned twice.
 

@@ -8,6 +8,7 @@ from typing import TypeAlias, final
 import attrs
 
 from batchstate._chunked import Chunked
+from batchstate._columns import C
 from batchstate._errors import InvariantViolation
 from batchstate._filter import Departed
 from batchstate._mixed import Mixed
@@ -18,7 +19,7 @@ from batchstate._speculative import Verifying
 __all__ = ["Holder", "Leaks", "check_leaks", "find_leaks"]
 
 # Everything that can hold a request slot between two calls.
-Holder: TypeAlias = Batch | Mixed | Chunked | Verifying | Departed
+Holder: TypeAlias = Batch[C] | Mixed | Chunked | Verifying[C] | Departed
 
 
 @final
@@ -57,7 +58,7 @@ class Leaks:
         return "; ".join(parts)
 
 
-def find_leaks(pools: Pools, holders: Iterable[Holder]) -> Leaks:
+def find_leaks(pools: Pools, holders: Iterable[Holder[C]]) -> Leaks:
     """Compare the slots the pools own with the slots `holders` hold: host data only.
 
     Pass every live record: the running batch, each held `Chunked`, a
@@ -90,14 +91,14 @@ def find_leaks(pools: Pools, holders: Iterable[Holder]) -> Leaks:
     )
 
 
-def check_leaks(pools: Pools, holders: Iterable[Holder]) -> None:
+def check_leaks(pools: Pools, holders: Iterable[Holder[C]]) -> None:
     """Raise `InvariantViolation` unless `find_leaks` finds nothing."""
     leaks = find_leaks(pools, holders)
     if leaks:
         raise InvariantViolation(f"leak check: {leaks}")
 
 
-def _held(holder: Holder) -> list[tuple[int, int]]:
+def _held(holder: Holder[C]) -> list[tuple[int, int]]:
     # (slot, tokens it holds) per row; -1 where only the device knows the length.
     if isinstance(holder, Chunked):
         return [(holder.slot, holder.cached)]
