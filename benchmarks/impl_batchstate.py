@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from returns.result import Result
 
 from batchstate import (
     Decoding,
     Departed,
     Extended,
+    ExtendError,
     Filtered,
+    Idle,
     Pools,
     Req,
+    Sampling,
+    SamplingParams,
+    Step,
     decode,
     extend,
     idle,
@@ -30,11 +36,17 @@ __all__ = ["BatchstateStep"]
 
 
 class BatchstateStep:
-    """The harness holds the newest record and pools; each phase replaces them."""
+    """The harness holds the newest record and pools; each phase replaces them.
 
-    name: Final = "batchstate"
+    With `sampling`, the batch carries the standard `Sampling` column set:
+    every request joins with its own parameters, and every transition moves
+    them with the other columns.
+    """
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, sampling: bool = False) -> None:
+        self.name = "batchstate+sampling" if sampling else "batchstate"
+        self._sampling = sampling
+        self._device = plan.device
         pools = make_pools(
             plan.config.batch_size + 1,
             plan.max_context_len,
@@ -42,12 +54,19 @@ class BatchstateStep:
             plan.device,
             plan.config.page_size,
         )
-        self._idle = idle(plan.device)
+        self._idle: Idle[Any] = idle(plan.device, Sampling) if sampling else idle(plan.device)
         reqs = [Req(rid, input_ids) for rid, input_ids in plan.initial]
-        extended, self.pools = extend(self._idle, reqs, pools).unwrap()
-        self.batch: Decoding | Filtered = merge(self._idle, extended)
+        extended, self.pools = self._admit(reqs, pools).unwrap()
+        self.batch: Decoding[Any] | Filtered[Any] = merge(self._idle, extended)
         self._left: Departed | None = None
-        self._incoming: Extended | None = None
+        self._incoming: Extended[Any] | None = None
+
+    def _admit(self, reqs: list[Req], pools: Pools) -> Result[Step[Extended[Any]], ExtendError]:
+        if not self._sampling:
+            return extend(self._idle, reqs, pools)
+        # What a scheduler pays per admission: its requests' parameters as columns.
+        params = [SamplingParams(0.7, top_p=0.9, top_k=40, seed=req.rid) for req in reqs]
+        return extend(self._idle, reqs, pools, Sampling.of(params, self._device))
 
     def decode(self) -> None:
         self.batch, self.pools = decode(self.batch, self.pools).unwrap()
@@ -61,7 +80,7 @@ class BatchstateStep:
 
     def extend(self, join: Join) -> None:
         req = Req(join.rid, join.input_ids)
-        self._incoming, self.pools = extend(self._idle, [req], self.pools).unwrap()
+        self._incoming, self.pools = self._admit([req], self.pools).unwrap()
 
     def merge(self) -> None:
         assert self._incoming is not None

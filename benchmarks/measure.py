@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Final
 
@@ -67,17 +67,23 @@ def timed_step(impl: Implementation, join: Join, out: dict[str, list[int]]) -> N
     out["step"].append(t5 - t0)
 
 
-def time_config(config: Config, repeats: int, warmup: int) -> Timings:
+def time_config(
+    config: Config,
+    repeats: int,
+    warmup: int,
+    implementations: Sequence[Callable[[Plan], Implementation]] = IMPLEMENTATIONS,
+) -> Timings:
     """Time `repeats` steps of each implementation, interleaved step by step.
 
     Each step runs all three implementations, in an order that rotates, so
     that noise from other processes and cache effects fall on all alike.
     """
     plan = make_plan(config, warmup + repeats)
-    impls = [make(plan) for make in IMPLEMENTATIONS]
+    impls = [make(plan) for make in implementations]
     timings: Timings = {impl.name: {phase: [] for phase in (*PHASES, "step")} for impl in impls}
     for index, join in enumerate(plan.steps):
-        order = impls[index % 3 :] + impls[: index % 3]
+        turn = index % len(impls)
+        order = impls[turn:] + impls[:turn]
         for impl in order:
             if index < warmup:
                 run_step(impl, join)
@@ -101,7 +107,11 @@ def final_outcomes(config: Config, num_steps: int) -> list[Outcome]:
     return outcomes
 
 
-def count_work(config: Config, steps: int = 8) -> dict[str, dict[str, dict[str, float]]]:
+def count_work(
+    config: Config,
+    steps: int = 8,
+    implementations: Sequence[Callable[[Plan], Implementation]] = IMPLEMENTATIONS,
+) -> dict[str, dict[str, dict[str, float]]]:
     """Per implementation and phase ("step" included): work per step, counted on `meta`.
 
     Host torch ops, numpy calls, device kernels and host-to-device copies, as
@@ -111,7 +121,7 @@ def count_work(config: Config, steps: int = 8) -> dict[str, dict[str, dict[str, 
     """
     plan = make_plan(config, steps, device=torch.device("meta"))
     counts: dict[str, dict[str, dict[str, float]]] = {}
-    for make in IMPLEMENTATIONS:
+    for make in implementations:
         impl = make(plan)
         run_step(impl, plan.steps[0])
         totals = {phase: Work() for phase in PHASES}
