@@ -7,6 +7,8 @@ mutable baseline and the floor honest: each must do the work batchstate does.
 from __future__ import annotations
 
 import pytest
+from benchmarks.columns import VARIANTS
+from benchmarks.columns import run as run_columns
 from benchmarks.measure import count_blocks, count_work, final_outcomes
 from benchmarks.scenario import Config
 from benchmarks.step import run
@@ -65,3 +67,22 @@ def test_batchstate_uploads_once_per_transition_and_launches_no_bookkeeping_kern
 def test_allocation_counter_sees_allocations() -> None:
     """Each implementation allocates Python objects every step; the counter sees them."""
     assert all(count > 0 for count in count_blocks(Config(4, 1), steps=3).values())
+
+
+def test_a_column_set_adds_one_upload_per_step_and_no_kernel() -> None:
+    """With Sampling columns: the joining request's columns are the one extra copy."""
+    plain, sampled = (
+        count_work(Config(8, 1), steps=4, implementations=[make])[name]["step"]
+        for make, name in zip(VARIANTS, ("batchstate", "batchstate+sampling"), strict=True)
+    )
+    assert sampled["copies"] == plain["copies"] + 1
+    assert sampled["kernels"] == plain["kernels"]
+
+
+def test_the_column_benchmark_reports_each_point() -> None:
+    """A tiny run gives one row per point, with both timings and the counts."""
+    rows = run_columns([1], [1], repeats=3, warmup=1)
+    assert len(rows) == 3
+    cells = rows[2].strip("|").split("|")
+    assert [cell.strip() for cell in cells[:2]] == ["1", "1"]
+    assert cells[5].strip() == "3 / 4"
