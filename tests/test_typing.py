@@ -30,7 +30,7 @@ def snippet(
     pools: Pools, reqs: list[Req], tensor: torch.Tensor, pair: Mirrored, device_only: DeviceOnly,
     with_sampling: Decoding[Sampling], sampling_idle: Idle[Sampling], lora: Filtered[Lora],
     sampling: Sampling,
-    chunked: Chunked, mixed: Mixed, sampled: Sampled,
+    chunked: Chunked, mixed: Mixed, sampled: Sampled, shared: CachedPools,
 ) -> None:
 """
 
@@ -95,6 +95,11 @@ REJECTED: Final = {
         "plain(decode(with_sampling, pools).unwrap().batch)"
     ),
     "reject_extend_without_columns": "extend(sampling_idle, reqs, pools)",
+    # A prefix cache shares pages: its pools go only through the cached transitions.
+    "reject_extend_cached_with_plain_pools": "extend_cached(idle_, reqs, pools)",
+    "reject_release_with_cached_pools": "release(filtered, idle_, shared)",
+    "reject_decode_with_cached_pools": "decode(filtered, shared)",
+    "reject_cached_result_used_as_step": "print(decode_cached(filtered, shared).batch)",
     # A held chunk is not a batch: it can only be mixed again or released.
     "reject_decode_from_chunked": "decode(chunked, pools)",
     "reject_merge_chunked_into_filtered": "merge(filtered, chunked)",
@@ -143,6 +148,15 @@ ACCEPTED: Final = {
         temperature: Mirrored[np.float32] = running.rows.columns.temperature
         print(temperature.host.tolist())
     """,
+    "accept_cached_loop": """\
+        step = extend_cached(idle_, reqs, shared).unwrap()
+        decoded, shared = decode_cached(step.batch, step.pools).unwrap()
+        kept, left = split(decoded, [0])
+        shared = release_cached(left, kept, shared).unwrap()
+        check_cached_pools(shared, [kept])
+        hit: int = step.batch.prefix_lens[0]
+        print(hit, shared.cache.num_pages)
+    """,
     "accept_overlap_loop": """\
         step = mix(filtered, [chunked, *reqs], 64, pools, sampled).unwrap()
         running, held = settle(step.batch)
@@ -189,6 +203,8 @@ def test_illegal_pairs_are_the_complement_of_the_table() -> None:
 # (extend and prebuilt, overloaded on whether the batch carries columns: [call-overload]).
 _REASON: Final = {
     "reject_undeclared_column": "[attr-defined]",
+    "reject_cached_result_used_as_step": "[attr-defined]",
+    "reject_extend_cached_with_plain_pools": "[call-overload]",
     "reject_merge_different_columns": "Cannot infer value of type parameter",
     "reject_extend_without_columns": "[arg-type]",
     "reject_mirror_from_one_side": "[call-arg]",

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from batchstate._cached_pools import CachedPools
+from batchstate._columns import C
 from batchstate._errors import InvariantViolation
 from batchstate._phases import Batch
 
@@ -14,7 +15,7 @@ __all__ = ["check_cached_pools"]
 
 
 def check_cached_pools(
-    pools: CachedPools, batches: Iterable[Batch] = (), *, compare_device: bool = False
+    pools: CachedPools, batches: Iterable[Batch[C]] = (), *, compare_device: bool = False
 ) -> None:
     """Check that every KV page is exactly one of free, cached or in use, and counted right.
 
@@ -80,7 +81,7 @@ def check_cached_pools(
             )
 
 
-def _check_slots(pools: CachedPools, batches: list[Batch], *, compare_device: bool) -> None:
+def _check_slots(pools: CachedPools, batches: list[Batch[C]], *, compare_device: bool) -> None:
     # As `check_pools` for slots: each free or owned once, rows laid out in whole
     # pages, every row of `batches` owning its slot at its length.
     max_reqs, page_size, table = pools.max_reqs, pools.page_size, pools.table.host

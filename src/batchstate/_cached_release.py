@@ -8,6 +8,7 @@ import numpy as np
 from returns.result import Failure, Result, Success
 
 from batchstate._cached_pools import CachedPools
+from batchstate._columns import C, D
 from batchstate._errors import PhaseError, ReleaseError, StillRunning
 from batchstate._filter import Departed
 from batchstate._mirrored import frozen, overlap
@@ -18,8 +19,8 @@ __all__ = ["release_cached"]
 
 
 def release_cached(
-    left: Departed | Batch,
-    running: Batch,
+    left: Departed | Batch[C],
+    running: Batch[D],
     pools: CachedPools,
     tokens: Sequence[Sequence[int]] | None = None,
 ) -> Result[CachedPools, ReleaseError]:
