@@ -344,6 +344,7 @@ class Engine:
             self.unread_rids = set(running.rows.rids.tolist()) - done - partial
         self.trace.named_reads += 1
         self.trace.num_chunks += len(batch.partial)
+        self.trace.prefill_computed += batch.num_extend_tokens
         num_decode = len(batch.rows) - batch.num_extend_rows
         self.trace.num_mixed_steps += bool(batch.num_extend_rows and num_decode)
         self.trace.append(

@@ -45,6 +45,7 @@ class Summary:
     oracle_passed: bool | None  # None: the oracle did not run
     oracle_s: float | None  # None: the oracle did not run
     prefix_cache: bool = False
+    prefix_cache_switched_off: bool = False  # by --no-prefix-cache (else: no shared prefixes)
     prefill_computed: int = 0  # input ids the extends computed
     prefill_cached: int = 0  # input ids read from the prefix cache instead
     cache_hits: int = 0  # extended requests that read a cached prefix
@@ -111,6 +112,7 @@ def summarize(run: Simulation) -> Summary:
         oracle_passed=None if run.oracle is None else run.oracle.passed,
         oracle_s=run.oracle_s,
         prefix_cache=run.config.uses_prefix_cache,
+        prefix_cache_switched_off=not run.config.prefix_cache,
         prefill_computed=trace.prefill_computed,
         prefill_cached=trace.prefill_cached,
         cache_hits=trace.cache_hits,
@@ -172,7 +174,11 @@ def render_summary(summary: Summary) -> str:
 
 def _cache_line(s: Summary) -> str:
     if not s.prefix_cache:
-        return "off (--no-prefix-cache)"
+        return (
+            "off (--no-prefix-cache)"
+            if s.prefix_cache_switched_off
+            else "off (the workload shares no prefix: see --shared-prefix)"
+        )
     rate = 100 * s.cache_hits / max(s.extended_requests, 1)
     return (
         f"on: {s.cache_hits}/{s.extended_requests} extends hit ({rate:.0f}%),"
