@@ -589,21 +589,26 @@ class BatchMachine(RuleBasedStateMachine):
 run_machine: Callable[..., None] = run_state_machine_as_test
 
 
-def test_state_machine() -> None:
-    """No sequence of public transitions breaks an invariant or disagrees with the model."""
+def run_timed(machine: type[RuleBasedStateMachine], max_examples: int) -> float:
+    """Run `machine` with the profile's step budget; the seconds it took."""
     started = time.perf_counter()
-    _counts.update(examples=0, steps=0, resumed=0, mixed=0, chunks=0)
-    _failures.clear()
     run_machine(
-        BatchMachine,
+        machine,
         settings=settings(
-            max_examples=MAX_EXAMPLES,
+            max_examples=max_examples,
             stateful_step_count=STEP_COUNT,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
-    elapsed = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+def test_state_machine() -> None:
+    """No sequence of public transitions breaks an invariant or disagrees with the model."""
+    _counts.update(examples=0, steps=0, resumed=0, mixed=0, chunks=0)
+    _failures.clear()
+    elapsed = run_timed(BatchMachine, MAX_EXAMPLES)
     print(
         f"\nstate machine: {_counts['examples']} runs, {_counts['steps']} checked states,"
         f" {_counts['resumed']} chunked-prefill resumes, {_counts['mixed']} mixed steps"

@@ -17,14 +17,12 @@ compared through `.tolist()` and `int()` only.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Final
 
 import attrs
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 from returns.result import Success
@@ -63,11 +61,10 @@ from tests.test_state_machine import (
     _failures,
     _pages,
     _Row,
-    run_machine,
+    run_timed,
 )
 
 MAX_EXAMPLES: Final = 3000 if LONG else 40 if FAST else 200
-STEP_COUNT: Final = 100 if LONG else 40
 
 
 def _host_state(pools: Pools) -> tuple[list[int], list[int], list[int], list[list[int]]]:
@@ -322,19 +319,9 @@ class SpeculativeMachine(BatchMachine):
 
 def test_speculative_state_machine() -> None:
     """No sequence with split, Departed releases, verify and sync disagrees with the model."""
-    started = time.perf_counter()
     _counts.update(examples=0, steps=0, resumed=0, synced=0)
     _failures.clear()
-    run_machine(
-        SpeculativeMachine,
-        settings=settings(
-            max_examples=MAX_EXAMPLES,
-            stateful_step_count=STEP_COUNT,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
-    elapsed = time.perf_counter() - started
+    elapsed = run_timed(SpeculativeMachine, MAX_EXAMPLES)
     print(
         f"\nspeculative state machine: {_counts['examples']} runs, {_counts['steps']} checked"
         f" states, {_counts['synced']} syncs in {elapsed:.1f} s; failures seen: {_failures}"
