@@ -334,3 +334,19 @@ def test_a_rows_draw_does_not_depend_on_its_batch() -> None:
     ]
     assert together == alone
     assert together[0] == int(logits[0].argmax())
+
+
+def test_sampling_mixes_leave_the_rest_of_the_workload_alone() -> None:
+    """A sampling mix draws from a stream of its own: the same prompts, budgets and arrivals
+    as the greedy workload; `mixed` samples about three quarters, each with its own seed."""
+    greedy, mixed = make_workload(WORKLOAD), make_workload(SAMPLED)
+    fixed = make_workload(
+        attrs.evolve(WORKLOAD, sampling="fixed", fixed_sampling=SamplingParams(0.5, top_k=3))
+    )
+    for specs in (mixed, fixed):
+        assert [attrs.evolve(s, sampling=GREEDY) for s in specs] == list(greedy)
+    assert all(s.sampling == GREEDY for s in greedy)
+    sampled = [s.sampling for s in mixed if s.sampling.temperature]
+    assert 0.6 * len(mixed) < len(sampled) < 0.9 * len(mixed)
+    assert len({p.seed for p in sampled}) == len(sampled)
+    assert {(p.temperature, p.top_k) for p in (s.sampling for s in fixed)} == {(0.5, 3)}
