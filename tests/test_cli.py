@@ -76,6 +76,16 @@ def test_json_times_the_oracle_when_it_runs(capsys: pytest.CaptureFixture[str]) 
         (["--max-context-len", "10"], "--max-context-len 10 is shorter than the longest request"),
         (["--max-running", "x"], "argument --max-running: invalid int value: 'x'"),
         (["--arrival", "sometimes"], "argument --arrival: invalid choice"),
+        (["--sampling", "hot"], "argument --sampling: invalid choice: 'hot' (choose from"),
+        (["--temperature", "0.7"], "--temperature sets the parameters of --sampling fixed, not"),
+        (["--sampling", "mixed", "--top-k", "5"], "--top-k sets the parameters of --sampling"),
+        (["--sampling", "fixed", "--temperature", "-1"], "--temperature must be a number >= 0"),
+        (["--sampling", "fixed", "--temperature", "inf"], "--temperature must be a number >= 0"),
+        (["--sampling", "fixed", "--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+        (["--sampling", "fixed", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+        (["--sampling", "fixed", "--top-k", "-2"], "--top-k must be >= 0 (0 keeps every token)"),
+        (["--sampling", "fixed", "--min-p", "2"], "--min-p must be in [0, 1], got 2.0"),
+        (["--sampling", "fixed", "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
     ],
 )
 def test_bad_arguments_get_one_line(
@@ -86,6 +96,28 @@ def test_bad_arguments_get_one_line(
     err = capsys.readouterr().err
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "reported"),
+    [
+        ([], "greedy: 24 greedy, 0 sampled"),
+        (["--sampling", "mixed"], "mixed: 4 greedy, 20 sampled (temperature 0.6-1.2, "),
+        (
+            ["--sampling", "fixed", "--temperature", "0.8", "--top-p", "0.9", "--no-mixed"],
+            "fixed: 0 greedy, 24 sampled (temperature 0.8, top-p 0.9, top-k 0, min-p 0.0)",
+        ),
+        (["--sampling", "mixed", "--no-prefix-cache", "--chunk-size", "0"], "20 sampled"),
+    ],
+)
+def test_sampling_runs_match_the_oracle_and_report_their_mix(
+    args: list[str], reported: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each sampling mix runs, in mixed and whole-prompt modes, and the oracle passes."""
+    assert main([*SMALL, "--json", *args]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["oracle_passed"] is True
+    assert reported in summary["sampling"]
 
 
 @pytest.mark.parametrize(
@@ -150,7 +182,7 @@ def test_an_oracle_failure_exits_1_and_says_so(
 ) -> None:
     """When the oracle disagrees, the command exits 1 and names the first mismatch."""
 
-    def disagree(*_: object) -> OracleResult:
+    def disagree(*_: object, **__: object) -> OracleResult:
         return OracleResult(24, 1, "request 3: engine [1] != alone [2]")
 
     monkeypatch.setattr(batchstate.engine._simulate, "check_oracle", disagree)

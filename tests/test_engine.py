@@ -1,4 +1,4 @@
-"""The reference engine: every request's greedy tokens equal the model run alone."""
+"""The reference engine: every request's tokens (greedy or sampled) equal the model run alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from batchstate import CachedPools, Decoding, Extended, Mixed, Pools, Sampled, make_pools
+from batchstate import (
+    GREEDY,
+    CachedPools,
+    Decoding,
+    Extended,
+    Mixed,
+    Pools,
+    Sampled,
+    Sampling,
+    SamplingParams,
+    make_pools,
+)
 from batchstate.engine import (
     END_TOKEN,
     Engine,
@@ -28,6 +39,7 @@ from batchstate.engine import (
     make_workload,
     simulate,
 )
+from batchstate.engine._sampler import sample_logits
 
 MODEL: Final = ModelConfig()
 # Staggered arrivals (poisson), finishes at max tokens or at END_TOKEN.
@@ -55,7 +67,9 @@ def _model() -> TinyModel:
 def _expected(workload: WorkloadConfig) -> dict[int, tuple[int, ...]]:
     # The oracle depends on the workload and the model only, not on the pools: compute it once.
     return {
-        spec.rid: generate_alone(_model(), spec.prompt, spec.max_new_tokens, END_TOKEN)
+        spec.rid: generate_alone(
+            _model(), spec.prompt, spec.max_new_tokens, END_TOKEN, spec.sampling
+        )
         for spec in make_workload(workload)
     }
 
@@ -64,7 +78,7 @@ def _run(
     specs: Sequence[RequestSpec],
     pools: Pools,
     config: EngineConfig,
-    corrupt: Callable[[Decoding], Decoding] | None = None,
+    corrupt: Callable[[Decoding[Sampling]], Decoding[Sampling]] | None = None,
 ) -> Engine:
     tokens = ModelTokens(_model(), make_kv_cache(_model(), pools))
     source = tokens if corrupt is None else _Corrupting(tokens, corrupt)
@@ -78,18 +92,18 @@ class _Corrupting:
     """A token source that hands the model a decode batch with one metadata value wrong."""
 
     inner: ModelTokens
-    corrupt: Callable[[Decoding], Decoding]
+    corrupt: Callable[[Decoding[Sampling]], Decoding[Sampling]]
 
-    def after_extend(self, batch: Extended, pools: Pools | CachedPools) -> list[int]:
+    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
         return self.inner.after_extend(batch, pools)
 
     def after_decode(
-        self, batch: Decoding, pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
     ) -> list[int]:
         return self.inner.after_decode(self.corrupt(batch), pools, last_tokens)
 
-    def after_mixed(self, batch: Mixed, pools: Pools) -> Sampled:
-        return self.inner.after_mixed(batch, pools)
+    def after_mixed(self, batch: Mixed, pools: Pools, sampling: Sampling | None) -> Sampled:
+        return self.inner.after_mixed(batch, pools, sampling)
 
     def read(self, sampled: Sampled) -> list[int]:
         return self.inner.read(sampled)
@@ -158,13 +172,13 @@ def test_engine_modes_match_oracle(  # noqa: PLR0917  # pytest passes parameters
     assert trace.num_checks > 20  # check_leaks ran with every periodic check
 
 
-def _swap_out_cache_loc(batch: Decoding) -> Decoding:
+def _swap_out_cache_loc(batch: Decoding[Sampling]) -> Decoding[Sampling]:
     locs = batch.out_cache_loc.device.clone()
     locs[[0, 1]] = locs[[1, 0]]
     return attrs.evolve(batch, out_cache_loc=attrs.evolve(batch.out_cache_loc, device=locs))
 
 
-def _swap_req_pool_indices(batch: Decoding) -> Decoding:
+def _swap_req_pool_indices(batch: Decoding[Sampling]) -> Decoding[Sampling]:
     rows = batch.rows
     order = np.arange(len(rows))
     order[[0, 1]] = order[[1, 0]]
@@ -172,7 +186,7 @@ def _swap_req_pool_indices(batch: Decoding) -> Decoding:
     return attrs.evolve(batch, rows=attrs.evolve(rows, req_pool_indices=swapped))
 
 
-def _shorten_seq_lens(batch: Decoding) -> Decoding:
+def _shorten_seq_lens(batch: Decoding[Sampling]) -> Decoding[Sampling]:
     rows = batch.rows
     return attrs.evolve(batch, rows=attrs.evolve(rows, seq_lens=rows.seq_lens.add(-1)))
 
@@ -185,7 +199,9 @@ def _shorten_seq_lens(batch: Decoding) -> Decoding:
         _shorten_seq_lens,  # positions and the causal mask one short
     ],
 )
-def test_wrong_metadata_fails_the_oracle(corrupt: Callable[[Decoding], Decoding]) -> None:
+def test_wrong_metadata_fails_the_oracle(
+    corrupt: Callable[[Decoding[Sampling]], Decoding[Sampling]],
+) -> None:
     """The model really reads the paged cache through the batch: one wrong value changes tokens."""
     workload = attrs.evolve(WORKLOAD, num_requests=24, arrival="all")
     pools = make_pools(24, LONGEST, 4096, torch.device("cpu"), 16)
@@ -228,3 +244,109 @@ def test_generate_alone_stops_after_the_end_token() -> None:
     stop = free[3]
     assert generate_alone(model, (5, 9, 2), 30, end_token=stop)[-1] == stop
     assert len(generate_alone(model, (5, 9, 2), 30, end_token=stop)) == free.index(stop) + 1
+
+
+SAMPLED: Final = attrs.evolve(WORKLOAD, sampling="mixed")
+
+
+@pytest.mark.parametrize(
+    ("page_size", "num_kv_tokens", "max_running", "config"),
+    [
+        (1, 4096, 32, EngineConfig()),
+        (16, 4096, 32, EngineConfig()),
+        (1, 400, 32, EngineConfig(new_token_ratio=0.0, headroom_pages=0)),
+        (16, LONGEST + 16, 8, EngineConfig(new_token_ratio=0.0, headroom_pages=0)),
+        (1, 400, 32, EngineConfig(chunk_size=16, mixed=True, new_token_ratio=0.0)),
+        (16, 4096, 32, EngineConfig(chunk_size=16, mixed=True, overlap=True)),
+        (16, LONGEST + 16, 8, EngineConfig(mixed=True, overlap=True, headroom_pages=0)),
+    ],
+    ids=[
+        "p1", "p16", "p1-retract", "p16-retract-to-one", "p1-chunked-mixed-retract",
+        "p16-chunked-mixed-overlap", "p16-overlap-retract-to-one",
+    ],
+)  # fmt: skip
+def test_sampled_mix_matches_oracle(
+    page_size: int, num_kv_tokens: int, max_running: int, config: EngineConfig
+) -> None:
+    """Each request samples with its own parameters and seed: its tokens equal the oracle's
+    (the same parameters, run alone), whatever it was batched, chunked or retracted with."""
+    pools = make_pools(max_running, LONGEST, num_kv_tokens, torch.device("cpu"), page_size)
+    config = attrs.evolve(config, max_running=max_running, check_every=10)
+    engine = _run(make_workload(SAMPLED), pools, config)
+    assert engine.outputs == _expected(SAMPLED)
+    assert (engine.trace.num_retractions > 0) == (num_kv_tokens < 4096)
+    assert engine.pools.num_free_tokens == num_kv_tokens
+    # The mix really samples: many requests leave the greedy path, and the greedy ones don't.
+    greedy = _expected(WORKLOAD)
+    specs = make_workload(SAMPLED)
+    assert sum(engine.outputs[s.rid] != greedy[s.rid] for s in specs) > len(specs) // 3
+    assert all(engine.outputs[s.rid] == greedy[s.rid] for s in specs if not s.sampling.temperature)
+
+
+def test_sampled_mix_over_the_prefix_cache_matches_oracle() -> None:
+    """extend_cached admits the rows' Sampling columns; follow-ups and shared prefixes too."""
+    workload = attrs.evolve(
+        SAMPLED, num_requests=80, shared_prefixes=3, shared_fraction=0.6, follow_ups=0.3
+    )
+    run = simulate(SimulationConfig(workload=workload, num_kv_tokens=1024, page_size=16))
+    assert run.config.uses_prefix_cache and run.trace.cache_hits > 0
+    assert run.oracle is not None and run.oracle.passed and run.oracle.num_checked == 80
+
+
+def test_sampling_follows_temperature_and_seed() -> None:
+    """Temperature 0 (any seed) and top-k 1 are greedy; sampling departs from greedy, the same
+    seed repeats, and two seeds give two different outputs."""
+    model, prompt = _model(), (5, 9, 2, 17)
+
+    def alone(params: SamplingParams) -> tuple[int, ...]:
+        return generate_alone(model, prompt, 40, end_token=-1, sampling=params)
+
+    greedy = alone(GREEDY)
+    assert alone(SamplingParams(seed=7)) == greedy
+    assert alone(SamplingParams(temperature=1.0, top_k=1, seed=7)) == greedy
+    hot = alone(SamplingParams(temperature=1.0, seed=7))
+    assert hot != greedy
+    assert alone(SamplingParams(temperature=1.0, seed=7)) == hot
+    assert alone(SamplingParams(temperature=1.0, seed=8)) != hot
+    # A low temperature stays closer to greedy than a high one.
+    cold = alone(SamplingParams(temperature=0.3, seed=7))
+    assert sum(map(int.__eq__, cold, greedy)) > sum(map(int.__eq__, hot, greedy))
+
+
+def test_a_rows_draw_does_not_depend_on_its_batch() -> None:
+    """The sampler is row-wise: a row's token is the same alone and among other rows."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 96, generator=generator, dtype=torch.float64) * 3
+    params = [
+        GREEDY,
+        SamplingParams(1.0, seed=1),
+        SamplingParams(0.7, top_k=5, seed=2),
+        SamplingParams(1.2, top_p=0.5, seed=3),
+        SamplingParams(1.0, min_p=0.2, seed=4),
+        SamplingParams(0.9, top_p=0.9, top_k=20, min_p=0.05, seed=5),
+    ]
+    positions = np.arange(10, 16, dtype=np.int64)
+    cpu = torch.device("cpu")
+    together = sample_logits(logits, Sampling.of(params, cpu), positions).tolist()
+    alone = [
+        int(sample_logits(logits[i : i + 1], Sampling.of([p], cpu), positions[i : i + 1])[0])
+        for i, p in enumerate(params)
+    ]
+    assert together == alone
+    assert together[0] == int(logits[0].argmax())
+
+
+def test_sampling_mixes_leave_the_rest_of_the_workload_alone() -> None:
+    """A sampling mix draws from a stream of its own: the same prompts, budgets and arrivals
+    as the greedy workload; `mixed` samples about three quarters, each with its own seed."""
+    greedy, mixed = make_workload(WORKLOAD), make_workload(SAMPLED)
+    fixed = make_workload(
+        attrs.evolve(WORKLOAD, sampling="fixed", fixed_sampling=SamplingParams(0.5, top_k=3))
+    )
+    for specs in (mixed, fixed):
+        assert [attrs.evolve(s, sampling=GREEDY) for s in specs] == list(greedy)
+    assert all(s.sampling == GREEDY for s in greedy)
+    sampled = [s.sampling for s in mixed if s.sampling.temperature]
+    assert 0.6 * len(mixed) < len(sampled) < 0.9 * len(mixed)
+    assert len({p.seed for p in sampled}) == len(sampled)
+    assert {(p.temperature, p.top_k) for p in (s.sampling for s in fixed)} == {(0.5, 3)}

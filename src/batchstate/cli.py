@@ -12,10 +12,11 @@ from typing import Final, NoReturn, TypeAlias
 import attrs
 import torch
 
-from batchstate import InvariantViolation, __version__
+from batchstate import InvariantViolation, SamplingParams, __version__
 from batchstate.engine import (
     ARRIVALS,
     DEVICES,
+    SAMPLING_MIXES,
     EngineConfig,
     EngineError,
     SimulationConfig,
@@ -124,6 +125,26 @@ def _failed_check(summary: Summary) -> str:
     return f"device reads: {summary.device_reads} on the decode path, expected none"
 
 
+_FIXED_OPTIONS: Final = (
+    ("temperature", "--temperature"),
+    ("top_p", "--top-p"),
+    ("top_k", "--top-k"),
+    ("min_p", "--min-p"),
+)
+
+
+def _fixed_sampling(args: argparse.Namespace) -> SamplingParams:
+    # --temperature and the filters set `--sampling fixed`; with another mix they would be ignored.
+    given = {name: getattr(args, name) for name, _ in _FIXED_OPTIONS}
+    named = [option for name, option in _FIXED_OPTIONS if given[name] is not None]
+    if named and args.sampling != "fixed":
+        raise ValueError(
+            f"{named[0]} sets the parameters of --sampling fixed, not --sampling {args.sampling}"
+        )
+    changes = {name: value for name, value in given.items() if value is not None}
+    return attrs.evolve(WorkloadConfig().fixed_sampling, **changes)
+
+
 def _config(args: argparse.Namespace) -> SimulationConfig:
     workload = WorkloadConfig(
         num_requests=args.requests,
@@ -137,6 +158,8 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         shared_prefix_len=args.shared_prefix[1],
         shared_fraction=args.shared_prefix[2],
         follow_ups=args.follow_ups,
+        sampling=args.sampling,
+        fixed_sampling=_fixed_sampling(args),
     )
     engine = EngineConfig(
         max_running=args.max_running,
@@ -190,6 +213,7 @@ def _parser() -> _Parser:
         formatter_class=_HelpFormatter,
     )
     _add_workload_options(sim.add_argument_group("workload").add_argument)
+    _add_sampling_options(sim.add_argument_group("sampling").add_argument)
     _add_engine_options(sim.add_argument_group("engine and pools").add_argument)
     _add_output_options(sim.add_argument_group("checks and output").add_argument)
     return parser
@@ -240,6 +264,48 @@ def _add_workload_options(add: _Add) -> None:
         metavar="F",
         help="share of requests that are a second turn of an earlier one: its prompt and"
         " answer, then new tokens",
+    )
+
+
+def _add_sampling_options(add: _Add) -> None:
+    add(
+        "--sampling",
+        choices=SAMPLING_MIXES,
+        default="greedy",
+        help="how requests sample: greedy (the most likely token); mixed (each request draws"
+        " its own: a quarter greedy, the rest a temperature of 0.6-1.2 with or without top-k,"
+        " top-p and min-p); fixed (every request as --temperature, --top-p, --top-k, --min-p)."
+        " Each sampled request has its own seed",
+    )
+    add(
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="--sampling fixed: logits are divided by T; 0 is greedy (default: 1.0)",
+    )
+    add(
+        "--top-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="--sampling fixed: keep the most likely tokens whose probability reaches P"
+        " (default: 1.0, all)",
+    )
+    add(
+        "--top-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="--sampling fixed: keep the K most likely tokens; 0 keeps all (default: 0)",
+    )
+    add(
+        "--min-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="--sampling fixed: drop tokens less likely than P times the most likely"
+        " (default: 0.0)",
     )
 
 

@@ -2,7 +2,8 @@
 
 The engine (`Engine`) admits, extends, merges, decodes, retracts, filters
 and releases through `batchstate`; a tiny transformer (`TinyModel`) reads
-and writes a paged KV cache through the batch's metadata; the oracle
+and writes a paged KV cache through the batch's metadata and samples each
+row with its own parameters (its `Sampling` columns); the oracle
 (`check_oracle`) compares every request's tokens with the same model run
 alone on a contiguous cache. `simulate` wires them from one config; the
 `batchstate simulate` command is its front end. See docs/engine.md.
@@ -25,8 +26,10 @@ from batchstate.engine._trace import Trace
 from batchstate.engine._workload import (
     ARRIVALS,
     END_TOKEN,
+    SAMPLING_MIXES,
     Arrival,
     RequestSpec,
+    SamplingMix,
     WorkloadConfig,
     make_workload,
 )
@@ -35,6 +38,7 @@ __all__ = [
     "ARRIVALS",
     "DEVICES",
     "END_TOKEN",
+    "SAMPLING_MIXES",
     "Arrival",
     "Attend",
     "Budget",
@@ -48,6 +52,7 @@ __all__ = [
     "ProgressCallback",
     "RandomTokens",
     "RequestSpec",
+    "SamplingMix",
     "Simulation",
     "SimulationConfig",
     "TinyModel",

@@ -8,6 +8,13 @@ mixed steps or overlap (`EngineConfig`), admissions go through `mix`
 instead: prompts in chunks, decode rows in the same forward, and with
 overlap the sampled tokens stay on the device until the next step is
 built. See docs/engine.md.
+
+Each request samples with its own `SamplingParams`. On the extend/decode
+paths the running batch carries them as `Sampling` columns, admitted with
+each extend and carried by every transition after it. A mixed forward
+carries no column set yet, so on the chunked, mixed and overlap paths the
+batch has none and the engine looks each row's parameters up by rid in its
+own table (one upload per sampled forward).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import islice
 from time import perf_counter
-from typing import TypeVar, final
+from typing import Any, TypeAlias, TypeVar, final
 
 import attrs
 from returns.result import Result
@@ -44,6 +51,7 @@ from batchstate import (
     ReleaseError,
     Req,
     Sampled,
+    Sampling,
     Step,
     check_batch,
     check_cached_pools,
@@ -72,6 +80,9 @@ from batchstate.engine._workload import END_TOKEN, RequestSpec
 __all__ = ["Engine", "EngineConfig", "EngineError"]
 
 _T = TypeVar("_T")
+# The running batch: `Sampling` columns on the extend/decode paths, none on the mixed path
+# (whose transitions take no column set yet). Any stands for whichever the mode uses.
+_Running: TypeAlias = Filtered[Any] | Idle[Any]
 
 
 class EngineError(RuntimeError):
@@ -127,9 +138,11 @@ class Engine:
         counter: ReadCounter | None = None,
     ) -> None:
         self.config, self.pools, self.tokens, self.counter = config, pools, tokens, counter
-        self.running: Filtered | Idle = idle(pools.table.device.device)
+        device = pools.table.device.device
+        self.running: _Running = idle(device) if config.uses_mix else idle(device, Sampling)
         self.pending = deque(sorted(specs, key=lambda spec: spec.arrival_step))
         self.prompts: dict[int, tuple[int, ...]] = {}  # rid -> its whole prompt, once it arrived
+        self.sampling = {spec.rid: spec.sampling for spec in specs}  # rid -> its parameters
         self.waiting: deque[Req] = deque()
         self.live: dict[int, _Live] = {}
         self.outputs: dict[int, tuple[int, ...]] = {}
@@ -141,7 +154,7 @@ class Engine:
         # Overlap: the last forward's tokens, not yet read, and whose rows to record.
         self.unread: Sampled | None = None
         self.unread_rids: set[int] = set()
-        self._parked: Filtered | Idle | None = None  # running rows sitting out a prefill step
+        self._parked: _Running | None = None  # running rows sitting out a prefill step
 
     def run(self, on_step: Callable[[int], None] | None = None) -> None:
         """Step until every request has finished; `on_step(num_finished)` after each step.
@@ -203,7 +216,7 @@ class Engine:
             self._mixed_step(start)
             return
         extended = self._admit()
-        batch: Extended | Decoding
+        batch: Extended[Sampling] | Decoding[Sampling]
         if extended is not None:
             batch, sampled = extended, self.tokens.after_extend(extended, self.pools)
         else:
@@ -224,7 +237,7 @@ class Engine:
             audited=self._audited,
         )
 
-    def _admit(self) -> Extended | None:
+    def _admit(self) -> Extended[Sampling] | None:
         if not self.waiting:
             return None
         pools, running = self.pools, self.running.rows
@@ -270,24 +283,26 @@ class Engine:
 
     def _extend(
         self, reqs: list[Req], pools: Pools | CachedPools
-    ) -> Result[Step[Extended] | CachedStep[Extended], AllocError | NotOwned]:
+    ) -> Result[Step[Extended[Sampling]] | CachedStep[Extended[Sampling]], AllocError | NotOwned]:
         device = self.running.device
+        # The admitted rows' own sampling parameters, in row order, in one upload.
+        columns = Sampling.of([self.sampling[req.rid] for req in reqs], device)
         if isinstance(pools, CachedPools):
-            return extend_cached(idle(device), reqs, pools)
-        return extend(idle(device), reqs, pools)
+            return extend_cached(idle(device, Sampling), reqs, pools, columns)
+        return extend(idle(device, Sampling), reqs, pools, columns)
 
     def _count_cache(self, before: Pools | CachedPools, after: Pools | CachedPools) -> None:
         # An allocation only takes pages out of the cache: what it lost was evicted.
         if isinstance(before, CachedPools) and isinstance(after, CachedPools):
             self.trace.evicted_pages += before.cache.num_pages - after.cache.num_pages
 
-    def _decode(self) -> Decoding:
+    def _decode(self) -> Decoding[Sampling]:
         while True:
             running = self.running
             if isinstance(running, Idle):
                 raise EngineError("decode with nothing running")
             pools = self.pools
-            result: Result[Step[Decoding] | CachedStep[Decoding], DecodeError] = (
+            result: Result[Step[Decoding[Any]] | CachedStep[Decoding[Any]], DecodeError] = (
                 self._timed(partial(decode_cached, running, pools))
                 if isinstance(pools, CachedPools)
                 else self._timed(partial(decode, running, pools))
@@ -318,7 +333,11 @@ class Engine:
             batch = self._mix()
         if batch is None and self.unread is None:
             raise EngineError(f"nothing can run: {len(self.waiting)} waiting, none fits")
-        sampled = self.tokens.after_mixed(batch, self._plain) if batch is not None else None
+        sampled = (
+            self.tokens.after_mixed(batch, self._plain, self._sampling_of(batch))
+            if batch is not None
+            else None
+        )
         done: set[int] = set()
         if self.config.overlap:
             done = self._read_unread()  # the previous step's tokens, read one step late
@@ -414,7 +433,15 @@ class Engine:
                 raise EngineError(f"decode failed with 1 running: {failure}")
         return None
 
-    def _tokens_for(self, running: Filtered | Idle) -> list[int] | Sampled:
+    def _sampling_of(self, batch: Mixed) -> Sampling | None:
+        # A mixed batch carries no columns: each row's parameters from the engine's own
+        # table, by rid (host data). None when every row is greedy: no upload at all.
+        params = [self.sampling[rid] for rid in batch.rows.rids.tolist()]
+        if not any(p.temperature for p in params):
+            return None
+        return Sampling.of(params, batch.device)
+
+    def _tokens_for(self, running: _Running) -> list[int] | Sampled:
         # Each running row's input token: the last one the host knows, or the device's.
         if isinstance(running, Idle):
             return []
@@ -488,7 +515,7 @@ class Engine:
     def _used(self) -> int:
         return (self.pools.num_pages * self.pools.page_size) - self.pools.num_free_tokens
 
-    def _retract(self, running: Filtered) -> None:
+    def _retract(self, running: Filtered[Any]) -> None:
         # The newest row goes back to the front of the queue, to re-prefill its
         # prompt and what it generated so far; the oldest rows keep going.
         last = len(running.rows) - 1
@@ -505,7 +532,7 @@ class Engine:
         self.trace.num_retractions += 1
 
     def _record(
-        self, batch: Extended | Decoding, sampled: list[int]
+        self, batch: Extended[Sampling] | Decoding[Sampling], sampled: list[int]
     ) -> tuple[list[int], list[int]]:
         keep: list[int] = []
         done: list[int] = []
@@ -520,13 +547,15 @@ class Engine:
                 keep.append(row)
         return keep, done
 
-    def _retire(self, batch: Extended | Decoding, keep: list[int], done: list[int]) -> None:
+    def _retire(
+        self, batch: Extended[Sampling] | Decoding[Sampling], keep: list[int], done: list[int]
+    ) -> None:
         kept, left = split(batch, keep)
         if done:
             self.pools = self._release(left, kept)
         self.running = merge(self.running, kept) if isinstance(batch, Extended) else kept
 
-    def _release(self, left: Departed, running: Filtered) -> Pools | CachedPools:
+    def _release(self, left: Departed, running: Filtered[Any]) -> Pools | CachedPools:
         result: Result[Pools, ReleaseError] | Result[CachedPools, ReleaseError]
         if isinstance(self.pools, CachedPools):
             # The KV holds each row's prompt and all it generated but the last token.

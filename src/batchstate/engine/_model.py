@@ -12,7 +12,12 @@ import math
 from typing import Protocol, final
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
+
+from batchstate import Sampling
+from batchstate.engine._sampler import sample_logits
 
 __all__ = ["Attend", "ModelConfig", "TinyModel", "make_model"]
 
@@ -106,6 +111,24 @@ class TinyModel:
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The greedy next token of each hidden state: device int64 `[num_rows]`."""
         return (hidden @ self.unembed).argmax(dim=-1)
+
+    def sample(
+        self, hidden: torch.Tensor, sampling: Sampling | None, positions: npt.NDArray[np.int64]
+    ) -> torch.Tensor:
+        """Each hidden state's next token under its row's sampling parameters.
+
+        Args:
+            hidden: `[num_rows, d_model]`.
+            sampling: the rows' `Sampling` columns; None samples every row greedily.
+            positions: host int64 `[num_rows]`, the position of each sampled token,
+                which with the row's seed picks its draw (see `engine/_sampler.py`).
+
+        Returns:
+            device int64 `[num_rows]`; greedy rows get exactly `greedy`'s token.
+        """
+        if sampling is None:
+            return self.greedy(hidden)
+        return sample_logits(hidden @ self.unembed, sampling, positions)
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.to(self.config.dtype)[:, None] * self.inv_freq[None, :]

@@ -1,9 +1,10 @@
 """The oracle: each request generated alone, with a plain contiguous KV cache.
 
 No pools, no table, no batch: position `p` of the request is row `p` of its
-own cache. Greedy decoding of a request depends only on its own tokens, so
-the engine's tokens for a request must equal these, however it was batched,
-paged, retracted and re-prefilled.
+own cache. A request's tokens depend only on its own tokens and its own
+sampling parameters (greedy, or a draw from its seeded stream at each
+position), so the engine's tokens for a request must equal these, however
+it was batched, paged, retracted and re-prefilled.
 """
 
 from __future__ import annotations
@@ -13,17 +14,27 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import final
 
 import attrs
+import numpy as np
 import torch
 
+from batchstate import GREEDY, Sampling, SamplingParams
 from batchstate.engine._model import TinyModel
 
 __all__ = ["OracleResult", "check_oracle", "generate_alone"]
 
 
 def generate_alone(
-    model: TinyModel, prompt: Sequence[int], max_new_tokens: int, end_token: int
+    model: TinyModel,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    end_token: int,
+    sampling: SamplingParams = GREEDY,
 ) -> tuple[int, ...]:
-    """Greedy tokens of one request run alone: up to `max_new_tokens`, stopping after `end_token`.
+    """The tokens of one request run alone: up to `max_new_tokens`, stopping after `end_token`.
+
+    Each token is sampled with `sampling` (greedy by default) through
+    `TinyModel.sample`, a one-row batch drawing from the request's own
+    `(seed, position)` stream: the engine's rows sample the same way.
 
     >>> from batchstate.engine._model import ModelConfig, make_model
     >>> model = make_model(ModelConfig())
@@ -49,11 +60,15 @@ def generate_alone(
         return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), all_v)
 
     device = model.device
+    columns = None if sampling.temperature == 0 else Sampling.of([sampling], device)
     tokens = torch.tensor(prompt, dtype=torch.int64, device=device)
     positions = torch.arange(len(prompt), device=device)
     generated: list[int] = []
     while len(generated) < max_new_tokens:
-        token = int(model.greedy(model.hidden(tokens, positions, attend)[-1:])[0])
+        hidden = model.hidden(tokens, positions, attend)[-1:]
+        # The sampled token's position: the sequence's length so far.
+        at = np.array([len(prompt) + len(generated)], dtype=np.int64)
+        token = int(model.sample(hidden, columns, at)[0])
         generated.append(token)
         if token == end_token:
             break
@@ -90,17 +105,22 @@ def check_oracle(
     outputs: Mapping[int, Sequence[int]],
     end_token: int,
     on_request: Callable[[int], None] | None = None,
+    *,
+    sampling: Mapping[int, SamplingParams] | None = None,
 ) -> OracleResult:
     """Compare each request's engine tokens with `generate_alone`.
 
     Args:
         requests: rid -> (prompt, max_new_tokens).
+        sampling: rid -> the request's sampling parameters; a missing rid
+            (or None) samples greedily.
         outputs: rid -> the tokens the engine generated; a missing rid is a mismatch.
         on_request: called with the number of requests checked so far, after each.
     """
     mismatched: list[str] = []
     for checked, (rid, (prompt, max_new_tokens)) in enumerate(requests.items(), 1):
-        expected = generate_alone(model, prompt, max_new_tokens, end_token)
+        params = GREEDY if sampling is None else sampling.get(rid, GREEDY)
+        expected = generate_alone(model, prompt, max_new_tokens, end_token, params)
         got = tuple(outputs.get(rid, ()))
         if got != expected:
             mismatched.append(f"request {rid}: engine {list(got)} != alone {list(expected)}")

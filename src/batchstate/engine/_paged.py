@@ -10,13 +10,13 @@ in any of them changes the tokens, which is what the oracle catches.
 from __future__ import annotations
 
 import math
-from typing import final
+from typing import Any, final
 
 import attrs
 import numpy as np
 import torch
 
-from batchstate import CachedPools, Decoding, Extended, Mixed, Pools, Rows
+from batchstate import CachedPools, Decoding, Extended, Mixed, Pools, Rows, Sampling
 from batchstate.engine._model import TinyModel
 
 __all__ = ["KVCache", "make_kv_cache", "sample_decode", "sample_extend", "sample_mixed"]
@@ -46,11 +46,13 @@ def make_kv_cache(model: TinyModel, pools: Pools | CachedPools) -> KVCache:
 
 
 def sample_extend(
-    model: TinyModel, cache: KVCache, batch: Extended, pools: Pools | CachedPools
+    model: TinyModel, cache: KVCache, batch: Extended[Any], pools: Pools | CachedPools
 ) -> torch.Tensor:
-    """Run an extend forward and return each row's greedy next token.
+    """Run an extend forward and return each row's next token.
 
     Writes K/V of every extend token at `batch.out_cache_loc` (mutates `cache`).
+    Rows sample with their `Sampling` columns when the batch carries them,
+    greedily otherwise.
 
     Returns:
         device int64 `[num_reqs]`: the token after each row's last input id.
@@ -75,17 +77,20 @@ def sample_extend(
         query_layout=(row, col, max(batch.extend_lens, default=0)),
     )
     last = (torch.cumsum(extend_lens, 0) - 1).to(device)
-    return model.greedy(hidden[last])
+    return model.sample(hidden[last], _sampling(batch.rows), batch.rows.seq_lens.host)
 
 
 def sample_decode(
     model: TinyModel,
     cache: KVCache,
-    batch: Decoding,
+    batch: Decoding[Any],
     pools: Pools | CachedPools,
     input_ids: torch.Tensor,
 ) -> torch.Tensor:
-    """Run a decode forward of one token per row and return each row's greedy next token.
+    """Run a decode forward of one token per row and return each row's next token.
+
+    Rows sample with their `Sampling` columns when the batch carries them,
+    greedily otherwise.
 
     Args:
         pools: the pools whose table `batch` was decoded against.
@@ -107,19 +112,28 @@ def sample_decode(
         out_cache_loc=batch.out_cache_loc.device,
         query_layout=(row, torch.zeros_like(row), 1),
     )
-    return model.greedy(hidden)
+    return model.sample(hidden, _sampling(rows), rows.seq_lens.host)
 
 
-def sample_mixed(model: TinyModel, cache: KVCache, batch: Mixed, pools: Pools) -> torch.Tensor:
+def sample_mixed(
+    model: TinyModel,
+    cache: KVCache,
+    batch: Mixed,
+    pools: Pools,
+    sampling: Sampling | None = None,
+) -> torch.Tensor:
     """Run one forward over a mixed batch (chunks, prompts, decode rows) and sample every row.
+
+    A mixed batch carries no column set yet: `sampling` holds its rows'
+    parameters, in row order (None: every row greedy).
 
     Input ids, positions and KV locations all come from the record, so the
     decode rows' tokens may still be device-only. Writes K/V at
     `batch.out_cache_loc` (mutates `cache`).
 
     Returns:
-        device int64 `[num_reqs]`: each row's greedy token after its last
-        computed token (meaningless for `batch.partial` rows).
+        device int64 `[num_reqs]`: each row's token after its last computed
+        token (meaningless for `batch.partial` rows).
     """
     extend_lens = batch.extend_lens  # host-only layout: one ragged run per row
     token_rows = np.repeat(np.arange(extend_lens.shape[0]), extend_lens)
@@ -143,14 +157,19 @@ def sample_mixed(model: TinyModel, cache: KVCache, batch: Mixed, pools: Pools) -
         out_cache_loc=batch.out_cache_loc.device,
         query_layout=(row, col, int(extend_lens.max()) if extend_lens.shape[0] else 0),
     )
-    return model.greedy(hidden[last])
+    return model.sample(hidden[last], sampling, batch.rows.seq_lens.host)
+
+
+def _sampling(rows: Rows[Any]) -> Sampling | None:
+    columns = rows.columns
+    return columns if isinstance(columns, Sampling) else None
 
 
 def _forward(
     model: TinyModel,
     cache: KVCache,
     table: torch.Tensor,
-    rows: Rows,
+    rows: Rows[Any],
     *,
     input_ids: torch.Tensor,
     positions: torch.Tensor,

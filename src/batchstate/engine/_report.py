@@ -52,6 +52,7 @@ class Summary:
     extended_requests: int = 0  # requests extended (retracted ones count again)
     evicted_pages: int = 0
     step_ms: float = 0.0  # mean wall time per step
+    sampling: str = "greedy"  # the workload's sampling mix, and how many requests sampled
 
     @property
     def ok(self) -> bool:
@@ -119,7 +120,25 @@ def summarize(run: Simulation) -> Summary:
         extended_requests=trace.extended_requests,
         evicted_pages=trace.evicted_pages,
         step_ms=1e3 * sum(trace.step_s) / max(steps, 1),
+        sampling=_sampling_line(run),
     )
+
+
+def _sampling_line(run: Simulation) -> str:
+    workload = run.config.workload
+    sampled = [spec.sampling for spec in run.specs if spec.sampling.temperature]
+    line = f"{workload.sampling}: {len(run.specs) - len(sampled)} greedy, {len(sampled)} sampled"
+    if workload.sampling == "fixed" and sampled:
+        p = workload.fixed_sampling
+        line += f" (temperature {p.temperature}, top-p {p.top_p}, top-k {p.top_k}, min-p {p.min_p})"
+    elif sampled:
+        temperatures = sorted({p.temperature for p in sampled})
+        filtered = sum(1 for p in sampled if p.top_k or p.top_p < 1 or p.min_p)
+        line += (
+            f" (temperature {temperatures[0]}-{temperatures[-1]},"
+            f" {filtered} with top-k, top-p or min-p)"
+        )
+    return line + (", each from its own seeded stream" if sampled else "")
 
 
 def render_summary(summary: Summary) -> str:
@@ -164,6 +183,7 @@ def render_summary(summary: Summary) -> str:
         ("pool conservation", f"{'ok' if s.pools_conserved else 'LEAK'}: {s.pools}"),
         ("prefix cache", _cache_line(s)),
         ("prefill", _prefill_line(s)),
+        ("sampling", s.sampling),
         ("oracle", s.oracle),
     )
     width = max(len(name) for name, _ in rows)

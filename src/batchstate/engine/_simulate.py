@@ -200,6 +200,7 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
             engine.outputs,
             END_TOKEN,
             lambda done: report("oracle", done, total),
+            sampling={spec.rid: spec.sampling for spec in specs},
         )
         oracle_s = perf_counter() - oracle_start
     return Simulation(

@@ -8,7 +8,16 @@ from typing import Protocol, final
 
 import torch
 
-from batchstate import CachedPools, Decoding, Extended, Mixed, Pools, Sampled, read_sampled
+from batchstate import (
+    CachedPools,
+    Decoding,
+    Extended,
+    Mixed,
+    Pools,
+    Sampled,
+    Sampling,
+    read_sampled,
+)
 from batchstate.engine._model import TinyModel
 from batchstate.engine._paged import KVCache, sample_decode, sample_extend, sample_mixed
 
@@ -16,20 +25,28 @@ __all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
 
 
 class TokenSource(Protocol):
-    """Runs a forward for a batch and returns each row's next token, on the host."""
+    """Runs a forward for a batch and returns each row's next token, on the host.
 
-    def after_extend(self, batch: Extended, pools: Pools | CachedPools) -> list[int]:
+    Each row samples with its own parameters: the batch's `Sampling` columns
+    on the extend and decode paths, the `sampling` argument on the mixed one
+    (a mixed batch carries no column set yet).
+    """
+
+    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
         """The token after each row's last input id, in row order."""
         ...
 
     def after_decode(
-        self, batch: Decoding, pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
     ) -> list[int]:
         """The token after each row's `last_tokens[row]`, in row order."""
         ...
 
-    def after_mixed(self, batch: Mixed, pools: Pools) -> Sampled:
-        """Run a mixed forward; each row's next token stays on the device."""
+    def after_mixed(self, batch: Mixed, pools: Pools, sampling: Sampling | None) -> Sampled:
+        """Run a mixed forward; each row's next token stays on the device.
+
+        `sampling`: the rows' parameters in row order; None samples every row greedily.
+        """
         ...
 
     def read(self, sampled: Sampled) -> list[int]:
@@ -39,7 +56,7 @@ class TokenSource(Protocol):
 
 @final
 class ModelTokens:
-    """Greedy tokens from the tiny model over the paged KV cache.
+    """Tokens from the tiny model over the paged KV cache, each row sampled its own way.
 
     NOTE: `.tolist()` on the sampled tokens is the one device-to-host read
     per step: an engine streams tokens to users, so it must read them. It
@@ -50,22 +67,23 @@ class ModelTokens:
         self.model = model
         self.cache = cache
 
-    def after_extend(self, batch: Extended, pools: Pools | CachedPools) -> list[int]:
+    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
         """Run the extend forward (writes the cache) and read the sampled tokens."""
         tokens: list[int] = sample_extend(self.model, self.cache, batch, pools).tolist()
         return tokens
 
     def after_decode(
-        self, batch: Decoding, pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
     ) -> list[int]:
         """Run the decode forward (writes the cache) and read the sampled tokens."""
         input_ids = torch.tensor(last_tokens, dtype=torch.int64).to(self.model.device)
         tokens: list[int] = sample_decode(self.model, self.cache, batch, pools, input_ids).tolist()
         return tokens
 
-    def after_mixed(self, batch: Mixed, pools: Pools) -> Sampled:
+    def after_mixed(self, batch: Mixed, pools: Pools, sampling: Sampling | None) -> Sampled:
         """Run the mixed forward (writes the cache); the sampled tokens stay on the device."""
-        return Sampled.of(batch.rows, sample_mixed(self.model, self.cache, batch, pools))
+        tokens = sample_mixed(self.model, self.cache, batch, pools, sampling)
+        return Sampled.of(batch.rows, tokens)
 
     def read(self, sampled: Sampled) -> list[int]:
         """`read_sampled`: one permitted read, which waits for the forward."""
@@ -81,17 +99,17 @@ class RandomTokens:
         self.vocab_size = vocab_size
         self.rng = random.Random(seed)
 
-    def after_extend(self, batch: Extended, pools: Pools | CachedPools) -> list[int]:
-        """One random token per row."""
+    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
+        """One random token per row (sampling parameters play no part)."""
         return self._draw(len(batch.rows))
 
     def after_decode(
-        self, batch: Decoding, pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
     ) -> list[int]:
         """One random token per row."""
         return self._draw(len(batch.rows))
 
-    def after_mixed(self, batch: Mixed, pools: Pools) -> Sampled:
+    def after_mixed(self, batch: Mixed, pools: Pools, sampling: Sampling | None) -> Sampled:
         """Placeholder device tokens (meta holds no data); `read` draws the real ones."""
         return Sampled.of(
             batch.rows, torch.empty(len(batch.rows), dtype=torch.int64, device=batch.device)

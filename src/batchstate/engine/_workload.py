@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Final, Literal, assert_never, final
 
 import attrs
 
-__all__ = ["ARRIVALS", "END_TOKEN", "Arrival", "RequestSpec", "WorkloadConfig", "make_workload"]
+from batchstate import GREEDY, SamplingParams
+
+__all__ = [
+    "ARRIVALS",
+    "END_TOKEN",
+    "SAMPLING_MIXES",
+    "Arrival",
+    "RequestSpec",
+    "SamplingMix",
+    "WorkloadConfig",
+    "check_sampling",
+    "make_workload",
+]
 
 # Generation stops after this token; prompts never contain it.
 END_TOKEN: Final = 0
 
 Arrival = Literal["all", "uniform", "poisson", "burst"]
 ARRIVALS: Final[tuple[Arrival, ...]] = ("all", "uniform", "poisson", "burst")
+
+SamplingMix = Literal["greedy", "mixed", "fixed"]
+SAMPLING_MIXES: Final[tuple[SamplingMix, ...]] = ("greedy", "mixed", "fixed")
+# The `mixed` draw: a quarter of the requests greedy, the rest from these (each its own pick).
+_TEMPERATURES: Final = (0.6, 0.8, 1.0, 1.2)
+_TOP_KS: Final = (0, 0, 8, 32)
+_TOP_PS: Final = (1.0, 1.0, 0.9, 0.7)
+_MIN_PS: Final = (0.0, 0.0, 0.05, 0.1)
+_FIXED: Final = SamplingParams(temperature=1.0)  # `fixed` without other settings: plain sampling
 
 
 @final
@@ -28,6 +50,7 @@ class RequestSpec:
     # A follow-up turn: the engine admits it after request `follows` finished, with
     # that request's prompt and answer in front of `prompt`.
     follows: int | None = None
+    sampling: SamplingParams = GREEDY  # how the request samples, with its own seed
 
 
 @final
@@ -39,6 +62,11 @@ class WorkloadConfig:
     `1 / arrival_rate` steps; `poisson` with exponential gaps of mean
     `1 / arrival_rate`; `burst` groups of `burst_size` every
     `burst_size / arrival_rate` steps.
+
+    Sampling: `greedy` for every request; `mixed` draws each request's
+    parameters (a quarter greedy, the rest a temperature with or without
+    top-k, top-p and min-p); `fixed` gives every request `fixed_sampling`.
+    Each sampled request gets its own seed.
     """
 
     num_requests: int = 256
@@ -53,6 +81,8 @@ class WorkloadConfig:
     shared_prefix_len: int = 32
     shared_fraction: float = 0.0  # share of requests that start with one of them
     follow_ups: float = 0.0  # share of requests that continue an earlier conversation
+    sampling: SamplingMix = "greedy"
+    fixed_sampling: SamplingParams = _FIXED  # for sampling="fixed" (its seed is ignored)
 
     @property
     def longest_prompt(self) -> int:
@@ -87,8 +117,31 @@ class WorkloadConfig:
                             ("--follow-ups", self.follow_ups)):  # fmt: skip
             if not 0 <= share <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {share}")
+        if self.sampling not in SAMPLING_MIXES:
+            raise ValueError(
+                f"--sampling must be one of {', '.join(SAMPLING_MIXES)}, got {self.sampling}"
+            )
+        check_sampling(self.fixed_sampling)
         if self.vocab_size < 2:
             raise ValueError(f"the vocabulary needs >= 2 tokens, got {self.vocab_size}")
+
+
+def check_sampling(params: SamplingParams) -> None:
+    """Raise `ValueError`, naming the option, for parameters no sampler can use.
+
+    >>> check_sampling(SamplingParams(temperature=-1.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: --temperature must be a number >= 0, got -1.0
+    """
+    if not (math.isfinite(params.temperature) and params.temperature >= 0):
+        raise ValueError(f"--temperature must be a number >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise ValueError(f"--top-k must be >= 0 (0 keeps every token), got {params.top_k}")
+    if not 0 <= params.min_p <= 1:
+        raise ValueError(f"--min-p must be in [0, 1], got {params.min_p}")
 
 
 def make_workload(config: WorkloadConfig) -> tuple[RequestSpec, ...]:
@@ -102,6 +155,7 @@ def make_workload(config: WorkloadConfig) -> tuple[RequestSpec, ...]:
     rng = random.Random(config.seed)
     # A separate stream for the sharing options: without them, the same requests as ever.
     sharing = random.Random(config.seed + 1)
+    sampling = random.Random(config.seed + 2)  # likewise for sampling parameters and seeds
     prefixes = [
         tuple(sharing.randrange(1, config.vocab_size) for _ in range(config.shared_prefix_len))
         for _ in range(config.shared_prefixes)
@@ -120,12 +174,38 @@ def make_workload(config: WorkloadConfig) -> tuple[RequestSpec, ...]:
             prompt = sharing.choice(prefixes) + prompt
         specs.append(
             RequestSpec(
-                rid, _arrival(config, rid, clock), prompt, rng.randint(*config.output_len), follows
+                rid,
+                _arrival(config, rid, clock),
+                prompt,
+                rng.randint(*config.output_len),
+                follows,
+                _sampling(config, sampling),
             )
         )
         if config.arrival == "poisson":
             clock += rng.expovariate(config.arrival_rate)
     return tuple(specs)
+
+
+def _sampling(config: WorkloadConfig, rng: random.Random) -> SamplingParams:
+    seed = rng.randrange(1 << 31)
+    match config.sampling:
+        case "greedy":
+            return GREEDY  # as before sampling existed: the seed plays no part
+        case "fixed":
+            return attrs.evolve(config.fixed_sampling, seed=seed)
+        case "mixed":
+            if rng.random() < 0.25:
+                return attrs.evolve(GREEDY, seed=seed)
+            return SamplingParams(
+                temperature=rng.choice(_TEMPERATURES),
+                top_p=rng.choice(_TOP_PS),
+                top_k=rng.choice(_TOP_KS),
+                min_p=rng.choice(_MIN_PS),
+                seed=seed,
+            )
+        case _:
+            assert_never(config.sampling)
 
 
 def _arrival(config: WorkloadConfig, index: int, clock: float) -> int:
