@@ -39,19 +39,23 @@ from batchstate import (
     Pools,
     RecordShapeError,
     Req,
+    Sampled,
     Sampling,
     SamplingParams,
     build_columns,
     check_batch,
     check_pools,
     decode,
+    decode_sampled,
     extend,
     filter_batch,
     idle,
     make_pools,
     merge,
+    mix,
     prebuilt,
     release,
+    settle,
     split,
     sync,
     verify,
@@ -246,6 +250,44 @@ def test_a_standard_column_set_adds_no_upload(phase: str) -> None:
             extend(idle(device, Sampling), _reqs([9]), pools, arriving).unwrap()
     expected = 2 if phase == "merge" else 1  # merge's case includes the extend it merges
     assert work.copies == expected
+
+
+def test_chunked_and_mixed_forwards_carry_the_columns() -> None:
+    """mix, settle and decode_sampled keep each row's columns; a held chunk keeps its own row."""
+    pools = make_pools(8, 64, 256, CPU, page_size=4)
+    first, pools = extend(idle(CPU, Probe), _reqs([1, 2]), pools, _probe([1, 2])).unwrap()
+    running = merge(idle(CPU, Probe), first)
+    # A long prompt joins under a small budget: it is cut, and held with its own row.
+    long = [Req(5, tuple(range(1, 21)))]
+    mixed, pools = mix(running, long, 8, pools, [7, 7], _probe([5])).unwrap()
+    _assert_columns(mixed.rows.columns, [5, 1, 2])
+    settled, held = settle(mixed)
+    _assert_columns(settled.rows.columns, [1, 2])
+    assert [chunk.req.rid for chunk in held] == [5]
+    _assert_columns(held[0].columns, [5])
+    # The chunk goes on beside a new request; the last chunk makes it a running row.
+    mixed, pools = mix(settled, [held[0], *_reqs([6])], 20, pools, [7, 7], _probe([6])).unwrap()
+    _assert_columns(mixed.rows.columns, [5, 6, 1, 2])
+    settled, held = settle(mixed)
+    assert held == ()
+    _assert_columns(settled.rows.columns, [1, 2, 5, 6])
+    tokens = Sampled.of(settled.rows, torch.zeros(4, dtype=torch.int64))
+    decoded, pools = decode_sampled(settled, tokens, pools).unwrap()
+    _assert_columns(decoded.rows.columns, [1, 2, 5, 6])
+    check_pools(pools, [settle(decoded).running], compare_device=True)
+
+
+def test_mix_refuses_columns_that_do_not_fit_before_allocating() -> None:
+    """One row per new request, of the batch's set: anything else is a ColumnError."""
+    pools = make_pools(8, 64, 256, CPU)
+    first, pools = extend(idle(CPU, Probe), _reqs([1]), pools, _probe([1])).unwrap()
+    running = merge(idle(CPU, Probe), first)
+    before = snapshot(pools)
+    with pytest.raises(ColumnError, match=r"Probe\.weight\.host: expected a read-only float32"):
+        mix(running, _reqs([4, 5]), 8, pools, [7], _probe([4]))
+    with pytest.raises(ColumnError, match="the batch carries Probe columns, got NoColumns"):
+        mix(running, _reqs([4]), 8, pools, [7], NoColumns())  # type: ignore[misc]  # on purpose
+    assert_unchanged(before, pools, "pools")
 
 
 # ---- the stateful model -----------------------------------------------------------------

@@ -224,7 +224,7 @@ def test_mypy_rejects(name: str) -> None:
     """mypy reports an error, for the intended reason, on code that breaks the model."""
     errors = _errors()[name]
     assert errors, f"mypy accepted {name}:\n{_module(REJECTED[name])}"
-    overloaded = name.startswith(("reject_extend_", "reject_prebuilt_"))
+    overloaded = name.startswith(("reject_extend_", "reject_prebuilt_", "reject_mix_"))
     reason = _REASON.get(name, "[call-overload]" if overloaded else "[arg-type]")
     assert any(reason in error for error in errors), errors
 

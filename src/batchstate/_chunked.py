@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import final
+from typing import Generic, final
 
 import attrs
 
+from batchstate._columns import NO_COLUMNS, C
 from batchstate._rows import Req
 
 __all__ = ["Chunked"]
@@ -13,7 +14,7 @@ __all__ = ["Chunked"]
 
 @final
 @attrs.frozen
-class Chunked:
+class Chunked(Generic[C]):
     """A request held between the chunks of its prefill: it owns `slot` and `cached` KV tokens.
 
     Made by `settle` for each row of a mixed forward whose prompt goes on in
@@ -30,6 +31,7 @@ class Chunked:
     req: Req  # the whole prompt (and any tokens generated before a retraction)
     slot: int  # the request slot it owns
     cached: int  # prompt tokens with KV in the slot, 0 < cached < len(req.input_ids)
+    columns: C = NO_COLUMNS  # type: ignore[assignment]  # its own row of the batch's column set
 
     @property
     def remaining(self) -> int:

@@ -47,6 +47,8 @@ __all__ = [
     "cat_pending",
     "check_column_set",
     "empty_columns",
+    "join_pending",
+    "slice_columns",
     "take_pending",
 ]
 
@@ -276,23 +278,34 @@ def take_pending(columns: C, index: HostArray) -> C | Pending:
 
 def cat_pending(first: C, second: C) -> C | Pending:
     """Every column's rows of `first` followed by `second`'s, host sides left for the upload."""
-    if type(first) is NoColumns:
+    return join_pending((first, second))
+
+
+def join_pending(parts: Sequence[C]) -> C | Pending:
+    """Every column's rows of each part in turn, host sides left for the upload.
+
+    Mirrored and host-only columns are joined on the host; `DeviceOnly` ones
+    with one `cat` on the device each.
+    """
+    first = parts[0]
+    if type(first) is NoColumns or len(parts) == 1:
         return first
-    if type(second) is not type(first):
-        raise ColumnError(
-            f"cannot join {type(second).__name__} columns to {type(first).__name__} ones"
-        )
+    for part in parts[1:]:
+        if type(part) is not type(first):
+            raise ColumnError(
+                f"cannot join {type(part).__name__} columns to {type(first).__name__} ones"
+            )
     fields = _fields(type(first))
     hosts: list[npt.NDArray[np.generic]] = []
     built: dict[str, object] = {}
     for field in fields:
-        left, right = getattr(first, field.name), getattr(second, field.name)
+        values = [getattr(part, field.name) for part in parts]
         if field.kind == "mirrored":
-            hosts.append(np.concatenate((left.host, right.host)))
+            hosts.append(np.concatenate([value.host for value in values]))
         elif field.kind == "host":
-            built[field.name] = frozen(np.concatenate((left, right)))
+            built[field.name] = frozen(np.concatenate(values))
         else:
-            built[field.name] = DeviceOnly(torch.cat((left.device, right.device)))
+            built[field.name] = DeviceOnly(torch.cat([value.device for value in values]))
 
     def finish(sides: Sequence[torch.Tensor]) -> Columns:
         mirrored = [field for field in fields if field.kind == "mirrored"]
@@ -301,3 +314,19 @@ def cat_pending(first: C, second: C) -> C | Pending:
         return type(first)(**built)
 
     return Pending(tuple(hosts), finish)
+
+
+def slice_columns(columns: C, start: int, stop: int) -> C:
+    """Rows `[start, stop)` of every column, as views: no copy, no upload, no kernel."""
+    if type(columns) is NoColumns:
+        return columns
+    built: dict[str, object] = {}
+    for field in _fields(type(columns)):
+        value = getattr(columns, field.name)
+        if field.kind == "mirrored":
+            built[field.name] = Mirrored._pair(value.host[start:stop], value.device[start:stop])
+        elif field.kind == "host":
+            built[field.name] = value[start:stop]  # a view of a read-only array: read-only
+        else:
+            built[field.name] = DeviceOnly(value.device[start:stop])
+    return type(columns)(**built)

@@ -19,7 +19,7 @@ from batchstate._speculative import Verifying
 __all__ = ["Holder", "Leaks", "check_leaks", "find_leaks"]
 
 # Everything that can hold a request slot between two calls.
-Holder: TypeAlias = Batch[C] | Mixed | Chunked | Verifying[C] | Departed
+Holder: TypeAlias = Batch[C] | Mixed[C] | Chunked[C] | Verifying[C] | Departed
 
 
 @final

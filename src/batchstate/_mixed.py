@@ -24,7 +24,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import chain
-from typing import NamedTuple, TypeAlias, final
+from typing import Any, Generic, NamedTuple, TypeAlias, final, overload
 
 import attrs
 import numpy as np
@@ -32,11 +32,20 @@ import torch
 from returns.result import Failure, Result, Success
 
 from batchstate._chunked import Chunked
-from batchstate._columns import take_pending
+from batchstate._columns import (
+    NO_COLUMNS,
+    C,
+    NoColumns,
+    check_column_set,
+    join_pending,
+    slice_columns,
+    take_pending,
+)
 from batchstate._decode import DecodeError, _expect_current, _too_long
 from batchstate._errors import (
     AllocError,
     BatchConflict,
+    ColumnError,
     ContextTooLong,
     EmptyExtend,
     EmptyPrompt,
@@ -62,7 +71,7 @@ Tokens: TypeAlias = Sequence[int] | Sampled
 
 @final
 @attrs.frozen(eq=False)
-class Mixed:
+class Mixed(Generic[C]):
     """Ready for one forward over prompt chunks and running decode rows together.
 
     Rows `[0, num_extend_rows)` compute `extend_lens[i]` prompt tokens past
@@ -71,7 +80,7 @@ class Mixed:
     stop part way through their prompt: their sampled token means nothing.
     """
 
-    rows: Rows  # extend rows, then decode rows
+    rows: Rows[C]  # extend rows, then decode rows
     input_ids: DeviceOnly  # int64 [num_tokens]
     positions: DeviceOnly  # int64 [num_tokens], each token's position in its request
     out_cache_loc: DeviceOnly  # int64 [num_tokens], token -> KV location it writes
@@ -130,27 +139,45 @@ class Mixed:
         return frozen(np.cumsum(self.extend_lens) - 1)
 
 
-class MixStep(NamedTuple):
+class MixStep(NamedTuple, Generic[C]):
     """What `mix` and `decode_sampled` return: the mixed forward and the pools holding its KV."""
 
-    batch: Mixed
+    batch: Mixed[C]
     pools: Pools
 
 
-class Settled(NamedTuple):
+class Settled(NamedTuple, Generic[C]):
     """A mixed forward after it ran: the running rows, and the requests held between chunks."""
 
-    running: Filtered
-    held: tuple[Chunked, ...]
+    running: Filtered[C]
+    held: tuple[Chunked[C], ...]
 
 
+@overload
 def mix(
-    running: Filtered | Idle,
-    admit: Sequence[Req | Chunked],
+    running: Filtered[NoColumns] | Idle[NoColumns],
+    admit: Sequence[Req | Chunked[NoColumns]],
     budget: int,
     pools: Pools,
     tokens: Tokens = (),
-) -> Result[MixStep, MixError]:
+) -> Result[MixStep[NoColumns], MixError]: ...
+@overload
+def mix(
+    running: Filtered[C] | Idle[C],
+    admit: Sequence[Req | Chunked[C]],
+    budget: int,
+    pools: Pools,
+    tokens: Tokens,
+    columns: C,
+) -> Result[MixStep[C], MixError]: ...
+def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for their column set
+    running: Filtered[Any] | Idle[Any],
+    admit: Sequence[Req | Chunked[Any]],
+    budget: int,
+    pools: Pools,
+    tokens: Tokens = (),
+    columns: Any = NO_COLUMNS,
+) -> Result[MixStep[Any], MixError]:
     """One forward for prompt chunks under `budget` and one decode token per running row.
 
     Requests of `admit` are taken in order while the budget lasts: a `Req`
@@ -169,6 +196,9 @@ def mix(
         pools: the pools that own `running`'s and the chunks' memory.
         tokens: each running row's input token, as host ints or as the
             last forward's `Sampled` tokens (which must be `running`'s rows).
+        columns: for a batch that carries a column set, the new requests'
+            own columns: one row per `Req` of `admit`, in order (a
+            `Chunked` carries its own row).
 
     Returns:
         `Success(MixStep(Mixed, Pools))`; or a `Failure` naming the first
@@ -180,12 +210,15 @@ def mix(
         BatchConflict: a rid or slot twice, `tokens` not one per running
             row, or `running` and `pools` on different devices.
         StaleRecord: `running` and `pools` disagree about a slot.
+        ColumnError: `columns` or a chunk's columns are not the batch's set,
+            or not one row per new request (nothing is allocated).
     """
     if not isinstance(running, Filtered | Idle):
         raise PhaseError(f"mix takes Filtered or Idle, got {type(running).__name__}")
     rows = running.rows
     pools.table.expect_on(rows.device)
     _expect_tokens(tokens, rows)
+    _expect_columns(rows, admit, columns)
     if budget < 1:
         return Failure(NoChunkBudget(budget))
     if not admit and not len(rows):
@@ -198,11 +231,14 @@ def mix(
     if len(rows) and rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(running, pools.max_context_len))  # type: ignore[arg-type]
     _expect_current(rows, pools)
-    built = _build(rows, _fill(admit, budget), pools, tokens)
+    chunks = _fill(admit, budget)
+    built = _build(rows, chunks, pools, tokens, _extend_columns(admit, chunks, columns))
     return Failure(built) if isinstance(built, OutOfReqSlots | OutOfKVTokens) else Success(built)
 
 
-def decode_sampled(batch: Filtered, sampled: Sampled, pools: Pools) -> Result[MixStep, DecodeError]:
+def decode_sampled(
+    batch: Filtered[C], sampled: Sampled, pools: Pools
+) -> Result[MixStep[C], DecodeError]:
     """`decode`, fed the last forward's sampled tokens on the device: a `Mixed` of decode rows.
 
     The same allocation and table write as `decode`; the record also holds
@@ -223,11 +259,11 @@ def decode_sampled(batch: Filtered, sampled: Sampled, pools: Pools) -> Result[Mi
     if len(rows) and rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(batch, pools.max_context_len))
     _expect_current(rows, pools)
-    built = _build(rows, _Chunks((), [], [], []), pools, sampled)
+    built = _build(rows, _Chunks((), [], [], []), pools, sampled, ())
     return Failure(built) if isinstance(built, OutOfKVTokens | OutOfReqSlots) else Success(built)  # type: ignore[arg-type]  # no new slots: never OutOfReqSlots
 
 
-def settle(batch: Mixed) -> Settled:
+def settle(batch: Mixed[C]) -> Settled[C]:
     """After the forward: the running rows as `Filtered`, and a `Chunked` per partial row.
 
     The running batch holds the decode rows first, then each extend row
@@ -258,7 +294,15 @@ def settle(batch: Mixed) -> Settled:
         take_pending(rows.columns, order),
     )
     slots, lens = rows.req_pool_indices.host, rows.seq_lens.host
-    held = tuple(Chunked(rows.reqs[row], int(slots[row]), int(lens[row])) for row in batch.partial)
+    held = tuple(
+        Chunked(
+            rows.reqs[row],
+            int(slots[row]),
+            int(lens[row]),
+            slice_columns(rows.columns, row, row + 1),  # a view of its row: no copy
+        )
+        for row in batch.partial
+    )
     return Settled(Filtered(settled), held)
 
 
@@ -270,7 +314,7 @@ class _Chunks(NamedTuple):
     extend_lens: list[int]
 
 
-def _fill(admit: Sequence[Req | Chunked], budget: int) -> _Chunks:
+def _fill(admit: Sequence[Req | Chunked[C]], budget: int) -> _Chunks:
     reqs: list[Req] = []
     slots, prefix_lens, extend_lens = [], [], []
     left = budget
@@ -290,8 +334,8 @@ def _fill(admit: Sequence[Req | Chunked], budget: int) -> _Chunks:
 
 
 def _build(
-    rows: Rows, chunks: _Chunks, pools: Pools, tokens: Tokens
-) -> MixStep | OutOfReqSlots | OutOfKVTokens:
+    rows: Rows[C], chunks: _Chunks, pools: Pools, tokens: Tokens, extend_columns: Sequence[C]
+) -> MixStep[C] | OutOfReqSlots | OutOfKVTokens:
     num_new = chunks.slots.count(0)
     new_slots = iter(())
     if num_new:
@@ -336,7 +380,7 @@ def _build(
         seq_lens,
         seq_lens_sum,
         int(seq_lens.max()) if seq_lens.shape[0] else 0,
-        rows.columns,  # NoColumns: a mixed forward carries no extra columns yet
+        join_pending([*extend_columns, rows.columns]),  # the running rows' columns last
         (input_ids, locs, positions, token_slots, locs32),
     )
     if isinstance(tokens, Sampled):
@@ -383,7 +427,7 @@ def _prompt_ids(chunks: _Chunks) -> HostArray:
     return np.frombuffer(ids, dtype=np.int64) if ids else np.empty(0, dtype=np.int64)
 
 
-def _problem(item: Req | Chunked, pools: Pools) -> NotHeld | EmptyPrompt | ContextTooLong | None:
+def _problem(item: Req | Chunked[C], pools: Pools) -> NotHeld | EmptyPrompt | ContextTooLong | None:
     req, cached = (item.req, item.cached) if isinstance(item, Chunked) else (item, 0)
     if isinstance(item, Chunked):
         slot = item.slot
@@ -397,7 +441,7 @@ def _problem(item: Req | Chunked, pools: Pools) -> NotHeld | EmptyPrompt | Conte
     return None
 
 
-def _expect_disjoint(admit: Sequence[Req | Chunked], rows: Rows) -> None:
+def _expect_disjoint(admit: Sequence[Req | Chunked[C]], rows: Rows[C]) -> None:
     rids = [item.req.rid if isinstance(item, Chunked) else item.rid for item in admit]
     rids += rows.rids.tolist()
     slots = [item.slot for item in admit if isinstance(item, Chunked)]
@@ -410,7 +454,7 @@ def _expect_disjoint(admit: Sequence[Req | Chunked], rows: Rows) -> None:
             )
 
 
-def _expect_tokens(tokens: Tokens, rows: Rows) -> None:
+def _expect_tokens(tokens: Tokens, rows: Rows[C]) -> None:
     if isinstance(tokens, Sampled):
         if not np.array_equal(tokens.rids, rows.rids):
             raise BatchConflict(
@@ -423,6 +467,41 @@ def _expect_tokens(tokens: Tokens, rows: Rows) -> None:
             )
     elif len(tokens) != len(rows):
         raise BatchConflict(f"{len(tokens)} input tokens for {len(rows)} running rows")
+
+
+def _expect_columns(rows: Rows[C], admit: Sequence[Req | Chunked[C]], columns: C) -> None:
+    # Before any allocation: the new requests' columns, and each chunk's, are the batch's set.
+    kind = type(rows.columns)
+    if type(columns) is not kind:
+        raise ColumnError(
+            f"the batch carries {kind.__name__} columns, got {type(columns).__name__}"
+        )
+    num_new = sum(1 for item in admit if not isinstance(item, Chunked))
+    check_column_set(columns, num_new, rows.device, "columns")
+    for item in admit:
+        if isinstance(item, Chunked):
+            check_column_set(item.columns, 1, rows.device, f"request {item.req.rid}'s chunk")
+            if type(item.columns) is not kind:
+                raise ColumnError(
+                    f"request {item.req.rid}'s chunk carries {type(item.columns).__name__}"
+                    f" columns, the batch {kind.__name__}"
+                )
+
+
+def _extend_columns(admit: Sequence[Req | Chunked[C]], chunks: _Chunks, columns: C) -> list[C]:
+    # The admitted rows' columns, in admit order: a chunk's own row, or the next
+    # new request's row of `columns`. Views: `_build` joins them in its one upload.
+    if type(columns) is NoColumns:
+        return []
+    parts: list[C] = []
+    next_new = 0
+    for item in admit[: len(chunks.reqs)]:
+        if isinstance(item, Chunked):
+            parts.append(item.columns)
+        else:
+            parts.append(slice_columns(columns, next_new, next_new + 1))
+            next_new += 1
+    return parts
 
 
 _new = object.__new__

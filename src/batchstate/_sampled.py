@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 import torch
 
+from batchstate._columns import C
 from batchstate._errors import BatchConflict, PhaseError, RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray, describe, frozen, upload
 from batchstate._phases import Filtered
@@ -38,7 +39,7 @@ class Sampled:
     tokens: DeviceOnly  # int64 [num_rows], row -> its sampled token
 
     @classmethod
-    def of(cls, rows: Rows, tokens: torch.Tensor) -> Sampled:
+    def of(cls, rows: Rows[C], tokens: torch.Tensor) -> Sampled:
         """The tokens a sampler produced for `rows` (int64 `[num_rows]` on the rows' device).
 
         Raises:
@@ -65,7 +66,7 @@ class Sampled:
         return f"Sampled(rids={self.rids.tolist()}, tokens={tokens})"
 
 
-def follow(sampled: Sampled, batch: Filtered) -> Sampled:
+def follow(sampled: Sampled, batch: Filtered[C]) -> Sampled:
     """`sampled`'s tokens for `batch`'s rows, in `batch`'s order: a device gather, no read.
 
     The index is computed on the host from request ids; rows already in
