@@ -102,7 +102,9 @@ class _Corrupting:
     ) -> list[int]:
         return self.inner.after_decode(self.corrupt(batch), pools, last_tokens)
 
-    def after_mixed(self, batch: Mixed, pools: Pools, sampling: Sampling | None) -> Sampled:
+    def after_mixed(
+        self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
+    ) -> Sampled:
         return self.inner.after_mixed(batch, pools, sampling)
 
     def read(self, sampled: Sampled) -> list[int]:

@@ -16,7 +16,7 @@ __all__ = ["release"]
 
 
 def release(
-    left: Departed | Batch[C] | Chunked, running: Batch[D], pools: Pools
+    left: Departed | Batch[C] | Chunked[C], running: Batch[D], pools: Pools
 ) -> Result[Pools, ReleaseError]:
     """Free the request slots and KV tokens of every row of `left`.
 

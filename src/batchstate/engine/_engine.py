@@ -9,12 +9,9 @@ instead: prompts in chunks, decode rows in the same forward, and with
 overlap the sampled tokens stay on the device until the next step is
 built. See docs/engine.md.
 
-Each request samples with its own `SamplingParams`. On the extend/decode
-paths the running batch carries them as `Sampling` columns, admitted with
-each extend and carried by every transition after it. A mixed forward
-carries no column set yet, so on the chunked, mixed and overlap paths the
-batch has none and the engine looks each row's parameters up by rid in its
-own table (one upload per sampled forward).
+Each request samples with its own `SamplingParams`, carried by the running
+batch as `Sampling` columns: admitted with each extend (or mix, where a held
+chunk keeps its own row) and moved by every transition after it.
 """
 
 from __future__ import annotations
@@ -24,9 +21,10 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import islice
 from time import perf_counter
-from typing import Any, TypeAlias, TypeVar, final
+from typing import TypeAlias, TypeVar, final
 
 import attrs
+import torch
 from returns.result import Result
 
 from batchstate import (
@@ -80,9 +78,8 @@ from batchstate.engine._workload import END_TOKEN, RequestSpec
 __all__ = ["Engine", "EngineConfig", "EngineError"]
 
 _T = TypeVar("_T")
-# The running batch: `Sampling` columns on the extend/decode paths, none on the mixed path
-# (whose transitions take no column set yet). Any stands for whichever the mode uses.
-_Running: TypeAlias = Filtered[Any] | Idle[Any]
+# The running batch, carrying each row's sampling parameters.
+_Running: TypeAlias = Filtered[Sampling] | Idle[Sampling]
 
 
 class EngineError(RuntimeError):
@@ -139,7 +136,7 @@ class Engine:
     ) -> None:
         self.config, self.pools, self.tokens, self.counter = config, pools, tokens, counter
         device = pools.table.device.device
-        self.running: _Running = idle(device) if config.uses_mix else idle(device, Sampling)
+        self.running: _Running = idle(device, Sampling)
         self.pending = deque(sorted(specs, key=lambda spec: spec.arrival_step))
         self.prompts: dict[int, tuple[int, ...]] = {}  # rid -> its whole prompt, once it arrived
         self.sampling = {spec.rid: spec.sampling for spec in specs}  # rid -> its parameters
@@ -150,7 +147,7 @@ class Engine:
         self.clock = 0  # engine steps, the unit of arrival times
         self._bookkeeping_s = 0.0
         self._audited = False
-        self.held: deque[Chunked] = deque()  # requests between chunks, oldest first
+        self.held: deque[Chunked[Sampling]] = deque()  # requests between chunks, oldest first
         # Overlap: the last forward's tokens, not yet read, and whose rows to record.
         self.unread: Sampled | None = None
         self.unread_rids: set[int] = set()
@@ -302,7 +299,9 @@ class Engine:
             if isinstance(running, Idle):
                 raise EngineError("decode with nothing running")
             pools = self.pools
-            result: Result[Step[Decoding[Any]] | CachedStep[Decoding[Any]], DecodeError] = (
+            result: Result[
+                Step[Decoding[Sampling]] | CachedStep[Decoding[Sampling]], DecodeError
+            ] = (
                 self._timed(partial(decode_cached, running, pools))
                 if isinstance(pools, CachedPools)
                 else self._timed(partial(decode, running, pools))
@@ -372,7 +371,7 @@ class Engine:
             bookkeeping_s=self._bookkeeping_s, audited=self._audited,
         )  # fmt: skip
 
-    def _mix(self) -> Mixed | None:
+    def _mix(self) -> Mixed[Sampling] | None:
         # Held chunks first, then waiting requests that fit (chosen as for extend).
         if not self.held and not self.waiting:
             return None
@@ -380,12 +379,13 @@ class Engine:
         held = list(self.held)
         room = config.max_running - len(running.rows) - len(held)
         chosen = self._choose(max(room, 0), len(held)) if room > 0 else 0
-        admit: list[Req | Chunked] = [*held, *islice(self.waiting, chosen)]
-        base = running if config.mixed else idle(running.rows.device)
+        admit: list[Req | Chunked[Sampling]] = [*held, *islice(self.waiting, chosen)]
+        base = running if config.mixed else idle(running.rows.device, Sampling)
         budget = config.chunk_size or config.max_prefill_tokens
         while admit:
             tokens = self._tokens_for(base)
-            result = self._timed(partial(mix, base, admit, budget, pools, tokens))
+            columns = self._columns_of(admit, base.rows.device)
+            result = self._timed(partial(_mix, base, admit, budget, pools, tokens, columns))
             step = result.value_or(None)
             if step is not None:
                 return self._admitted(step.batch, step.pools, len(held))
@@ -395,7 +395,7 @@ class Engine:
             admit.pop()  # the estimate was off: try one fewer
         return None
 
-    def _admitted(self, batch: Mixed, pools: Pools, num_held: int) -> Mixed:
+    def _admitted(self, batch: Mixed[Sampling], pools: Pools, num_held: int) -> Mixed[Sampling]:
         self.pools = pools
         taken = batch.num_extend_rows
         for _ in range(min(taken, num_held)):
@@ -405,19 +405,20 @@ class Engine:
         if not self.config.mixed:
             # A prefill-only step: the running rows wait; merged in after settle.
             self._parked = self.running
-            self.running = idle(self.running.rows.device)
+            self.running = idle(self.running.rows.device, Sampling)
         return batch
 
-    def _decode_mixed(self) -> Mixed | None:
+    def _decode_mixed(self) -> Mixed[Sampling] | None:
         while len(self.running.rows):
             running = self.running
             assert isinstance(running, Filtered)
             tokens = self._tokens_for(running)
-            result: Result[MixStep, MixError]
+            result: Result[MixStep[Sampling], MixError]
             if isinstance(tokens, Sampled):
                 result = self._timed(partial(decode_sampled, running, tokens, self._plain))
             else:
-                result = self._timed(partial(mix, running, (), 1, self._plain, tokens))
+                no_rows = self._columns_of((), running.rows.device)
+                result = self._timed(partial(_mix, running, (), 1, self._plain, tokens, no_rows))
             step = result.value_or(None)
             if step is not None:
                 self.pools = step.pools
@@ -433,13 +434,19 @@ class Engine:
                 raise EngineError(f"decode failed with 1 running: {failure}")
         return None
 
-    def _sampling_of(self, batch: Mixed) -> Sampling | None:
-        # A mixed batch carries no columns: each row's parameters from the engine's own
-        # table, by rid (host data). None when every row is greedy: no upload at all.
-        params = [self.sampling[rid] for rid in batch.rows.rids.tolist()]
-        if not any(p.temperature for p in params):
-            return None
-        return Sampling.of(params, batch.device)
+    def _columns_of(
+        self, admit: Sequence[Req | Chunked[Sampling]], device: torch.device
+    ) -> Sampling:
+        # The new requests' own parameters, one row each (a held chunk carries its own).
+        params = [self.sampling[item.rid] for item in admit if isinstance(item, Req)]
+        return Sampling.of(params, device)
+
+    @staticmethod
+    def _sampling_of(batch: Mixed[Sampling]) -> Sampling | None:
+        # The rows' parameters, from the batch's columns; None when every row is greedy
+        # (the forward then takes the argmax path, as before columns).
+        columns = batch.rows.columns
+        return columns if columns.temperature.host.any() else None
 
     def _tokens_for(self, running: _Running) -> list[int] | Sampled:
         # Each running row's input token: the last one the host knows, or the device's.
@@ -472,7 +479,7 @@ class Engine:
                 del self.live[rid]
         return done
 
-    def _retire_mixed(self, running: Filtered, keep: list[int]) -> None:
+    def _retire_mixed(self, running: Filtered[Sampling], keep: list[int]) -> None:
         kept, left = split(running, keep)
         if len(keep) < len(running.rows):
             self.pools = self._release(left, kept)
@@ -515,12 +522,12 @@ class Engine:
     def _used(self) -> int:
         return (self.pools.num_pages * self.pools.page_size) - self.pools.num_free_tokens
 
-    def _retract(self, running: Filtered[Any]) -> None:
+    def _retract(self, running: Filtered[Sampling]) -> None:
         # The newest row goes back to the front of the queue, to re-prefill its
         # prompt and what it generated so far; the oldest rows keep going.
         last = len(running.rows) - 1
 
-        def drop_last() -> Filtered:
+        def drop_last() -> Filtered[Sampling]:
             kept, left = split(running, list(range(last)))
             self.pools = self._release(left, kept)
             return kept
@@ -555,7 +562,7 @@ class Engine:
             self.pools = self._release(left, kept)
         self.running = merge(self.running, kept) if isinstance(batch, Extended) else kept
 
-    def _release(self, left: Departed, running: Filtered[Any]) -> Pools | CachedPools:
+    def _release(self, left: Departed, running: Filtered[Sampling]) -> Pools | CachedPools:
         result: Result[Pools, ReleaseError] | Result[CachedPools, ReleaseError]
         if isinstance(self.pools, CachedPools):
             # The KV holds each row's prompt and all it generated but the last token.
@@ -589,3 +596,15 @@ class Engine:
     def _remaining(self, rid: int) -> int:
         live = self.live[rid]
         return live.spec.max_new_tokens - len(live.generated)
+
+
+def _mix(  # noqa: PLR0917  # mix's own arguments, in its order
+    running: _Running,
+    admit: Sequence[Req | Chunked[Sampling]],
+    budget: int,
+    pools: Pools,
+    tokens: Sequence[int] | Sampled,
+    columns: Sampling,
+) -> Result[MixStep[Sampling], MixError]:
+    # `mix` for a batch carrying Sampling columns: one signature, for `partial`.
+    return mix(running, admit, budget, pools, tokens, columns)

@@ -118,14 +118,14 @@ def sample_decode(
 def sample_mixed(
     model: TinyModel,
     cache: KVCache,
-    batch: Mixed,
+    batch: Mixed[Sampling],
     pools: Pools,
     sampling: Sampling | None = None,
 ) -> torch.Tensor:
     """Run one forward over a mixed batch (chunks, prompts, decode rows) and sample every row.
 
-    A mixed batch carries no column set yet: `sampling` holds its rows'
-    parameters, in row order (None: every row greedy).
+    `sampling`: the batch's own `Sampling` columns, or None when every row
+    is greedy (the argmax path).
 
     Input ids, positions and KV locations all come from the record, so the
     decode rows' tokens may still be device-only. Writes K/V at

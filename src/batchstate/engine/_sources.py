@@ -27,9 +27,8 @@ __all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
 class TokenSource(Protocol):
     """Runs a forward for a batch and returns each row's next token, on the host.
 
-    Each row samples with its own parameters: the batch's `Sampling` columns
-    on the extend and decode paths, the `sampling` argument on the mixed one
-    (a mixed batch carries no column set yet).
+    Each row samples with its own parameters, the batch's `Sampling` columns
+    (on the mixed path passed as `sampling`, None when every row is greedy).
     """
 
     def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
@@ -42,7 +41,9 @@ class TokenSource(Protocol):
         """The token after each row's `last_tokens[row]`, in row order."""
         ...
 
-    def after_mixed(self, batch: Mixed, pools: Pools, sampling: Sampling | None) -> Sampled:
+    def after_mixed(
+        self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
+    ) -> Sampled:
         """Run a mixed forward; each row's next token stays on the device.
 
         `sampling`: the rows' parameters in row order; None samples every row greedily.
@@ -80,7 +81,9 @@ class ModelTokens:
         tokens: list[int] = sample_decode(self.model, self.cache, batch, pools, input_ids).tolist()
         return tokens
 
-    def after_mixed(self, batch: Mixed, pools: Pools, sampling: Sampling | None) -> Sampled:
+    def after_mixed(
+        self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
+    ) -> Sampled:
         """Run the mixed forward (writes the cache); the sampled tokens stay on the device."""
         tokens = sample_mixed(self.model, self.cache, batch, pools, sampling)
         return Sampled.of(batch.rows, tokens)
@@ -109,7 +112,9 @@ class RandomTokens:
         """One random token per row."""
         return self._draw(len(batch.rows))
 
-    def after_mixed(self, batch: Mixed, pools: Pools, sampling: Sampling | None) -> Sampled:
+    def after_mixed(
+        self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
+    ) -> Sampled:
         """Placeholder device tokens (meta holds no data); `read` draws the real ones."""
         return Sampled.of(
             batch.rows, torch.empty(len(batch.rows), dtype=torch.int64, device=batch.device)
