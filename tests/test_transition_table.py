@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -47,7 +48,15 @@ from batchstate import (
     sync,
     verify,
 )
-from tests.builders import CPU, make_phase, make_reqs, make_test_pools
+from tests.builders import (
+    CPU,
+    Probe,
+    assert_probe,
+    make_phase,
+    make_probe,
+    make_reqs,
+    make_test_pools,
+)
 
 Caller = Callable[
     [Batch | None, Batch | None, Pools], tuple[Batch, Pools | CachedPools, list[Batch]]
@@ -56,24 +65,36 @@ Caller = Callable[
 Source = Batch | Chunked | None
 
 
+# Whether this run's records carry `Probe` columns (set by test_transition_row).
+_PROBE: list[bool] = [False]
+
+
+def _columns_for(batch: object, rids: Sequence[int]) -> tuple[Probe, ...]:
+    # The new rows' own columns, when the batch they join carries `Probe` ones.
+    rows = getattr(batch, "rows", None)
+    return (make_probe(rids),) if rows is not None and isinstance(rows.columns, Probe) else ()
+
+
 def _call_idle(
     source: Batch | None, operand: Batch | None, pools: Pools
 ) -> tuple[Batch, Pools, list[Batch]]:
-    batch = idle(CPU)
-    return batch, pools, [batch]
+    batch = idle(CPU, Probe) if _PROBE[0] else idle(CPU)
+    return batch, pools, [batch]  # type: ignore[list-item, return-value]  # either set
 
 
 def _call_extend(
     source: Batch | None, operand: Batch | None, pools: Pools
 ) -> tuple[Batch, Pools, list[Batch]]:
-    batch, pools = extend(source, make_reqs([2, 9], first_rid=50), pools).unwrap()  # type: ignore[arg-type]  # table rows type sources loosely
+    extra = _columns_for(source, [50, 51])
+    batch, pools = extend(source, make_reqs([2, 9], first_rid=50), pools, *extra).unwrap()  # type: ignore[arg-type]  # table rows type sources loosely
     return batch, pools, [batch]
 
 
 def _call_prebuilt(
     source: Batch | None, operand: Batch | None, pools: Pools
 ) -> tuple[Batch, Pools, list[Batch]]:
-    batch, pools = prebuilt(source, make_reqs([4, 17], first_rid=50), pools).unwrap()  # type: ignore[arg-type]  # as above
+    extra = _columns_for(source, [50, 51])
+    batch, pools = prebuilt(source, make_reqs([4, 17], first_rid=50), pools, *extra).unwrap()  # type: ignore[arg-type]  # as above
     return batch, pools, [batch]
 
 
@@ -136,9 +157,19 @@ def _call_extend_cached(
     # the second reads the header's whole pages from it.
     shared = cached_pools(pools)
     header = tuple(range(7, 40))
-    first, shared = extend_cached(source, [Req(50, (*header, 1))], shared).unwrap()  # type: ignore[arg-type]  # as above
+    first, shared = extend_cached(
+        source,  # type: ignore[arg-type]  # as above
+        [Req(50, (*header, 1))],
+        shared,
+        *_columns_for(source, [50]),
+    ).unwrap()
     shared = release_cached(first, idle(CPU), shared).unwrap()
-    batch, shared = extend_cached(source, [Req(51, (*header, 2, 3))], shared).unwrap()  # type: ignore[arg-type]  # as above
+    batch, shared = extend_cached(
+        source,  # type: ignore[arg-type]  # as above
+        [Req(51, (*header, 2, 3))],
+        shared,
+        *_columns_for(source, [51]),
+    ).unwrap()
     assert batch.prefix_lens[0] == len(header) // shared.page_size * shared.page_size
     return batch, shared, [batch]
 
@@ -156,7 +187,8 @@ def _call_mix(source: Source, operand: Source, pools: Pools) -> tuple[object, Po
     tokens = [7] * len(source.rows)
     admit: list[Req | Chunked] = [] if operand is None else [operand]  # type: ignore[list-item]  # a Chunked
     admit += make_reqs([9, 30], first_rid=60)
-    mixed, pools = mix(source, admit, 20, pools, tokens).unwrap()
+    extra = _columns_for(source, [60, 61])
+    mixed, pools = mix(source, admit, 20, pools, tokens, *extra).unwrap()
     assert mixed.num_extend_rows >= 1
     assert mixed.num_extend_tokens == 20 or not mixed.partial
     assert mixed.rows.rids.tolist()[mixed.num_extend_rows :] == source.rows.rids.tolist()
@@ -180,7 +212,8 @@ def _call_settle(
     # The source is a Filtered (see test_transition_row): mix a long prompt in, cut by the budget.
     assert isinstance(source, Filtered)
     long = make_reqs([45], first_rid=70)
-    mixed, pools = mix(source, long, 11, pools, [3] * len(source.rows)).unwrap()
+    tokens = [3] * len(source.rows)
+    mixed, pools = mix(source, long, 11, pools, tokens, *_columns_for(source, [70])).unwrap()
     running, held = settle(mixed)
     assert [chunk.cached for chunk in held] == [11]
     assert running.rows.rids.tolist() == source.rows.rids.tolist()
@@ -211,9 +244,14 @@ CALLERS: dict[Callable[..., object], Caller] = {
 }
 
 
-def make_chunk(pools: Pools, first_rid: int) -> tuple[Chunked, Pools]:
+def make_chunk(pools: Pools, first_rid: int) -> tuple[Chunked[Any], Pools]:
     """A request held between chunks: 8 of its 40 prompt tokens prefilled."""
-    mixed, pools = mix(idle(CPU), make_reqs([40], first_rid), 8, pools).unwrap()
+    reqs = make_reqs([40], first_rid)
+    if _PROBE[0]:
+        probed, pools = mix(idle(CPU, Probe), reqs, 8, pools, (), make_probe([first_rid])).unwrap()
+        _, (probed_chunk,) = settle(probed)
+        return probed_chunk, pools
+    mixed, pools = mix(idle(CPU), reqs, 8, pools).unwrap()
     _, (chunk,) = settle(mixed)
     return chunk, pools
 
@@ -227,25 +265,37 @@ def _row_id(row: Transition) -> str:
 _LENGTHS = st.lists(st.integers(1, 40), min_size=1, max_size=5)
 
 
+@pytest.mark.parametrize("probe", [False, True], ids=["no-columns", "columns"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("row", TRANSITIONS, ids=_row_id)
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(source_lengths=_LENGTHS, operand_lengths=_LENGTHS)
 def test_transition_row(
-    row: Transition, page_size: int, source_lengths: list[int], operand_lengths: list[int]
+    row: Transition,
+    page_size: int,
+    probe: bool,
+    source_lengths: list[int],
+    operand_lengths: list[int],
 ) -> None:
-    """Each legal transition yields its target phase, and every invariant holds after it."""
+    """Each legal transition yields its target phase, and every invariant holds after it.
+
+    With `probe`, every record carries a column set with one column of each
+    kind, and every column of every output is checked on both sides.
+    """
+    _PROBE[0] = probe
     pools = make_test_pools(page_size)
     # make_phase builds mirrored phases only: sync's caller opens its window from a Decoding,
     # settle's mixes one from a Filtered.
     windows = {Verifying: Decoding, Mixed: Filtered}
     phase = windows.get(row.source, row.source) if row.source is not None else None
-    source, pools = make_phase(phase, pools, source_lengths) if phase else (None, pools)
+    source, pools = (
+        make_phase(phase, pools, source_lengths, probe=probe) if phase else (None, pools)
+    )
     operand: Batch | Chunked | None = None
     if row.operand is Chunked:
         operand, pools = make_chunk(pools, first_rid=40)
     elif row.operand is not None and not issubclass(row.operand, Verifying):
-        operand, pools = make_phase(row.operand, pools, operand_lengths, first_rid=20)
+        operand, pools = make_phase(row.operand, pools, operand_lengths, first_rid=20, probe=probe)
     holders_before: list[Holder] = [source] if source is not None else []
     holders_before += [operand] if operand is not None else []
     unheld_before = set(find_leaks(pools, holders_before).unheld)  # make_phase drops rows
@@ -256,6 +306,10 @@ def test_transition_row(
     result, after, outputs = caller(source, operand, pools)  # type: ignore[arg-type]  # as above
     live: list[Holder] = list(outputs)
     assert type(result) is row.target
+    if probe:
+        assert live, "the transition made no record to check"
+        for holder in live:
+            _assert_probe_of(holder)
     batches = [batch for batch in live if isinstance(batch, Idle | Extended | Decoding | Filtered)]
     for batch in batches:
         check_batch(batch, compare_device=True)
@@ -270,3 +324,14 @@ def test_transition_row(
     if row.function is merge and source is not None and isinstance(operand, Filtered | Extended):
         assert len(result.rows) == len(source.rows) + len(operand.rows)
         assert result.rows.seq_lens_sum == source.rows.seq_lens_sum + operand.rows.seq_lens_sum
+
+
+def _assert_probe_of(holder: object) -> None:
+    # Every column of a record that holds rows, checked on both sides against its rids.
+    if isinstance(holder, Chunked):
+        assert_probe(holder.columns, [holder.req.rid])
+    elif isinstance(holder, Verifying):
+        assert_probe(holder.columns, holder.rids.tolist())
+    else:
+        rows = holder.rows  # type: ignore[attr-defined]  # a batch or a Mixed
+        assert_probe(rows.columns, rows.rids.tolist())
