@@ -30,9 +30,7 @@ from returns.result import Failure, Success
 from batchstate import (
     ColumnError,
     Columns,
-    DeviceOnly,
     Filtered,
-    HostColumn,
     Idle,
     Mirrored,
     NoColumns,
@@ -61,72 +59,34 @@ from batchstate import (
     verify,
 )
 from batchstate.audit import device_reads
+from tests.builders import Probe, assert_probe, make_probe
 from tests.strategies import assert_unchanged, snapshot
 
 CPU: Final = torch.device("cpu")
 META: Final = torch.device("meta")
 
 
-@attrs.frozen(eq=False)
-class Probe(Columns):
-    """One column of each kind, with values derived from the request id."""
-
-    weight: Mirrored[np.float32]
-    lora: DeviceOnly
-    budget: HostColumn[np.int64]
-
-
-def _values(rid: int) -> tuple[float, int, int]:
-    return rid / 4, 100 + rid, 1000 + rid
-
-
-def _probe(rids: Sequence[int], device: torch.device = CPU) -> Probe:
-    values = [_values(rid) for rid in rids]
-    return build_columns(
-        Probe,
-        {
-            "weight": [v[0] for v in values],
-            "lora": np.array([v[1] for v in values], dtype=np.int64),
-            "budget": [v[2] for v in values],
-        },
-        device,
-    )
-
-
 def _reqs(rids: Sequence[int], length: int = 3) -> list[Req]:
     return [Req(rid, tuple(range(1, length + 1))) for rid in rids]
-
-
-def _assert_columns(columns: Probe, rids: Sequence[int]) -> None:
-    """Every column, every side, equals the model's values for `rids`, in row order."""
-    values = [_values(rid) for rid in rids]
-    weights = [v[0] for v in values]
-    assert columns.weight.host.tolist() == weights
-    assert columns.weight.device.tolist() == weights
-    assert columns.weight.device.dtype == torch.float32
-    assert not np.shares_memory(columns.weight.host, columns.weight.device.numpy())
-    assert columns.lora.device.tolist() == [v[1] for v in values]
-    assert columns.budget.tolist() == [v[2] for v in values]
-    assert not columns.budget.flags.writeable
 
 
 def test_every_transition_carries_the_columns_row_for_row() -> None:
     """extend, decode, split, release, merge, filter and verify/sync keep each row's columns."""
     pools = make_pools(8, 64, 256, CPU, page_size=4)
-    batch, pools = extend(idle(CPU, Probe), _reqs([1, 2, 3]), pools, _probe([1, 2, 3])).unwrap()
-    _assert_columns(batch.rows.columns, [1, 2, 3])
+    batch, pools = extend(idle(CPU, Probe), _reqs([1, 2, 3]), pools, make_probe([1, 2, 3])).unwrap()
+    assert_probe(batch.rows.columns, [1, 2, 3])
     decoded, pools = decode(batch, pools).unwrap()
-    _assert_columns(decoded.rows.columns, [1, 2, 3])
+    assert_probe(decoded.rows.columns, [1, 2, 3])
     kept, left = split(decoded, [0, 2])
-    _assert_columns(kept.rows.columns, [1, 3])
+    assert_probe(kept.rows.columns, [1, 3])
     pools = release(left, kept, pools).unwrap()
-    new, pools = prebuilt(idle(CPU, Probe), _reqs([7, 8]), pools, _probe([7, 8])).unwrap()
+    new, pools = prebuilt(idle(CPU, Probe), _reqs([7, 8]), pools, make_probe([7, 8])).unwrap()
     running = merge(kept, new)
-    _assert_columns(running.rows.columns, [1, 3, 7, 8])
+    assert_probe(running.rows.columns, [1, 3, 7, 8])
     decoded, pools = decode(running, pools).unwrap()
     window, pools = verify(decoded, [1, 0, 2, 0], pools).unwrap()
     synced, pools = sync(window, torch.tensor([1, 0, 0, 0]), pools)
-    _assert_columns(synced.rows.columns, [1, 3, 7, 8])
+    assert_probe(synced.rows.columns, [1, 3, 7, 8])
     check_batch(synced, compare_device=True)
     check_pools(pools, [synced], compare_device=True)
 
@@ -134,29 +94,29 @@ def test_every_transition_carries_the_columns_row_for_row() -> None:
 def test_an_empty_filter_leaves_zero_rows_in_every_column() -> None:
     """Filtering everything out gives well-formed empty columns, on both sides."""
     pools = make_pools(8, 64, 256, CPU)
-    batch, _ = extend(idle(CPU, Probe), _reqs([1, 2]), pools, _probe([1, 2])).unwrap()
+    batch, _ = extend(idle(CPU, Probe), _reqs([1, 2]), pools, make_probe([1, 2])).unwrap()
     empty = filter_batch(batch, [])
-    _assert_columns(empty.rows.columns, [])
+    assert_probe(empty.rows.columns, [])
     assert empty.rows.columns.weight.device.shape == (0,)
     assert idle(CPU, Probe).rows.columns.lora.device.shape == (0,)
 
 
 def _wrong_length() -> Probe:
-    return _probe([1])
+    return make_probe([1])
 
 
 def _wrong_dtype() -> Probe:
-    good = _probe([1, 2])
+    good = make_probe([1, 2])
     bad = Mirrored.from_host(good.weight.host.astype(np.float64), CPU)
     return attrs.evolve(good, weight=bad)  # type: ignore[arg-type]  # the point of the case
 
 
 def _wrong_device() -> Probe:
-    return _probe([1, 2], META)
+    return make_probe([1, 2], META)
 
 
 def _writable_host() -> Probe:
-    return attrs.evolve(_probe([1, 2]), budget=np.array([1, 2]))
+    return attrs.evolve(make_probe([1, 2]), budget=np.array([1, 2]))
 
 
 @pytest.mark.parametrize(
@@ -183,7 +143,7 @@ def test_bad_columns_at_extend_allocate_nothing(make: object, message: str) -> N
 def test_merging_different_column_sets_is_refused_at_run_time_too() -> None:
     """mypy rejects it; a caller without mypy gets ColumnError, and nothing is built."""
     pools = make_pools(8, 64, 256, CPU)
-    probed, pools = extend(idle(CPU, Probe), _reqs([1]), pools, _probe([1])).unwrap()
+    probed, pools = extend(idle(CPU, Probe), _reqs([1]), pools, make_probe([1])).unwrap()
     plain, pools = extend(idle(CPU), _reqs([2]), pools).unwrap()
     with pytest.raises(ColumnError, match="cannot merge NoColumns columns into Probe ones"):
         merge(filter_batch(probed, [0]), plain)  # type: ignore[misc]  # the runtime check
@@ -192,9 +152,9 @@ def test_merging_different_column_sets_is_refused_at_run_time_too() -> None:
 def test_a_hand_built_column_set_of_the_wrong_length_is_refused() -> None:
     """Rows built by hand check their columns as they check their own."""
     pools = make_pools(8, 64, 256, CPU)
-    batch, _ = extend(idle(CPU, Probe), _reqs([1, 2]), pools, _probe([1, 2])).unwrap()
+    batch, _ = extend(idle(CPU, Probe), _reqs([1, 2]), pools, make_probe([1, 2])).unwrap()
     with pytest.raises(RecordShapeError, match=r"Rows\.Probe\.weight"):
-        attrs.evolve(batch.rows, columns=_probe([1]))
+        attrs.evolve(batch.rows, columns=make_probe([1]))
 
 
 def test_columns_that_are_not_a_column_set_are_refused() -> None:
@@ -215,12 +175,12 @@ def test_columns_on_meta_read_nothing() -> None:
     pools = make_pools(8, 64, 256, META, page_size=4)
     with device_reads(forbid=True) as log:
         batch, pools = extend(
-            idle(META, Probe), _reqs([1, 2, 3]), pools, _probe([1, 2, 3], META)
+            idle(META, Probe), _reqs([1, 2, 3]), pools, make_probe([1, 2, 3], META)
         ).unwrap()
         decoded, pools = decode(batch, pools).unwrap()
         kept, left = split(decoded, [0, 2])
         pools = release(left, kept, pools).unwrap()
-        new, pools = extend(idle(META, Probe), _reqs([9]), pools, _probe([9], META)).unwrap()
+        new, pools = extend(idle(META, Probe), _reqs([9]), pools, make_probe([9], META)).unwrap()
         running = merge(kept, new)
     assert log.report().count == 0
     assert running.rows.columns.budget.tolist() == [1001, 1003, 1009]
@@ -255,36 +215,36 @@ def test_a_standard_column_set_adds_no_upload(phase: str) -> None:
 def test_chunked_and_mixed_forwards_carry_the_columns() -> None:
     """mix, settle and decode_sampled keep each row's columns; a held chunk keeps its own row."""
     pools = make_pools(8, 64, 256, CPU, page_size=4)
-    first, pools = extend(idle(CPU, Probe), _reqs([1, 2]), pools, _probe([1, 2])).unwrap()
+    first, pools = extend(idle(CPU, Probe), _reqs([1, 2]), pools, make_probe([1, 2])).unwrap()
     running = merge(idle(CPU, Probe), first)
     # A long prompt joins under a small budget: it is cut, and held with its own row.
     long = [Req(5, tuple(range(1, 21)))]
-    mixed, pools = mix(running, long, 8, pools, [7, 7], _probe([5])).unwrap()
-    _assert_columns(mixed.rows.columns, [5, 1, 2])
+    mixed, pools = mix(running, long, 8, pools, [7, 7], make_probe([5])).unwrap()
+    assert_probe(mixed.rows.columns, [5, 1, 2])
     settled, held = settle(mixed)
-    _assert_columns(settled.rows.columns, [1, 2])
+    assert_probe(settled.rows.columns, [1, 2])
     assert [chunk.req.rid for chunk in held] == [5]
-    _assert_columns(held[0].columns, [5])
+    assert_probe(held[0].columns, [5])
     # The chunk goes on beside a new request; the last chunk makes it a running row.
-    mixed, pools = mix(settled, [held[0], *_reqs([6])], 20, pools, [7, 7], _probe([6])).unwrap()
-    _assert_columns(mixed.rows.columns, [5, 6, 1, 2])
+    mixed, pools = mix(settled, [held[0], *_reqs([6])], 20, pools, [7, 7], make_probe([6])).unwrap()
+    assert_probe(mixed.rows.columns, [5, 6, 1, 2])
     settled, held = settle(mixed)
     assert held == ()
-    _assert_columns(settled.rows.columns, [1, 2, 5, 6])
+    assert_probe(settled.rows.columns, [1, 2, 5, 6])
     tokens = Sampled.of(settled.rows, torch.zeros(4, dtype=torch.int64))
     decoded, pools = decode_sampled(settled, tokens, pools).unwrap()
-    _assert_columns(decoded.rows.columns, [1, 2, 5, 6])
+    assert_probe(decoded.rows.columns, [1, 2, 5, 6])
     check_pools(pools, [settle(decoded).running], compare_device=True)
 
 
 def test_mix_refuses_columns_that_do_not_fit_before_allocating() -> None:
     """One row per new request, of the batch's set: anything else is a ColumnError."""
     pools = make_pools(8, 64, 256, CPU)
-    first, pools = extend(idle(CPU, Probe), _reqs([1]), pools, _probe([1])).unwrap()
+    first, pools = extend(idle(CPU, Probe), _reqs([1]), pools, make_probe([1])).unwrap()
     running = merge(idle(CPU, Probe), first)
     before = snapshot(pools)
     with pytest.raises(ColumnError, match=r"Probe\.weight\.host: expected a read-only float32"):
-        mix(running, _reqs([4, 5]), 8, pools, [7], _probe([4]))
+        mix(running, _reqs([4, 5]), 8, pools, [7], make_probe([4]))
     with pytest.raises(ColumnError, match="the batch carries Probe columns, got NoColumns"):
         mix(running, _reqs([4]), 8, pools, [7], NoColumns())  # type: ignore[misc]  # on purpose
     assert_unchanged(before, pools, "pools")
@@ -312,12 +272,12 @@ class ColumnMachine(RuleBasedStateMachine):
         rids = list(range(self.next_rid, self.next_rid + count))
         self.next_rid += count
         before = snapshot(self.pools)
-        result = extend(idle(CPU, Probe), _reqs(rids, length), self.pools, _probe(rids))
+        result = extend(idle(CPU, Probe), _reqs(rids, length), self.pools, make_probe(rids))
         if isinstance(result, Failure):
             assert_unchanged(before, self.pools, "pools after a failed extend")
             return
         batch, self.pools = result.unwrap()
-        _assert_columns(batch.rows.columns, rids)
+        assert_probe(batch.rows.columns, rids)
         self.running = merge(self.running, batch)
         self.rids += rids
 
@@ -327,7 +287,7 @@ class ColumnMachine(RuleBasedStateMachine):
         result = decode(self.running, self.pools)  # type: ignore[arg-type]  # not Idle: precondition
         if isinstance(result, Success):
             decoded, self.pools = result.unwrap()
-            _assert_columns(decoded.rows.columns, self.rids)
+            assert_probe(decoded.rows.columns, self.rids)
             self.running = filter_batch(decoded, list(range(len(self.rids))))
 
     @precondition(lambda self: bool(self.rids))
@@ -340,7 +300,7 @@ class ColumnMachine(RuleBasedStateMachine):
 
     @invariant()
     def columns_match_the_model(self) -> None:
-        _assert_columns(self.running.rows.columns, self.rids)
+        assert_probe(self.running.rows.columns, self.rids)
         check_batch(self.running, compare_device=True)
         check_pools(self.pools, [self.running], compare_device=True)
 
