@@ -15,7 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from batchstate import ColumnError, Columns, DeviceOnly, HostColumn, Mirrored, build_columns
+from batchstate import (
+    ColumnError,
+    Columns,
+    DeviceOnly,
+    HostColumn,
+    Mirrored,
+    Req,
+    Rows,
+    build_columns,
+)
 from batchstate._columns import check_column_set
 
 CPU: Final = torch.device("cpu")
@@ -108,3 +117,18 @@ def test_a_bad_host_column_is_described_as_it_is() -> None:
         check_column_set(Budgets(read_only), 2, CPU, "Rows")  # type: ignore[arg-type]  # the point
     with pytest.raises(ColumnError, match=re.escape("got a writable int64 array [2]")):
         check_column_set(Budgets(np.zeros(2, dtype=np.int64)), 2, CPU, "Rows")
+
+
+def test_rows_with_different_column_sets_are_not_joined() -> None:
+    @attrs.frozen(eq=False)
+    class Left(Columns):
+        a: Mirrored[np.int64]
+
+    @attrs.frozen(eq=False)
+    class Right(Columns):
+        a: Mirrored[np.int64]
+
+    left = Rows.from_host(CPU, [Req(1, (5,))], [1], [1], build_columns(Left, {"a": [1]}, CPU))
+    right = Rows.from_host(CPU, [Req(2, (6,))], [2], [1], build_columns(Right, {"a": [2]}, CPU))
+    with pytest.raises(ColumnError, match=r"^cannot join Right columns to Left ones$"):
+        left.cat(right)  # type: ignore[arg-type]  # mypy refuses it too
