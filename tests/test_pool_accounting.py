@@ -9,7 +9,18 @@ import pytest
 import torch
 from returns.result import Failure
 
-from batchstate import OutOfKVTokens, Pools, Req, Rows, make_pools
+from batchstate import (
+    OutOfKVTokens,
+    Pools,
+    Req,
+    Rows,
+    extend,
+    filter_batch,
+    idle,
+    make_pools,
+    release,
+    split,
+)
 from batchstate._columns import NO_COLUMNS
 from batchstate._mirrored import HostArray, host_int64
 
@@ -79,3 +90,13 @@ def test_rows_from_no_requests_have_no_longest_row() -> None:
     assert (one.seq_lens_sum, one.max_seq_len) == (2, 2)
     assert one.rids.tolist() == [7]
     assert np.array_equal(one.req_pool_indices.host, [3])
+
+
+@pytest.mark.parametrize("page_size", [2, 3])
+def test_freeing_gives_back_the_pages_not_their_token_locations(page_size: int) -> None:
+    pools = make_pools(4, 32, 12 * page_size, CPU, page_size=page_size)
+    batch, after = extend(idle(CPU), [Req(0, (1,) * 5), Req(1, (2,) * 2)], pools).unwrap()
+    _, left = split(batch, [])
+    freed = release(left, filter_batch(batch, []), after).unwrap()
+    assert sorted(freed.free_pages.tolist()) == list(range(1, 13))
+    assert freed.slot_tokens.tolist() == [0] * 5
