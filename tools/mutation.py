@@ -75,7 +75,8 @@ def _selected(modules: list[str], *, left: bool, survivors: bool) -> list[str]:
 def report(results: dict[str, Counter[str]]) -> int:
     """Print one line per module and a total; return the number of survivors."""
     total: Counter[str] = Counter()
-    print(f"{'module':<16} {'killed':>6} {'survived':>8} {'other':>6} {'score':>7}")
+    print(f"{'module':<16} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7}"
+          f" {'other':>5} {'unchecked':>9} {'score':>7}")  # fmt: skip
     for module, counts in results.items():
         total += counts
         print(_line(module, counts))
@@ -85,12 +86,13 @@ def report(results: dict[str, Counter[str]]) -> int:
 
 
 def _line(module: str, counts: Counter[str]) -> str:
-    killed, survived = counts["killed"], counts["survived"]
+    killed, survived, timeout = counts["killed"], counts["survived"], counts["timeout"]
     left_out = counts["skipped"] + counts["type check"] + counts["not checked"]
-    other = sum(counts.values()) - killed - survived - left_out
-    scored = killed + survived + other
+    other = sum(counts.values()) - killed - survived - timeout - left_out
+    scored = killed + survived + timeout + other
     score = f"{100 * killed / scored:.1f}%" if scored else "-"
-    return f"{module:<16} {killed:>6} {survived:>8} {other:>6} {score:>7}"
+    return (f"{module:<16} {sum(counts.values()):>7} {killed:>6} {survived:>8} {timeout:>7}"
+            f" {other:>5} {left_out:>9} {score:>7}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
