@@ -132,3 +132,12 @@ def test_rows_with_different_column_sets_are_not_joined() -> None:
     right = Rows.from_host(CPU, [Req(2, (6,))], [2], [1], build_columns(Right, {"a": [2]}, CPU))
     with pytest.raises(ColumnError, match=r"^cannot join Right columns to Left ones$"):
         left.cat(right)  # type: ignore[arg-type]  # mypy refuses it too
+
+
+def test_a_field_of_another_generic_type_is_refused() -> None:
+    @attrs.frozen(eq=False)
+    class Odd(Columns):
+        table: dict[str, int]
+
+    with pytest.raises(ColumnError, match=r"Odd\.table: a column is Mirrored"):
+        build_columns(Odd, {"table": [{}]}, CPU)

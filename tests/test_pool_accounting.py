@@ -100,3 +100,11 @@ def test_freeing_gives_back_the_pages_not_their_token_locations(page_size: int) 
     freed = release(left, filter_batch(batch, []), after).unwrap()
     assert sorted(freed.free_pages.tolist()) == list(range(1, 13))
     assert freed.slot_tokens.tolist() == [0] * 5
+
+
+def test_allocate_next_with_pages_of_one_token_is_an_allocation() -> None:
+    slots, pools = make_pools(4, 32, 8, CPU).allocate_slots(2).unwrap()
+    fresh = pools.allocate_fresh(slots, [2, 1]).unwrap()
+    allocation = fresh.pools.allocate_next(slots, host_int64([3, 2])).unwrap()
+    assert allocation.locs.tolist() == [4, 5]
+    assert allocation.pools.slot_tokens.tolist() == [0, 3, 2, 0, 0]
