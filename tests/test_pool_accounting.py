@@ -108,3 +108,10 @@ def test_allocate_next_with_pages_of_one_token_is_an_allocation() -> None:
     allocation = fresh.pools.allocate_next(slots, host_int64([3, 2])).unwrap()
     assert allocation.locs.tolist() == [4, 5]
     assert allocation.pools.slot_tokens.tolist() == [0, 3, 2, 0, 0]
+
+
+def test_free_refuses_lengths_that_do_not_match_the_slots_one_for_one() -> None:
+    slots, pools = _two_slots()
+    owned = pools.allocate_fresh(slots, [3, 5]).unwrap().pools
+    with pytest.raises(ValueError):  # not a partial free of the first slots
+        owned.free(slots, host_int64([3]))
