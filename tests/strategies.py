@@ -16,7 +16,7 @@ from typing import Final, NamedTuple
 import attrs
 import numpy as np
 import torch
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
 from batchstate import FreeList
@@ -25,9 +25,17 @@ from batchstate import FreeList
 LONG: Final = os.environ.get("BATCHSTATE_LONG", "") not in ("", "0")
 # The mutation profile (tools/mutation.py sets it): small, derandomized budgets,
 # so each mutant runs fast and the same mutant is killed (or not) every run.
+# No shrinking: a mutant needs one failing example, not the smallest one, and
+# shrinking a failure of a stateful test can outlast mutmut's time limit.
 FAST: Final = os.environ.get("BATCHSTATE_FAST", "") not in ("", "0")
 if FAST:
-    settings.register_profile("mutation", max_examples=20, derandomize=True, deadline=None)
+    settings.register_profile(
+        "mutation",
+        max_examples=20,
+        derandomize=True,
+        deadline=None,
+        phases=(Phase.explicit, Phase.reuse, Phase.generate),
+    )
     settings.load_profile("mutation")
 
 
