@@ -42,7 +42,8 @@ from batchstate._invariants import check_batch, check_pools
 from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
 from batchstate._merge import merge
 from batchstate._mirrored import DeviceOnly, Mirrored
-from batchstate._mixed import Mixed, MixError, MixStep, Settled, decode_sampled, mix, settle
+from batchstate._mix import MixError, decode_sampled, mix
+from batchstate._mixed import Mixed, MixStep, Settled, settle
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
 from batchstate._pools import Allocation, Pools, make_pools
 from batchstate._prefix_cache import PrefixCache

@@ -27,7 +27,8 @@ from batchstate._errors import (
 from batchstate._extend import extend, idle, prebuilt
 from batchstate._filter import filter_batch, split
 from batchstate._merge import merge
-from batchstate._mixed import Mixed, decode_sampled, mix, settle
+from batchstate._mix import decode_sampled, mix
+from batchstate._mixed import Mixed, settle
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 from batchstate._speculative import Verifying, sync, verify
 
