@@ -31,7 +31,6 @@ from batchstate._chunked import Chunked
 from batchstate._columns import (
     C,
     slice_columns,
-    take_pending,
 )
 from batchstate._errors import (
     PhaseError,
@@ -40,7 +39,7 @@ from batchstate._errors import (
 from batchstate._mirrored import DeviceOnly, HostArray, frozen, host_int64
 from batchstate._phases import Filtered
 from batchstate._pools import Pools
-from batchstate._rows import Rows, _take_tuple, build_rows, check_host
+from batchstate._rows import Rows, check_host
 
 __all__ = ["MixStep", "Mixed", "Settled", "settle"]
 
@@ -148,17 +147,7 @@ def settle(batch: Mixed[C]) -> Settled[C]:
     order = host_int64(
         [*range(num_extend, len(rows)), *(row for row in range(num_extend) if row not in partial)]
     )
-    seq_lens = rows.seq_lens.host.take(order)
-    settled, _ = build_rows(
-        rows.device,
-        _take_tuple(rows.reqs, order),
-        frozen(rows.rids.take(order)),
-        rows.req_pool_indices.host.take(order),
-        seq_lens,
-        int(seq_lens.sum()),
-        int(seq_lens.max()) if order.shape[0] else 0,
-        take_pending(rows.columns, order),
-    )
+    settled = rows.gather(order)  # decode rows first, then the prompts that are done
     slots, lens = rows.req_pool_indices.host, rows.seq_lens.host
     held = tuple(
         Chunked(

@@ -112,6 +112,10 @@ class Rows(Generic[C]):
         """The rows at host positions `index` (strictly increasing), on both sides."""
         if index.shape[0] == len(self.reqs):
             return self  # strictly increasing and in range: every row, in order
+        return self.gather(index)
+
+    def gather(self, index: HostArray) -> Rows[C]:
+        """The rows at host positions `index`, in that order (any order), on both sides."""
         seq_lens = self.seq_lens.host.take(index)
         rows, _ = build_rows(
             self.device,
