@@ -7,6 +7,8 @@ columns beside a device-only one place them differently in that upload.
 
 from __future__ import annotations
 
+from typing import Any, Final
+
 import attrs
 import numpy as np
 import pytest
@@ -38,7 +40,7 @@ class _ThreeMirroredAndDevice(Columns):
     state: DeviceOnly
 
 
-VALUES = {
+VALUES: Final[dict[str, list[float]]] = {
     "adapter": [5, 6, 7, 8],
     "temperature": [0.5, 1.0, 1.5, 2.0],
     "top_k": [1, 2, 3, 4],
@@ -46,14 +48,14 @@ VALUES = {
 }
 
 
-def _rows(cls: type[Columns]) -> Rows:
+def _rows(cls: type[Any]) -> Rows[Any]:
     names = [field.name for field in attrs.fields(cls)]
     columns = build_columns(cls, {name: VALUES[name] for name in names}, CPU)
     reqs = [Req(row, (row,)) for row in range(4)]
     return Rows.from_host(CPU, reqs, [1, 2, 3, 4], [1, 2, 3, 4], columns)
 
 
-def _column_values(columns: Columns) -> dict[str, list[object]]:
+def _column_values(columns: Any) -> dict[str, list[object]]:
     values: dict[str, list[object]] = {}
     for field in attrs.fields(type(columns)):
         value = getattr(columns, field.name)
@@ -66,7 +68,7 @@ def _column_values(columns: Columns) -> dict[str, list[object]]:
 
 
 @pytest.mark.parametrize("cls", [_DeviceOnlyColumn, _TwoMirroredAndDevice, _ThreeMirroredAndDevice])
-def test_take_and_cat_carry_every_column(cls: type[Columns]) -> None:
+def test_take_and_cat_carry_every_column(cls: type[Any]) -> None:
     rows = _rows(cls)
     taken = rows.take(np.array([0, 2, 3]))
     names = [field.name for field in attrs.fields(cls)]
