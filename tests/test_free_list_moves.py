@@ -43,3 +43,19 @@ def test_after_a_move_capacity_more_ids_are_given_back_in_place() -> None:
         current = current.give(one.copy())
         assert _same_buffer(current, moved)
     assert current.ids.tolist() == [3, 0, 2]  # each round moves the first id to the back
+
+
+def test_a_list_built_for_a_larger_pool_has_room_for_all_of_it() -> None:
+    free = FreeList.of(np.arange(2), 4)  # 2 of a pool of 4 ids free: room for 8
+    full = free.give(np.array([2, 3]))
+    taken, rest = full.take(4)
+    back = rest.give(taken.copy())  # cells 4..7: still in the first buffer
+    assert back.ids.tolist() == [0, 1, 2, 3]
+    assert _same_buffer(back, free)
+
+
+def test_views_of_a_new_list_are_read_only() -> None:
+    free = FreeList.of(np.arange(3))
+    taken, rest = free.take(1)
+    for view in (free.ids, taken, rest.ids):
+        assert not view.flags.writeable
