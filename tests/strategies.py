@@ -10,16 +10,18 @@ included), compared by value, dtype, shape and device.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 import attrs
 import numpy as np
+import pytest
 import torch
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
-from batchstate import FreeList
+from batchstate import FreeList, InvariantViolation
 
 # The long profile: `BATCHSTATE_LONG=1 python -m pytest tests/test_state_machine.py`.
 LONG: Final = os.environ.get("BATCHSTATE_LONG", "") not in ("", "0")
@@ -148,3 +150,8 @@ def _first_difference(before: object, after: object, path: str = "") -> str:
 
 
 CPU: Final = torch.device("cpu")
+
+
+def raises_exactly(message: str) -> pytest.RaisesExc[InvariantViolation]:
+    """Expect an `InvariantViolation` whose whole message is `message`."""
+    return pytest.raises(InvariantViolation, match=f"^{re.escape(message)}$")

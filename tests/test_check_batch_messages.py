@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 import attrs
 import numpy as np
-import pytest
 import torch
 
 from batchstate import (
     Filtered,
-    InvariantViolation,
     Req,
     check_batch,
     check_pools,
@@ -21,12 +17,9 @@ from batchstate import (
     make_pools,
 )
 from batchstate._mirrored import host_int64
+from tests.strategies import raises_exactly
 
 CPU = torch.device("cpu")
-
-
-def _raises(message: str) -> pytest.RaisesExc[InvariantViolation]:
-    return pytest.raises(InvariantViolation, match=f"^{re.escape(message)}$")
 
 
 def _filtered() -> Filtered:
@@ -37,27 +30,29 @@ def _filtered() -> Filtered:
 
 def test_rids_other_than_the_reqs() -> None:
     rows = attrs.evolve(_filtered().rows, rids=host_int64([5, 6]))
-    with _raises("rids differ from the reqs' rids"):
+    with raises_exactly("rids differ from the reqs' rids"):
         check_batch(Filtered(rows))
 
 
 def test_a_wrong_longest_row() -> None:
     rows = attrs.evolve(_filtered().rows, max_seq_len=9)
-    with _raises("max_seq_len=9 differs from seq_lens"):
+    with raises_exactly("max_seq_len=9 differs from seq_lens"):
         check_batch(Filtered(rows))
 
 
 def test_a_column_changed_after_construction() -> None:
     batch = _filtered()
     object.__setattr__(batch.rows, "rids", np.array([0, 1]))  # writable, past the checks
-    with _raises("Rows.rids: expected a read-only int64 array [2], got a writable int64 array [2]"):
+    with raises_exactly(
+        "Rows.rids: expected a read-only int64 array [2], got a writable int64 array [2]"
+    ):
         check_batch(batch)
 
 
 def test_an_extended_batch_whose_lengths_do_not_add_up() -> None:
     batch, _ = extend(idle(CPU), [Req(0, (1, 2, 3))], make_pools(4, 32, 64, CPU)).unwrap()
     object.__setattr__(batch, "prefix_lens", (1,))  # frozen: past the constructor's checks
-    with _raises("seq_lens differ from prefix_lens + extend_lens"):
+    with raises_exactly("seq_lens differ from prefix_lens + extend_lens"):
         check_batch(batch)
 
 
@@ -65,7 +60,7 @@ def test_a_table_whose_sides_differ() -> None:
     batch, pools = extend(idle(CPU), [Req(0, (1, 2))], make_pools(4, 32, 64, CPU)).unwrap()
     check_pools(pools, [batch], compare_device=True)
     pools.table.device[1, 5] = 7
-    with _raises("table: host != device"):
+    with raises_exactly("table: host != device"):
         check_pools(pools, [batch], compare_device=True)
 
 
@@ -73,5 +68,5 @@ def test_a_row_in_the_top_slot_at_another_length() -> None:
     reqs = [Req(rid, (1, 2, 3)) for rid in range(4)]
     batch, _ = extend(idle(CPU), reqs, make_pools(4, 32, 64, CPU)).unwrap()
     last = filter_batch(batch, [3])  # slot 4, the top one
-    with _raises("slot 4: row has 3 tokens, the pools hold 0"):
+    with raises_exactly("slot 4: row has 3 tokens, the pools hold 0"):
         check_pools(make_pools(4, 32, 64, CPU), [last])

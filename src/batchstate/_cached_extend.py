@@ -21,6 +21,7 @@ from batchstate._extend import (
 )
 from batchstate._mirrored import DeviceOnly, Mirrored, frozen, host_int64
 from batchstate._phases import Decoding, Extended, Idle, Running
+from batchstate._pools import _lanes
 from batchstate._rows import Req, build_rows
 
 __all__ = ["decode_cached", "extend_cached"]
@@ -102,7 +103,7 @@ def extend_cached(  # the overloads above are the API; Any stands for their colu
     assert not isinstance(allocation, OutOfKVTokens), "pages were counted and evicted above"
     locs, after = allocation
     # The table cells of every row: its cached pages' locations, then its new ones.
-    lanes = np.arange(page_size, dtype=np.int64)
+    lanes = _lanes(page_size)
     cells_locs = []
     start = 0
     for row, length in enumerate(seq_lens):
