@@ -160,31 +160,82 @@ class Engine:
             EngineError: a transition failed in a way the policy rules out.
             InvariantViolation: a periodic or final check failed (prefixed with the step).
         """
-        while self.pending or self.waiting or len(self.running.rows) or self.held or self.unread:
+        while self.busy:
             if self.pending and not (self.waiting or len(self.running.rows) or self.held):
                 self.clock = max(self.clock, self.pending[0].arrival_step)  # skip idle steps
-            while self.pending and self.pending[0].arrival_step <= self.clock:
-                spec = self.pending[0]
-                if spec.follows is not None and spec.follows not in self.outputs:
-                    if not self.waiting and not len(self.running.rows):
-                        raise EngineError(f"request {spec.rid} follows one that never ran")
-                    break  # a follow-up turn waits for the conversation's last answer
-                self.pending.popleft()
-                prompt = spec.prompt
-                if spec.follows is not None:
-                    # The conversation so far (its prompt and answer), then the new turn.
-                    prompt = self.prompts[spec.follows] + self.outputs[spec.follows] + prompt
-                self.prompts[spec.rid] = prompt
-                self.live[spec.rid] = _Live(attrs.evolve(spec, prompt=prompt, follows=None), [])
-                self.waiting.append(Req(spec.rid, prompt))
-            self._step()
-            self.clock += 1
-            every = self.config.check_every
-            if every and len(self.trace) % every == 0:
-                self.check()
+            self.arrive()
+            self.step()
             if on_step is not None:
                 on_step(len(self.outputs))
         self.check()
+
+    @property
+    def busy(self) -> bool:
+        """Whether any request is still to come, waiting, held, running or unread."""
+        return bool(
+            self.pending or self.waiting or len(self.running.rows) or self.held or self.unread
+        )
+
+    @property
+    def load(self) -> int:
+        """Requests this engine holds: pending, waiting, held between chunks and running."""
+        return len(self.pending) + len(self.waiting) + len(self.held) + len(self.running.rows)
+
+    def submit(self, spec: RequestSpec) -> None:
+        """Hand the engine one more request; it joins the queue at `spec.arrival_step`."""
+        self.sampling[spec.rid] = spec.sampling
+        self.pending.append(spec)
+
+    def arrive(self) -> None:
+        """Queue the requests whose arrival step has come (a follow-up once its turn is due)."""
+        while self.pending and self.pending[0].arrival_step <= self.clock:
+            spec = self.pending[0]
+            if spec.follows is not None and spec.follows not in self.outputs:
+                if not self.waiting and not len(self.running.rows):
+                    raise EngineError(f"request {spec.rid} follows one that never ran")
+                break  # a follow-up turn waits for the conversation's last answer
+            self.pending.popleft()
+            prompt = spec.prompt
+            if spec.follows is not None:
+                # The conversation so far (its prompt and answer), then the new turn.
+                prompt = self.prompts[spec.follows] + self.outputs[spec.follows] + prompt
+            self.prompts[spec.rid] = prompt
+            self.live[spec.rid] = _Live(attrs.evolve(spec, prompt=prompt, follows=None), [])
+            self.waiting.append(Req(spec.rid, prompt))
+
+    def step(self) -> None:
+        """Run one step over the queued and running requests, then advance the clock.
+
+        Raises:
+            EngineError, InvariantViolation: as for `run`.
+        """
+        self._step()
+        self._advance()
+
+    def idle_step(self) -> None:
+        """Run one step with nothing to do: the empty running record goes through the forward.
+
+        One process skips such steps; ranks that share a forward must all take
+        part in every step, and a rank with no work takes part with no rows
+        (an `Idle` record, or a `Filtered` one whose rows all finished).
+        """
+        running = self.running
+        if len(running.rows):
+            raise EngineError(f"an idle step with {len(running.rows)} rows running")
+        start = perf_counter()
+        self.tokens.after_idle(running)
+        self.trace.append(
+            is_extend=False, batch_size=0, kv_tokens_used=self._used(),
+            step_s=perf_counter() - start, bookkeeping_s=0.0, audited=False,
+        )  # fmt: skip
+        self.trace.idle_steps += 1
+        self._advance()
+
+    def _advance(self) -> None:
+        self.clock += 1
+        every = self.config.check_every
+        if every and len(self.trace) % every == 0:
+            self.check()
 
     def check(self) -> None:
         """Check the running batch and the pools (conservation, ownership of every row).
@@ -222,13 +273,10 @@ class Engine:
             sampled = self.tokens.after_decode(batch, self.pools, last)
         keep, done = self._record(batch, sampled)
         self._timed(lambda: self._retire(batch, keep, done))
-        used = (self.pools.num_pages * self.pools.page_size) - self.pools.num_free_tokens
-        if isinstance(self.pools, CachedPools):  # cached but evictable pages count as free
-            used = (self.pools.num_pages * self.pools.page_size) - self.pools.num_available_tokens
         self.trace.append(
             is_extend=isinstance(batch, Extended),
             batch_size=len(batch.rows),
-            kv_tokens_used=used,
+            kv_tokens_used=self._used(),
             step_s=perf_counter() - start,
             bookkeeping_s=self._bookkeeping_s,
             audited=self._audited,
@@ -341,6 +389,7 @@ class Engine:
         if self.config.overlap:
             done = self._read_unread()  # the previous step's tokens, read one step late
         if batch is None:
+            self.tokens.after_idle(self.running)  # no rows run; ranks sharing a forward join
             self.trace.append(
                 is_extend=False, batch_size=0, kv_tokens_used=self._used(), step_s=0.0,
                 bookkeeping_s=0.0, audited=False,
@@ -520,7 +569,12 @@ class Engine:
         return choose(self.waiting, remaining, budget)
 
     def _used(self) -> int:
-        return (self.pools.num_pages * self.pools.page_size) - self.pools.num_free_tokens
+        pools = self.pools
+        # Cached but evictable pages count as free.
+        free = (
+            pools.num_available_tokens if isinstance(pools, CachedPools) else pools.num_free_tokens
+        )
+        return pools.num_pages * pools.page_size - free
 
     def _retract(self, running: Filtered[Sampling]) -> None:
         # The newest row goes back to the front of the queue, to re-prefill its

@@ -19,7 +19,7 @@ import torch
 from batchstate import Sampling
 from batchstate.engine._sampler import sample_logits
 
-__all__ = ["Attend", "ModelConfig", "TinyModel", "make_model"]
+__all__ = ["Attend", "FeedForward", "ModelConfig", "TinyModel", "make_model"]
 
 
 class Attend(Protocol):
@@ -36,6 +36,20 @@ class Attend(Protocol):
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor: ...
+
+
+class FeedForward(Protocol):
+    """The MLP of one layer over normed hidden states: `TinyModel.mlp`, or one shared by ranks.
+
+    Args:
+        layer: the layer index.
+        x: `[num_tokens, d_model]`, after the layer's MLP norm.
+
+    Returns:
+        `[num_tokens, d_model]`, the MLP's output for each token (before the residual add).
+    """
+
+    def __call__(self, layer: int, x: torch.Tensor) -> torch.Tensor: ...
 
 
 @final
@@ -82,7 +96,11 @@ class TinyModel:
     inv_freq: torch.Tensor  # [head_dim // 2], rotary frequencies
 
     def hidden(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Attend,
+        feed_forward: FeedForward | None = None,
     ) -> torch.Tensor:
         """Final hidden states of a flat run of tokens.
 
@@ -90,11 +108,13 @@ class TinyModel:
             input_ids: device int64 `[num_tokens]`.
             positions: device int64 `[num_tokens]`, each token's position in its request.
             attend: stores K/V and attends; see `Attend`.
+            feed_forward: runs each layer's MLP; None runs `mlp` here, on these tokens.
 
         Returns:
             `[num_tokens, d_model]` in the model's dtype, after the final norm.
         """
         config = self.config
+        mlp = self.mlp if feed_forward is None else feed_forward
         x = self.embed[input_ids]
         cos, sin = self._rotary(positions)
         for index, layer in enumerate(self.layers):
@@ -102,11 +122,19 @@ class TinyModel:
             q, k, v = qkv.view(-1, 3, config.num_heads, config.head_dim).unbind(1)
             out = attend(index, _rotate(q, cos, sin), _rotate(k, cos, sin), v)
             x = x + out.reshape(-1, config.d_model) @ layer.wo
-            x = (
-                x
-                + torch.nn.functional.gelu(_rms_norm(x, layer.mlp_norm) @ layer.w_up) @ layer.w_down
-            )
+            x = x + mlp(index, _rms_norm(x, layer.mlp_norm))
         return _rms_norm(x, self.final_norm)
+
+    def mlp(self, layer: int, x: torch.Tensor, hidden_units: slice = slice(None)) -> torch.Tensor:
+        """Layer `layer`'s MLP over normed states `x`, through `hidden_units` of its width only.
+
+        The MLP is a sum over its hidden units, so the outputs of disjoint
+        slices that cover the width add up to the whole MLP (up to rounding):
+        that is how ranks share it.
+        """
+        weights = self.layers[layer]
+        up = weights.w_up[:, hidden_units]
+        return torch.nn.functional.gelu(x @ up) @ weights.w_down[hidden_units]
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The greedy next token of each hidden state: device int64 `[num_rows]`."""

@@ -16,10 +16,17 @@ import attrs
 import numpy as np
 import torch
 
-from batchstate import CachedPools, Decoding, Extended, Mixed, Pools, Rows, Sampling
-from batchstate.engine._model import TinyModel
+from batchstate import CachedPools, Decoding, Extended, Filtered, Idle, Mixed, Pools, Rows, Sampling
+from batchstate.engine._model import FeedForward, TinyModel
 
-__all__ = ["KVCache", "make_kv_cache", "sample_decode", "sample_extend", "sample_mixed"]
+__all__ = [
+    "KVCache",
+    "forward_idle",
+    "make_kv_cache",
+    "sample_decode",
+    "sample_extend",
+    "sample_mixed",
+]
 
 
 @final
@@ -46,13 +53,18 @@ def make_kv_cache(model: TinyModel, pools: Pools | CachedPools) -> KVCache:
 
 
 def sample_extend(
-    model: TinyModel, cache: KVCache, batch: Extended[Any], pools: Pools | CachedPools
+    model: TinyModel,
+    cache: KVCache,
+    batch: Extended[Any],
+    pools: Pools | CachedPools,
+    *,
+    feed_forward: FeedForward | None = None,
 ) -> torch.Tensor:
     """Run an extend forward and return each row's next token.
 
     Writes K/V of every extend token at `batch.out_cache_loc` (mutates `cache`).
     Rows sample with their `Sampling` columns when the batch carries them,
-    greedily otherwise.
+    greedily otherwise. `feed_forward` runs the MLPs (None: `TinyModel.mlp`).
 
     Returns:
         device int64 `[num_reqs]`: the token after each row's last input id.
@@ -75,6 +87,7 @@ def sample_extend(
         positions=positions,
         out_cache_loc=batch.out_cache_loc.device,
         query_layout=(row, col, max(batch.extend_lens, default=0)),
+        feed_forward=feed_forward,
     )
     last = (torch.cumsum(extend_lens, 0) - 1).to(device)
     return model.sample(hidden[last], _sampling(batch.rows), batch.rows.seq_lens.host)
@@ -86,6 +99,8 @@ def sample_decode(
     batch: Decoding[Any],
     pools: Pools | CachedPools,
     input_ids: torch.Tensor,
+    *,
+    feed_forward: FeedForward | None = None,
 ) -> torch.Tensor:
     """Run a decode forward of one token per row and return each row's next token.
 
@@ -95,6 +110,7 @@ def sample_decode(
     Args:
         pools: the pools whose table `batch` was decoded against.
         input_ids: device int64 `[num_reqs]`, each row's last sampled token.
+        feed_forward: runs the MLPs (None: `TinyModel.mlp`).
 
     Returns:
         device int64 `[num_reqs]`. Writes K/V at `batch.out_cache_loc` (mutates `cache`).
@@ -111,6 +127,7 @@ def sample_decode(
         positions=positions,
         out_cache_loc=batch.out_cache_loc.device,
         query_layout=(row, torch.zeros_like(row), 1),
+        feed_forward=feed_forward,
     )
     return model.sample(hidden, _sampling(rows), rows.seq_lens.host)
 
@@ -121,11 +138,13 @@ def sample_mixed(
     batch: Mixed[Sampling],
     pools: Pools,
     sampling: Sampling | None = None,
+    *,
+    feed_forward: FeedForward | None = None,
 ) -> torch.Tensor:
     """Run one forward over a mixed batch (chunks, prompts, decode rows) and sample every row.
 
     `sampling`: the batch's own `Sampling` columns, or None when every row
-    is greedy (the argmax path).
+    is greedy (the argmax path). `feed_forward` runs the MLPs (None: `TinyModel.mlp`).
 
     Input ids, positions and KV locations all come from the record, so the
     decode rows' tokens may still be device-only. Writes K/V at
@@ -156,6 +175,7 @@ def sample_mixed(
         positions=batch.positions.device,
         out_cache_loc=batch.out_cache_loc.device,
         query_layout=(row, col, int(extend_lens.max()) if extend_lens.shape[0] else 0),
+        feed_forward=feed_forward,
     )
     return model.sample(hidden[last], sampling, batch.rows.seq_lens.host)
 
@@ -175,6 +195,7 @@ def _forward(
     positions: torch.Tensor,
     out_cache_loc: torch.Tensor,
     query_layout: tuple[torch.Tensor, torch.Tensor, int],
+    feed_forward: FeedForward | None,
 ) -> torch.Tensor:
     # Queries are laid out padded, [num_reqs, max_query_len]: token t sits at (row[t], col[t]).
     row, col, max_query_len = query_layout
@@ -199,4 +220,22 @@ def _forward(
         out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values)
         return out[row, col]
 
-    return model.hidden(input_ids, positions, attend)
+    return model.hidden(input_ids, positions, attend, feed_forward)
+
+
+def forward_idle(
+    model: TinyModel, batch: Idle[Any] | Filtered[Any], feed_forward: FeedForward | None = None
+) -> None:
+    """Run every layer over no tokens, for a batch with no rows.
+
+    Nothing is computed or written, but `feed_forward` is called once per
+    layer, as in any forward: a data-parallel rank with no work joins the
+    collectives of the ranks that have some. The empty input comes from the
+    record's own mirrors, as a decode's would.
+    """
+    positions = batch.rows.seq_lens.device.to(torch.int64) - 1  # [0]: no rows
+    model.hidden(torch.zeros_like(positions), positions, _attend_nothing, feed_forward)
+
+
+def _attend_nothing(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return q  # no tokens: nothing to store, nothing to attend to

@@ -12,6 +12,8 @@ from batchstate import (
     CachedPools,
     Decoding,
     Extended,
+    Filtered,
+    Idle,
     Mixed,
     Pools,
     Sampled,
@@ -19,7 +21,13 @@ from batchstate import (
     read_sampled,
 )
 from batchstate.engine._model import TinyModel
-from batchstate.engine._paged import KVCache, sample_decode, sample_extend, sample_mixed
+from batchstate.engine._paged import (
+    KVCache,
+    forward_idle,
+    sample_decode,
+    sample_extend,
+    sample_mixed,
+)
 
 __all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
 
@@ -52,6 +60,10 @@ class TokenSource(Protocol):
 
     def read(self, sampled: Sampled) -> list[int]:
         """The host's copy of `sampled`: the one named read of a step."""
+        ...
+
+    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        """A step with no rows (`batch` has none): run the forward over no tokens."""
         ...
 
 
@@ -93,6 +105,10 @@ class ModelTokens:
         tokens: list[int] = read_sampled(sampled).tolist()
         return tokens
 
+    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        """Run the layers over no tokens (one process: nothing else to join)."""
+        forward_idle(self.model, batch)
+
 
 @final
 class RandomTokens:
@@ -123,6 +139,9 @@ class RandomTokens:
     def read(self, sampled: Sampled) -> list[int]:
         """One random token per row, drawn on the host: nothing is read from the device."""
         return self._draw(len(sampled))
+
+    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        """Nothing to draw."""
 
     def _draw(self, num_rows: int) -> list[int]:
         randrange, vocab_size = self.rng.randrange, self.vocab_size

@@ -35,6 +35,7 @@ class Trace:
         self.num_mixed_steps = 0  # forwards with prompt tokens and decode rows together
         self.named_reads = 0  # sampled-token reads through read_sampled (one per mixed step)
         self.overshoot_tokens = 0  # overlap: tokens decoded past a stop, then dropped
+        self.idle_steps = 0  # steps run with no rows (data-parallel ranks with nothing to do)
 
     def __len__(self) -> int:
         return len(self.step_s)
