@@ -6,8 +6,7 @@ from typing import final
 
 import attrs
 
-from batchstate import CachedPools
-from batchstate.engine._simulate import Simulation
+from batchstate.engine._simulate import Simulation, describe_pools
 
 __all__ = ["Summary", "render_summary", "summarize"]
 
@@ -100,15 +99,7 @@ def summarize(run: Simulation) -> Summary:
         audited_steps=trace.num_audited,
         invariant_checks=trace.num_checks,
         pools_conserved=run.pools_conserved,
-        pools=(
-            f"{pools.num_free_slots}/{pools.max_reqs} slots,"
-            f" {pools.num_free_tokens}/{pools.num_pages * pools.page_size} KV tokens free"
-            + (
-                f" + {pools.cache.num_tokens} cached (evictable)"
-                if isinstance(pools, CachedPools)
-                else ""
-            )
-        ),
+        pools=describe_pools(pools),
         oracle=oracle,
         oracle_passed=None if run.oracle is None else run.oracle.passed,
         oracle_s=run.oracle_s,

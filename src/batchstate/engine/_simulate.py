@@ -19,7 +19,16 @@ from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource
 from batchstate.engine._trace import Trace
 from batchstate.engine._workload import END_TOKEN, RequestSpec, WorkloadConfig, make_workload
 
-__all__ = ["DEVICES", "ProgressCallback", "Simulation", "SimulationConfig", "simulate"]
+__all__ = [
+    "DEVICES",
+    "ProgressCallback",
+    "Simulation",
+    "SimulationConfig",
+    "describe_pools",
+    "pools_conserved",
+    "simulate",
+    "warm_up",
+]
 
 DEVICES = ("cpu", "meta", "cuda")
 
@@ -66,6 +75,13 @@ class SimulationConfig:
     def context_len(self) -> int:
         longest = self.workload.longest_prompt + self.workload.output_len[1]
         return longest if self.max_context_len is None else self.max_context_len
+
+    def make_pools(self, device: torch.device) -> Pools | CachedPools:
+        """Empty pools of this run's sizes on `device` (with a prefix cache when it runs)."""
+        plain = make_pools(
+            self.num_slots, self.context_len, self.num_kv_tokens, device, self.page_size
+        )
+        return cached_pools(plain) if self.uses_prefix_cache else plain
 
     def validate(self) -> None:
         """Raise `ValueError` with a one-line message for a run that cannot work.
@@ -145,11 +161,24 @@ class Simulation:
 
     @property
     def pools_conserved(self) -> bool:
-        pools = self.pools
-        free = (
-            pools.num_available_tokens if isinstance(pools, CachedPools) else pools.num_free_tokens
-        )
-        return pools.num_free_slots == pools.max_reqs and free == pools.num_pages * pools.page_size
+        return pools_conserved(self.pools)
+
+
+def pools_conserved(pools: Pools | CachedPools) -> bool:
+    """Every slot free and every KV token free (or cached, so evictable): nothing leaked."""
+    free = pools.num_available_tokens if isinstance(pools, CachedPools) else pools.num_free_tokens
+    return pools.num_free_slots == pools.max_reqs and free == pools.num_pages * pools.page_size
+
+
+def describe_pools(pools: Pools | CachedPools) -> str:
+    """What is free in `pools`, in one line (cached tokens counted apart)."""
+    line = (
+        f"{pools.num_free_slots}/{pools.max_reqs} slots,"
+        f" {pools.num_free_tokens}/{pools.num_pages * pools.page_size} KV tokens free"
+    )
+    if isinstance(pools, CachedPools):
+        line += f" + {pools.cache.num_tokens} cached (evictable)"
+    return line
 
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -169,10 +198,7 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
     config.validate()
     device = torch.device(config.device)
     specs = make_workload(config.workload)
-    plain = make_pools(
-        config.num_slots, config.context_len, config.num_kv_tokens, device, config.page_size
-    )
-    pools: Pools | CachedPools = cached_pools(plain) if config.uses_prefix_cache else plain
+    pools = config.make_pools(device)
     source: TokenSource
     model = None
     if device.type == "meta":
@@ -180,7 +206,7 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
     else:
         model = make_model(config.model, device)
         source = ModelTokens(model, make_kv_cache(model, pools))
-    _warm_up(device, model)
+    warm_up(device, model)
     counter = read_counter()
     engine = Engine(config.engine_config, specs, pools, source, counter)
     total = len(specs)
@@ -232,7 +258,8 @@ def _quiet(phase: str, done: int, total: int) -> None:
     """The progress of a caller that asked for none."""
 
 
-def _warm_up(device: torch.device, model: TinyModel | None) -> None:
+def warm_up(device: torch.device, model: TinyModel | None) -> None:
+    """Pay for a device's first-use costs before a timed run, on throwaway pools."""
     # The first ops on a device load lazy machinery (on meta, torch's fake
     # tensors and sympy: about a second; on cpu, the model's first forward):
     # pay for it outside the timed run, on throwaway pools.

@@ -20,7 +20,7 @@ from batchstate import (
     Sampling,
     read_sampled,
 )
-from batchstate.engine._model import TinyModel
+from batchstate.engine._model import FeedForward, TinyModel
 from batchstate.engine._paged import (
     KVCache,
     forward_idle,
@@ -76,13 +76,18 @@ class ModelTokens:
     is outside the batch bookkeeping.
     """
 
-    def __init__(self, model: TinyModel, cache: KVCache) -> None:
+    def __init__(
+        self, model: TinyModel, cache: KVCache, feed_forward: FeedForward | None = None
+    ) -> None:
         self.model = model
         self.cache = cache
+        self.feed_forward = feed_forward  # runs each layer's MLP; None: the model's own
 
     def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
         """Run the extend forward (writes the cache) and read the sampled tokens."""
-        tokens: list[int] = sample_extend(self.model, self.cache, batch, pools).tolist()
+        tokens: list[int] = sample_extend(
+            self.model, self.cache, batch, pools, feed_forward=self.feed_forward
+        ).tolist()
         return tokens
 
     def after_decode(
@@ -90,14 +95,18 @@ class ModelTokens:
     ) -> list[int]:
         """Run the decode forward (writes the cache) and read the sampled tokens."""
         input_ids = torch.tensor(last_tokens, dtype=torch.int64).to(self.model.device)
-        tokens: list[int] = sample_decode(self.model, self.cache, batch, pools, input_ids).tolist()
+        tokens: list[int] = sample_decode(
+            self.model, self.cache, batch, pools, input_ids, feed_forward=self.feed_forward
+        ).tolist()
         return tokens
 
     def after_mixed(
         self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
     ) -> Sampled:
         """Run the mixed forward (writes the cache); the sampled tokens stay on the device."""
-        tokens = sample_mixed(self.model, self.cache, batch, pools, sampling)
+        tokens = sample_mixed(
+            self.model, self.cache, batch, pools, sampling, feed_forward=self.feed_forward
+        )
         return Sampled.of(batch.rows, tokens)
 
     def read(self, sampled: Sampled) -> list[int]:
@@ -106,8 +115,8 @@ class ModelTokens:
         return tokens
 
     def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
-        """Run the layers over no tokens (one process: nothing else to join)."""
-        forward_idle(self.model, batch)
+        """Run the layers over no tokens: only `feed_forward`'s collectives do anything."""
+        forward_idle(self.model, batch, self.feed_forward)
 
 
 @final

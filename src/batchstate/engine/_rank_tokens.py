@@ -1,0 +1,93 @@
+"""A data-parallel rank's token source: exchange the step's shape, then run the shared forward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import final
+
+import attrs
+import torch
+
+from batchstate import (
+    CachedPools,
+    Decoding,
+    Extended,
+    Filtered,
+    Idle,
+    Mixed,
+    Pools,
+    Rows,
+    Sampled,
+    Sampling,
+)
+from batchstate.engine._model import TinyModel
+from batchstate.engine._paged import KVCache, forward_idle
+from batchstate.engine._ranks import Phase, RankGroup, StepShape
+from batchstate.engine._sources import ModelTokens
+
+__all__ = ["RankStatus", "RankTokens"]
+
+
+@final
+@attrs.frozen
+class RankStatus:
+    """What the rank's engine held when its step began, sent with the step's shape."""
+
+    busy: bool  # it had work: the step runs its rows, not just its empty record
+    load: int  # requests it held
+    finished: int  # requests it had finished
+
+
+@final
+class RankTokens:
+    """`ModelTokens` on one rank: every forward first exchanges shapes, then shares the MLPs.
+
+    The shape is built from the batch's host mirrors before anything runs on
+    the device. A rank with no rows still exchanges its (empty) shape and runs
+    the layers over no tokens, so it joins every collective of the step;
+    when no rank brings a token, nobody runs the layers.
+    """
+
+    def __init__(self, model: TinyModel, cache: KVCache, group: RankGroup) -> None:
+        self.model, self.group = model, group
+        self.status = RankStatus(busy=False, load=0, finished=0)  # set before each step
+        self.local = ModelTokens(model, cache, self._shared_mlp)
+
+    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
+        """Exchange the extend's shape, then run it with the shared MLPs."""
+        self._exchange(Phase.EXTEND, batch.rows, batch.extend_num_tokens)
+        return self.local.after_extend(batch, pools)
+
+    def after_decode(
+        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
+    ) -> list[int]:
+        """Exchange the decode's shape (one token per row), then run it."""
+        self._exchange(Phase.DECODE, batch.rows, len(batch.rows))
+        return self.local.after_decode(batch, pools, last_tokens)
+
+    def after_mixed(
+        self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
+    ) -> Sampled:
+        """Exchange the mixed batch's shape, then run it; the tokens stay on the device."""
+        self._exchange(Phase.MIXED, batch.rows, batch.num_tokens)
+        return self.local.after_mixed(batch, pools, sampling)
+
+    def read(self, sampled: Sampled) -> list[int]:
+        """The step's one named read, as on one process."""
+        return self.local.read(sampled)
+
+    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        """Exchange an empty shape and, when any rank has tokens, join its shared layers."""
+        shapes = self._exchange(Phase.IDLE, batch.rows, 0)
+        if any(shape.tokens for shape in shapes):
+            forward_idle(self.model, batch, self._shared_mlp)
+
+    def _exchange(self, phase: Phase, rows: Rows[Sampling], tokens: int) -> tuple[StepShape, ...]:
+        status = self.status
+        shape = StepShape(
+            phase, len(rows), tokens, rows.seq_lens_sum, status.busy, status.load, status.finished
+        )
+        return self.group.exchange(shape)
+
+    def _shared_mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        return self.group.shared_mlp(self.model, layer, x)
