@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +24,9 @@ from batchstate.engine import (
     WorkloadConfig,
     simulate,
 )
+from batchstate.engine._data_parallel import DataParallelConfig, Fault
+from batchstate.engine._dp_report import render_dp_summary, summarize_dp
+from batchstate.engine._launch import RankFailed, launch, launched_by_torchrun, run_launched
 from batchstate.engine._plot import check_plot_path, plot_run
 from batchstate.engine._progress import Progress
 from batchstate.engine._report import Summary, render_summary, summarize
@@ -32,7 +36,11 @@ __all__ = ["EXIT_CODES", "main"]
 OK, FAILED, USAGE = 0, 1, 2
 EXIT_CODES: Final = (
     (OK, "the run finished and every check passed"),
-    (FAILED, "a check failed: the oracle, an invariant, pool conservation or device reads"),
+    (
+        FAILED,
+        "a check failed (the oracle, an invariant, pool conservation or device reads),"
+        " or a data-parallel rank failed",
+    ),
     (USAGE, "a usage error: a missing command, a bad or contradictory option, a bad --plot path"),
 )
 _EPILOG: Final = "exit status:\n" + "\n".join(f"  {code}  {what}" for code, what in EXIT_CODES)
@@ -78,12 +86,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = _config(args)
         config.validate()
+        dp = _data_parallel(args)
+        if dp is not None:
+            dp.validate(config)
         if args.plot is not None:
+            if dp is not None:
+                raise ValueError("--plot draws one process's run: it does not take --dp")
             check_plot_path(args.plot)
     except (ValueError, ImportError) as error:
         print(f"{_PROG}: error: {error}", file=sys.stderr)
         return USAGE
+    if dp is not None:
+        return _simulate_dp(config, dp, args)
     return _simulate(config, args)
+
+
+def _data_parallel(args: argparse.Namespace) -> DataParallelConfig | None:
+    # --dp N spawns N ranks; under torchrun, this process is one of them.
+    ranks = args.dp
+    if launched_by_torchrun() and ranks is None:
+        ranks = int(os.environ["WORLD_SIZE"])
+    if ranks is None:
+        for option, value in (("--dp-backend", args.dp_backend), ("--dp-fault", args.dp_fault)):
+            if value is not None:
+                raise ValueError(f"{option} needs --dp")
+        return None
+    return DataParallelConfig(ranks, args.dp_backend, args.dp_timeout, args.dp_fault)
+
+
+def _simulate_dp(config: SimulationConfig, dp: DataParallelConfig, args: argparse.Namespace) -> int:
+    show = not (args.json or args.quiet) and sys.stderr.isatty()
+    try:
+        if launched_by_torchrun():
+            run = run_launched(config, dp, show_progress=show)
+        else:
+            run = launch(config, dp, show_progress=show)
+    except RankFailed as error:
+        print(f"{_PROG}: {error}", file=sys.stderr)
+        return FAILED
+    if run is None:  # another rank of a torchrun launch: rank 0 reports
+        return OK
+    summary = summarize_dp(run)
+    if args.json:
+        print(json.dumps({**attrs.asdict(summary), "ok": summary.ok}, indent=2))
+    else:
+        print(render_dp_summary(summary), flush=True)
+    if not summary.ok:
+        print(
+            f"{_PROG}: failed on {summary.num_ranks} ranks: oracle {summary.oracle}",
+            file=sys.stderr,
+        )
+        return FAILED
+    return OK
 
 
 def _simulate(config: SimulationConfig, args: argparse.Namespace) -> int:
@@ -215,6 +269,7 @@ def _parser() -> _Parser:
     _add_workload_options(sim.add_argument_group("workload").add_argument)
     _add_sampling_options(sim.add_argument_group("sampling").add_argument)
     _add_engine_options(sim.add_argument_group("engine and pools").add_argument)
+    _add_data_parallel_options(sim.add_argument_group("data parallel").add_argument)
     _add_output_options(sim.add_argument_group("checks and output").add_argument)
     return parser
 
@@ -365,6 +420,46 @@ def _add_engine_options(add: _Add) -> None:
         action="store_true",
         help="keep sampled tokens on the device and check finishes one step late (needs --mixed)",
     )
+
+
+def _add_data_parallel_options(add: _Add) -> None:
+    add(
+        "--dp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run N data-parallel ranks (processes, or torchrun's): each owns its pools and"
+        " batch, attention runs per rank and the MLPs are shared (default: one process;"
+        " under torchrun, its world size)",
+    )
+    add(
+        "--dp-backend",
+        choices=("gloo", "nccl"),
+        default=None,
+        help="collectives of the shared layers (default: gloo on cpu, nccl on cuda)",
+    )
+    add(
+        "--dp-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds a collective may wait before every rank stops",
+    )
+    add(
+        "--dp-fault",
+        type=_fault,
+        default=None,
+        metavar="RANK:STEP",
+        help="test the fault path: rank RANK raises at step STEP, and every rank must stop",
+    )
+
+
+def _fault(text: str) -> Fault:
+    rank, _, step = text.partition(":")
+    try:
+        return Fault(int(rank), int(step))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RANK:STEP, got {text!r}") from None
 
 
 def _add_output_options(add: _Add) -> None:

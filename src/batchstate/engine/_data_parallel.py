@@ -186,15 +186,16 @@ def run_rank(
         shapes = group.shapes
         loads = tuple(shape.load for shape in shapes)
         log.record(shapes)
+        report("engine", sum(shape.finished for shape in shapes), len(specs))
         if not any(shape.busy for shape in shapes):
             if router.done:
                 break
             engine.clock = max(engine.clock, router.next_arrival)  # everyone waits: skip ahead
-        report("engine", sum(shape.finished for shape in shapes), len(specs))
     wall_s = perf_counter() - start
     engine.check()
     mine = _rank_run(group.rank, engine, log)
     gathered = group.gather_results(mine)
+    group.leave()  # the ranks' work is done; rank 0's oracle needs no collective
     if gathered is None:
         return None
     ranks = tuple(run for run in gathered if isinstance(run, RankRun))

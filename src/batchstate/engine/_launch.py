@@ -19,7 +19,6 @@ from typing import Final, final
 
 import attrs
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from batchstate.engine._data_parallel import DataParallelConfig, DataParallelRun, run_rank
@@ -151,7 +150,6 @@ def _run(  # noqa: PLR0917
                        lost_peer=isinstance(error, PeerLost))  # fmt: skip
     finally:
         progress.close()
-    dist.destroy_process_group()
     return _Report(rank, run=run)
 
 

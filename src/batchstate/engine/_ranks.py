@@ -25,7 +25,7 @@ import torch.distributed as dist
 from batchstate.engine._engine import EngineError
 from batchstate.engine._model import TinyModel
 
-__all__ = ["BACKENDS", "PeerLost", "Phase", "RankGroup", "StepShape", "join_ranks"]
+__all__ = ["BACKENDS", "PeerLost", "Phase", "RankGroup", "StepShape", "join_ranks", "mlp_slice"]
 
 BACKENDS: Final = ("gloo", "nccl")
 
@@ -120,7 +120,7 @@ class RankGroup:
         gathered = [torch.empty_like(padded) for _ in range(self.world)]
         _collective(lambda: dist.all_gather(gathered, padded, group=self._shared))
         everyone = torch.cat([part[:count] for part, count in zip(gathered, counts, strict=True)])
-        out = model.mlp(layer, everyone, self._hidden_units(model.config.d_ff))
+        out = model.mlp(layer, everyone, mlp_slice(model.config.d_ff, self.rank, self.world))
         _collective(lambda: dist.all_reduce(out, group=self._shared))
         start = sum(counts[: self.rank])
         return out[start : start + x.shape[0]]
@@ -131,9 +131,20 @@ class RankGroup:
         _collective(lambda: dist.gather_object(result, results, dst=0, group=self._cpu))
         return results
 
-    def _hidden_units(self, width: int) -> slice:
-        bounds = np.linspace(0, width, self.world + 1).round().astype(int)
-        return slice(int(bounds[self.rank]), int(bounds[self.rank + 1]))
+    def leave(self) -> None:
+        """Leave the process group, together: every rank waits for the others, then tears down."""
+        _collective(lambda: dist.barrier(group=self._cpu))
+        dist.destroy_process_group()
+
+
+def mlp_slice(width: int, rank: int, world: int) -> slice:
+    """The MLP hidden units rank `rank` of `world` computes: near-equal, disjoint, covering all.
+
+    >>> [mlp_slice(10, rank, 3) for rank in range(3)]
+    [slice(0, 3, None), slice(3, 7, None), slice(7, 10, None)]
+    """
+    bounds = np.linspace(0, width, world + 1).round().astype(int)
+    return slice(int(bounds[rank]), int(bounds[rank + 1]))
 
 
 def join_ranks(
