@@ -16,6 +16,7 @@ from batchstate import (
     CachedPools,
     Decoding,
     Extended,
+    Filtered,
     Mixed,
     Pools,
     Sampled,
@@ -109,6 +110,11 @@ class _Corrupting:
 
     def read(self, sampled: Sampled) -> list[int]:
         return self.inner.read(sampled)
+
+    def transfer(
+        self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
+    ) -> list[int]:
+        return self.inner.transfer(batch, pools, prompts)
 
 
 @pytest.mark.parametrize(
