@@ -21,6 +21,7 @@ from batchstate import (
     Decoding,
     Extended,
     Filtered,
+    Idle,
     Mixed,
     Pools,
     Sampled,
@@ -46,6 +47,7 @@ from batchstate.engine import (
     simulate,
 )
 from batchstate.engine._alone import prefill_alone
+from batchstate.engine._data_parallel import DataParallelConfig
 from batchstate.engine._sources import _params
 
 LONGEST: Final = 40 + 40
@@ -219,6 +221,14 @@ def test_the_engine_refuses_prebuilt_arrivals_with_overlap() -> None:
         engine.run()
 
 
+def test_data_parallel_ranks_refuse_prebuilt_arrivals() -> None:
+    """A prebuilt step runs no forward, so a rank taking one would miss the others' collectives."""
+    config = SimulationConfig(workload=attrs.evolve(SHAPE, prebuilt=0.5))
+    with pytest.raises(ValueError, match="--dp does not run --prebuilt"):
+        DataParallelConfig(2).validate(config)
+    DataParallelConfig(2).validate(attrs.evolve(config, workload=SHAPE))
+
+
 def test_the_workload_marks_first_turns_only_and_keeps_its_draws() -> None:
     base = WorkloadConfig(num_requests=200, follow_ups=0.3)
     plain = make_workload(base)
@@ -312,6 +322,10 @@ class _Recording:
         self.calls.append(("transfer", tuple(batch.rows.rids.tolist())))
         return self.inner.transfer(batch, pools, prompts)
 
+    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        self.calls.append(("idle", ()))
+        self.inner.after_idle(batch)
+
 
 @attrs.define
 class _NoKV:
@@ -334,6 +348,9 @@ class _NoKV:
 
     def read(self, sampled: Sampled) -> list[int]:
         return self.inner.read(sampled)
+
+    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        self.inner.after_idle(batch)
 
     def transfer(
         self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
