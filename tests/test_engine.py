@@ -17,6 +17,7 @@ from batchstate import (
     Decoding,
     Extended,
     Filtered,
+    Idle,
     Mixed,
     Pools,
     Sampled,
@@ -115,6 +116,9 @@ class _Corrupting:
         self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
     ) -> list[int]:
         return self.inner.transfer(batch, pools, prompts)
+
+    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        self.inner.after_idle(batch)
 
 
 @pytest.mark.parametrize(
