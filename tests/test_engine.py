@@ -16,6 +16,8 @@ from batchstate import (
     CachedPools,
     Decoding,
     Extended,
+    Filtered,
+    Idle,
     Mixed,
     Pools,
     Sampled,
@@ -109,6 +111,14 @@ class _Corrupting:
 
     def read(self, sampled: Sampled) -> list[int]:
         return self.inner.read(sampled)
+
+    def transfer(
+        self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
+    ) -> list[int]:
+        return self.inner.transfer(batch, pools, prompts)
+
+    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        self.inner.after_idle(batch)
 
 
 @pytest.mark.parametrize(

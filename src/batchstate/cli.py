@@ -212,6 +212,7 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         shared_prefix_len=args.shared_prefix[1],
         shared_fraction=args.shared_prefix[2],
         follow_ups=args.follow_ups,
+        prebuilt=args.prebuilt,
         sampling=args.sampling,
         fixed_sampling=_fixed_sampling(args),
     )
@@ -319,6 +320,14 @@ def _add_workload_options(add: _Add) -> None:
         metavar="F",
         help="share of requests that are a second turn of an earlier one: its prompt and"
         " answer, then new tokens",
+    )
+    add(
+        "--prebuilt",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="share of first turns prefilled elsewhere (disaggregated prefill): they arrive"
+        " with their prompt's KV and first token, and this engine decodes them",
     )
 
 

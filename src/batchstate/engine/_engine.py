@@ -7,7 +7,10 @@ rows are filtered out and their memory released. With a chunk budget,
 mixed steps or overlap (`EngineConfig`), admissions go through `mix`
 instead: prompts in chunks, decode rows in the same forward, and with
 overlap the sampled tokens stay on the device until the next step is
-built. See docs/engine.md.
+built. Requests prefilled elsewhere (`RequestSpec.prebuilt`) are admitted
+with `prebuilt` in a step of their own that runs no forward: the token
+source transfers their KV and first token, and the next step decodes them.
+See docs/engine.md.
 
 Each request samples with its own `SamplingParams`, carried by the running
 batch as `Sampling` columns: admitted with each extend (or mix, where a held
@@ -17,9 +20,9 @@ chunk keeps its own row) and moved by every transition after it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
-from itertools import islice
+from itertools import islice, takewhile
 from time import perf_counter
 from typing import TypeAlias, TypeVar, final
 
@@ -64,6 +67,7 @@ from batchstate import (
     idle,
     merge,
     mix,
+    prebuilt,
     release,
     release_cached,
     settle,
@@ -260,6 +264,8 @@ class Engine:
         self._audited = bool(self.config.audit_every) and (
             len(self.trace) % self.config.audit_every == 0
         )
+        if self._prebuilt_step(start):
+            return
         if self.config.uses_mix:
             self._mixed_step(start)
             return
@@ -303,7 +309,7 @@ class Engine:
         )
         # Lazily: `choose` stops early, so a long queue costs nothing past its front.
         remaining = (self._remaining(req.rid) for req in self.waiting)
-        reqs = list(islice(self.waiting, choose(self.waiting, remaining, budget)))
+        reqs = list(islice(self.waiting, choose(self._local(), remaining, budget)))
         while reqs:
             result = self._timed(lambda: self._extend(reqs, pools), audit=False)
             step = result.value_or(None)
@@ -363,6 +369,99 @@ class Engine:
             if not isinstance(failure, OutOfKVTokens) or len(running.rows) == 1:
                 raise EngineError(f"decode failed with {len(running.rows)} running: {failure}")
             self._retract(running)
+
+    # ---- prebuilt arrivals: KV and first token from a prefill server ------------------------
+
+    def _prebuilt_step(self, start: float) -> bool:
+        # The prebuilt arrivals at the front of the queue, if any fit, in a step of their
+        # own: no forward; the next step decodes them with the running rows.
+        arrivals = list(takewhile(self._arrives_prebuilt, self.waiting))
+        if not arrivals:
+            return False
+        pools = self.pools
+        if self.config.overlap or not isinstance(pools, Pools):
+            raise EngineError("prebuilt requests run on plain pools, without overlap")
+        reqs = arrivals[: self._choose_prebuilt(arrivals, pools)]
+        step = self._place_prebuilt(reqs, pools)
+        if step is None:
+            return False  # none fits: the step runs without them
+        self.pools = step.pools
+        for _ in reqs:
+            self.waiting.popleft()
+        batch = step.batch
+        firsts = self.tokens.transfer(batch, step.pools, [req.input_ids for req in reqs])
+        rids = batch.rows.rids.tolist()
+        done = self._record_tokens(zip(rids, firsts, strict=True))
+        keep = [row for row, rid in enumerate(rids) if rid not in done]
+        self._timed(lambda: self._retire_prebuilt(batch, keep))
+        self.trace.prebuilt_requests += len(reqs)
+        self.trace.prebuilt_steps += 1
+        self.trace.append(
+            is_extend=False, batch_size=0, kv_tokens_used=self._used(),
+            step_s=perf_counter() - start, bookkeeping_s=self._bookkeeping_s,
+            audited=self._audited,
+        )  # fmt: skip
+        return True
+
+    def _arrives_prebuilt(self, req: Req) -> bool:
+        # Prefilled elsewhere and not admitted yet. A retracted one has tokens: it
+        # re-queues as an ordinary request and is prefilled here.
+        live = self.live[req.rid]
+        return live.spec.prebuilt and not live.generated
+
+    def _local(self) -> Iterator[Req]:
+        # The waiting requests this engine prefills: those before the first prebuilt
+        # arrival (first come, first served: the arrival goes first, in a prebuilt step).
+        return takewhile(lambda req: not self._arrives_prebuilt(req), self.waiting)
+
+    def _choose_prebuilt(self, arrivals: list[Req], pools: Pools) -> int:
+        # As for extend, less what held chunks still need; no prompt is computed here,
+        # so the prefill budget does not apply.
+        running, config = self.running.rows, self.config
+        held_tokens = sum(chunk.remaining for chunk in self.held)
+        budget = Budget(
+            max(min(config.max_running - len(running) - len(self.held), pools.num_free_slots), 0),
+            pools.num_free_tokens - held_tokens,
+            reserve(
+                map(self._remaining, running.rids.tolist()),
+                pools.page_size,
+                config.new_token_ratio,
+                config.headroom_pages,
+            ),
+            1 << 62,
+            pools.page_size,
+            config.new_token_ratio,
+            config.headroom_pages,
+            anything_running=bool(len(running)) or bool(self.held),
+        )
+        return choose(arrivals, (self._remaining(req.rid) for req in arrivals), budget)
+
+    def _place_prebuilt(self, reqs: list[Req], pools: Pools) -> Step[Filtered[Sampling]] | None:
+        # `reqs` shrinks to the ones that were placed.
+        while reqs:
+            result = self._timed(partial(self._prebuilt, reqs, pools), audit=False)
+            step = result.value_or(None)
+            if step is not None:
+                return step
+            failure = result.failure()
+            if not isinstance(failure, OutOfKVTokens | OutOfReqSlots):
+                raise EngineError(f"prebuilt failed: {failure}")
+            reqs.pop()  # the estimate was off: try one fewer
+        return None
+
+    def _prebuilt(
+        self, reqs: list[Req], pools: Pools
+    ) -> Result[Step[Filtered[Sampling]], AllocError | NotOwned]:
+        device = self.running.device
+        columns = Sampling.of([self.sampling[req.rid] for req in reqs], device)
+        return prebuilt(idle(device, Sampling), reqs, pools, columns)
+
+    def _retire_prebuilt(self, batch: Filtered[Sampling], keep: list[int]) -> None:
+        # Rows whose first token finished them leave at once; the rest join the running batch.
+        kept, left = split(batch, keep)
+        if len(keep) < len(batch.rows):
+            self.pools = self._release(left, kept)
+        self.running = merge(self.running, kept)
 
     # ---- chunked, mixed and overlapped steps ----------------------------------------------
 
@@ -566,7 +665,7 @@ class Engine:
             anything_running=bool(len(running)) or bool(num_held),
         )
         remaining = (self._remaining(req.rid) for req in self.waiting)
-        return choose(self.waiting, remaining, budget)
+        return choose(self._local(), remaining, budget)
 
     def _used(self) -> int:
         pools = self.pools

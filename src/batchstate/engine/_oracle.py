@@ -9,15 +9,13 @@ it was batched, paged, retracted and re-prefilled.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import final
 
 import attrs
-import numpy as np
-import torch
 
-from batchstate import GREEDY, Sampling, SamplingParams
+from batchstate import GREEDY, SamplingParams
+from batchstate.engine._alone import AloneRun
 from batchstate.engine._model import TinyModel
 
 __all__ = ["OracleResult", "check_oracle", "generate_alone"]
@@ -34,46 +32,23 @@ def generate_alone(
 
     Each token is sampled with `sampling` (greedy by default) through
     `TinyModel.sample`, a one-row batch drawing from the request's own
-    `(seed, position)` stream: the engine's rows sample the same way.
+    `(seed, position)` stream: the engine's rows sample the same way. The
+    forwards run on `AloneRun`, as the prefill server's do.
 
     >>> from batchstate.engine._model import ModelConfig, make_model
     >>> model = make_model(ModelConfig())
     >>> len(generate_alone(model, (5, 6, 7), 4, end_token=-1))
     4
     """
-    config = model.config
-    keys: list[list[torch.Tensor]] = [[] for _ in range(config.num_layers)]
-    values: list[list[torch.Tensor]] = [[] for _ in range(config.num_layers)]
-    scale = 1.0 / math.sqrt(config.head_dim)
-
-    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        keys[layer].append(k)
-        values[layer].append(v)
-        all_k, all_v = torch.cat(keys[layer]), torch.cat(values[layer])  # [seq, heads, dim]
-        num_queries, num_keys = q.shape[0], all_k.shape[0]
-        scores = torch.einsum("qhd,khd->hqk", q, all_k) * scale
-        # Causal: query i sits at position num_keys - num_queries + i.
-        causal = torch.ones(num_queries, num_keys, dtype=torch.bool, device=q.device).tril(
-            num_keys - num_queries
-        )
-        scores = scores.masked_fill(~causal, -torch.inf)
-        return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), all_v)
-
-    device = model.device
-    columns = None if sampling.temperature == 0 else Sampling.of([sampling], device)
-    tokens = torch.tensor(prompt, dtype=torch.int64, device=device)
-    positions = torch.arange(len(prompt), device=device)
+    run = AloneRun(model, sampling)
     generated: list[int] = []
+    tokens: Sequence[int] = prompt
     while len(generated) < max_new_tokens:
-        hidden = model.hidden(tokens, positions, attend)[-1:]
-        # The sampled token's position: the sequence's length so far.
-        at = np.array([len(prompt) + len(generated)], dtype=np.int64)
-        token = int(model.sample(hidden, columns, at)[0])
+        token = run.next_token(tokens)
         generated.append(token)
         if token == end_token:
             break
-        tokens = torch.tensor([token], dtype=torch.int64, device=device)
-        positions = positions[-1:] + 1
+        tokens = (token,)
     return tuple(generated)
 
 

@@ -82,6 +82,13 @@ class RankTokens:
         if any(shape.tokens for shape in shapes):
             forward_idle(self.model, batch, self._shared_mlp)
 
+    def transfer(
+        self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
+    ) -> list[int]:
+        """Not on ranks: a prebuilt step runs no forward for the other ranks to join
+        (`DataParallelConfig.validate` refuses prebuilt arrivals)."""
+        raise NotImplementedError("prebuilt arrivals do not run on data-parallel ranks")
+
     def _exchange(self, phase: Phase, rows: Rows[Sampling], tokens: int) -> tuple[StepShape, ...]:
         status = self.status
         shape = StepShape(

@@ -52,6 +52,8 @@ class Summary:
     evicted_pages: int = 0
     step_ms: float = 0.0  # mean wall time per step
     sampling: str = "greedy"  # the workload's sampling mix, and how many requests sampled
+    prebuilt_requests: int = 0  # admitted with KV and first token from a prefill server
+    prebuilt_steps: int = 0  # steps that admitted them; no forward (not extend, not decode)
 
     @property
     def ok(self) -> bool:
@@ -84,7 +86,7 @@ def summarize(run: Simulation) -> Summary:
         generated_tokens=generated,
         steps=steps,
         extend_steps=sum(trace.is_extend),
-        decode_steps=steps - sum(trace.is_extend),
+        decode_steps=steps - sum(trace.is_extend) - trace.prebuilt_steps,
         retractions=trace.num_retractions,
         chunks=trace.num_chunks,
         mixed_steps=trace.num_mixed_steps,
@@ -112,6 +114,8 @@ def summarize(run: Simulation) -> Summary:
         evicted_pages=trace.evicted_pages,
         step_ms=1e3 * sum(trace.step_s) / max(steps, 1),
         sampling=_sampling_line(run),
+        prebuilt_requests=trace.prebuilt_requests,
+        prebuilt_steps=trace.prebuilt_steps,
     )
 
 
@@ -150,7 +154,11 @@ def render_summary(summary: Summary) -> str:
         ("device", f"{s.device}, page size {s.page_size}"),
         ("requests", f"{s.num_finished} finished / {s.num_requests}"),
         ("tokens", f"{s.prompt_tokens} prompt, {s.generated_tokens} generated"),
-        ("steps", f"{s.steps} ({s.extend_steps} extend, {s.decode_steps} decode)"),
+        (
+            "steps",
+            f"{s.steps} ({s.extend_steps} extend, {s.decode_steps} decode"
+            + (f", {s.prebuilt_steps} prebuilt)" if s.prebuilt_steps else ")"),
+        ),
         ("retractions", f"{s.retractions}"),
         (
             "chunks, mixed",
@@ -175,6 +183,10 @@ def render_summary(summary: Summary) -> str:
         ("prefix cache", _cache_line(s)),
         ("prefill", _prefill_line(s)),
         ("sampling", s.sampling),
+        (
+            "prebuilt",
+            f"{s.prebuilt_requests} requests arrived prefilled (KV and first token transferred)",
+        ),
         ("oracle", s.oracle),
     )
     width = max(len(name) for name, _ in rows)

@@ -120,7 +120,7 @@ class SimulationConfig:
         ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
-        _check_modes(engine, cached=self.uses_prefix_cache)
+        _check_modes(engine, cached=self.uses_prefix_cache, prebuilt=bool(self.workload.prebuilt))
         if self.num_kv_tokens < 0 or self.num_kv_tokens % self.page_size:
             raise ValueError(
                 f"--kv-tokens must be a non-negative multiple of --page-size={self.page_size},"
@@ -243,7 +243,7 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
     )
 
 
-def _check_modes(engine: EngineConfig, *, cached: bool) -> None:
+def _check_modes(engine: EngineConfig, *, cached: bool, prebuilt: bool) -> None:
     # Overlap feeds every running row the device's token: every forward must hold them all.
     if engine.overlap and not engine.mixed:
         raise ValueError("--overlap needs --mixed: the decode rows ride in every forward")
@@ -251,6 +251,13 @@ def _check_modes(engine: EngineConfig, *, cached: bool) -> None:
         raise ValueError(
             "--overlap needs mixed steps, which do not run over a prefix cache:"
             " add --no-prefix-cache"
+        )
+    # `prebuilt` allocates from plain pools, and its rows have no device token to follow.
+    if prebuilt and engine.overlap:
+        raise ValueError("--prebuilt does not run with --overlap: leave one of them out")
+    if prebuilt and cached:
+        raise ValueError(
+            "--prebuilt admits into plain pools, not a prefix cache: add --no-prefix-cache"
         )
 
 

@@ -18,8 +18,10 @@ from batchstate import (
     Pools,
     Sampled,
     Sampling,
+    SamplingParams,
     read_sampled,
 )
+from batchstate.engine._alone import prefill_alone
 from batchstate.engine._model import FeedForward, TinyModel
 from batchstate.engine._paged import (
     KVCache,
@@ -27,6 +29,7 @@ from batchstate.engine._paged import (
     sample_decode,
     sample_extend,
     sample_mixed,
+    write_prefilled,
 )
 
 __all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
@@ -64,6 +67,16 @@ class TokenSource(Protocol):
 
     def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
         """A step with no rows (`batch` has none): run the forward over no tokens."""
+        ...
+
+    def transfer(
+        self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
+    ) -> list[int]:
+        """Fill a `prebuilt` batch's KV from a prefill server; each row's first token.
+
+        `prompts[row]`: the row's input ids, whose K/V go to
+        `pools.table.device[slot, :seq_len]`. No forward runs on the batch.
+        """
         ...
 
 
@@ -118,6 +131,27 @@ class ModelTokens:
         """Run the layers over no tokens: only `feed_forward`'s collectives do anything."""
         forward_idle(self.model, batch, self.feed_forward)
 
+    def transfer(
+        self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
+    ) -> list[int]:
+        """Prefill each prompt alone (the prefill server), then copy its K/V into the cache.
+
+        Each row's first token is sampled with the row's own parameters at
+        position `len(prompt)`, as the oracle samples it. The K/V land at the
+        rows' table locations, gathered on the device.
+        """
+        columns = batch.rows.columns
+        firsts: list[int] = []
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for row, prompt in enumerate(prompts):
+            token, k, v = prefill_alone(self.model, prompt, _params(columns, row))
+            firsts.append(token)
+            keys.append(k)
+            values.append(v)
+        write_prefilled(self.cache, batch, pools, torch.cat(keys, 1), torch.cat(values, 1))
+        return firsts
+
 
 @final
 class RandomTokens:
@@ -152,6 +186,23 @@ class RandomTokens:
     def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
         """Nothing to draw."""
 
+    def transfer(
+        self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
+    ) -> list[int]:
+        """One random first token per row: meta holds no KV to fill."""
+        return self._draw(len(batch.rows))
+
     def _draw(self, num_rows: int) -> list[int]:
         randrange, vocab_size = self.rng.randrange, self.vocab_size
         return [randrange(vocab_size) for _ in range(num_rows)]
+
+
+def _params(columns: Sampling, row: int) -> SamplingParams:
+    # A row's parameters, from the host sides of its columns (the request's own, as admitted).
+    return SamplingParams(
+        temperature=float(columns.temperature.host[row]),
+        top_p=float(columns.top_p.host[row]),
+        top_k=int(columns.top_k.host[row]),
+        min_p=float(columns.min_p.host[row]),
+        seed=int(columns.seed.host[row]),
+    )

@@ -36,6 +36,8 @@ class Trace:
         self.named_reads = 0  # sampled-token reads through read_sampled (one per mixed step)
         self.overshoot_tokens = 0  # overlap: tokens decoded past a stop, then dropped
         self.idle_steps = 0  # steps run with no rows (data-parallel ranks with nothing to do)
+        self.prebuilt_requests = 0  # requests admitted with KV prefilled elsewhere
+        self.prebuilt_steps = 0  # steps that admitted them (no forward of their own)
 
     def __len__(self) -> int:
         return len(self.step_s)

@@ -51,6 +51,9 @@ class RequestSpec:
     # that request's prompt and answer in front of `prompt`.
     follows: int | None = None
     sampling: SamplingParams = GREEDY  # how the request samples, with its own seed
+    # Prefilled elsewhere (disaggregated prefill): it arrives with its prompt's KV and
+    # first token, and the engine only decodes it.
+    prebuilt: bool = False
 
 
 @final
@@ -67,6 +70,9 @@ class WorkloadConfig:
     parameters (a quarter greedy, the rest a temperature with or without
     top-k, top-p and min-p); `fixed` gives every request `fixed_sampling`.
     Each sampled request gets its own seed.
+
+    `prebuilt`: the share of first turns (not follow-ups) that a prefill
+    server already ran: they arrive with their prompt's KV and first token.
     """
 
     num_requests: int = 256
@@ -81,6 +87,7 @@ class WorkloadConfig:
     shared_prefix_len: int = 32
     shared_fraction: float = 0.0  # share of requests that start with one of them
     follow_ups: float = 0.0  # share of requests that continue an earlier conversation
+    prebuilt: float = 0.0  # share of first turns that arrive prefilled elsewhere
     sampling: SamplingMix = "greedy"
     fixed_sampling: SamplingParams = _FIXED  # for sampling="fixed" (its seed is ignored)
 
@@ -114,7 +121,8 @@ class WorkloadConfig:
                 f" {self.shared_prefix_len}"
             )
         for name, share in (("--shared-prefix FRACTION", self.shared_fraction),
-                            ("--follow-ups", self.follow_ups)):  # fmt: skip
+                            ("--follow-ups", self.follow_ups),
+                            ("--prebuilt", self.prebuilt)):  # fmt: skip
             if not 0 <= share <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {share}")
         if self.sampling not in SAMPLING_MIXES:
@@ -156,6 +164,7 @@ def make_workload(config: WorkloadConfig) -> tuple[RequestSpec, ...]:
     # A separate stream for the sharing options: without them, the same requests as ever.
     sharing = random.Random(config.seed + 1)
     sampling = random.Random(config.seed + 2)  # likewise for sampling parameters and seeds
+    prefilled = random.Random(config.seed + 3)  # and for which requests arrive prefilled
     prefixes = [
         tuple(sharing.randrange(1, config.vocab_size) for _ in range(config.shared_prefix_len))
         for _ in range(config.shared_prefixes)
@@ -180,6 +189,7 @@ def make_workload(config: WorkloadConfig) -> tuple[RequestSpec, ...]:
                 rng.randint(*config.output_len),
                 follows,
                 _sampling(config, sampling),
+                follows is None and bool(config.prebuilt) and prefilled.random() < config.prebuilt,
             )
         )
         if config.arrival == "poisson":

@@ -1,0 +1,92 @@
+"""One request run alone: the model over a contiguous K/V cache of its own.
+
+The oracle generates with it; the prefill server of a disaggregated run
+(`ModelTokens.transfer`) prefills with it. Position `p` of the request is
+row `p` of each layer's cache: no pools, no table, no batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import final
+
+import numpy as np
+import torch
+
+from batchstate import GREEDY, Sampling, SamplingParams
+from batchstate.engine._model import TinyModel
+
+__all__ = ["AloneRun", "prefill_alone"]
+
+
+@final
+class AloneRun:
+    """A request's forwards, one after another, over its own contiguous cache.
+
+    NOTE: mutable; it keeps every layer's K/V of the tokens computed so far.
+    """
+
+    def __init__(self, model: TinyModel, sampling: SamplingParams = GREEDY) -> None:
+        config = model.config
+        self.model = model
+        self.length = 0  # tokens computed so far: the next token's position
+        self._keys: list[list[torch.Tensor]] = [[] for _ in range(config.num_layers)]
+        self._values: list[list[torch.Tensor]] = [[] for _ in range(config.num_layers)]
+        self._scale = 1.0 / math.sqrt(config.head_dim)
+        # Greedy requests take the argmax path, as a batch of greedy rows does.
+        self._columns = None if sampling.temperature == 0 else Sampling.of([sampling], model.device)
+
+    def next_token(self, tokens: Sequence[int]) -> int:
+        """Compute `tokens` after those before them; sample the token that follows.
+
+        The sampled token's position (which picks its draw) is the length so far.
+        """
+        device = self.model.device
+        input_ids = torch.tensor(tokens, dtype=torch.int64, device=device)
+        positions = torch.arange(self.length, self.length + len(tokens), device=device)
+        hidden = self.model.hidden(input_ids, positions, self._attend)[-1:]
+        self.length += len(tokens)
+        at = np.array([self.length], dtype=np.int64)
+        return int(self.model.sample(hidden, self._columns, at)[0])
+
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of every computed position: `[num_layers, length, num_heads, head_dim]` each."""
+        return (
+            torch.stack([torch.cat(layer) for layer in self._keys]),
+            torch.stack([torch.cat(layer) for layer in self._values]),
+        )
+
+    def _attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        self._keys[layer].append(k)
+        self._values[layer].append(v)
+        all_k, all_v = torch.cat(self._keys[layer]), torch.cat(self._values[layer])
+        num_queries, num_keys = q.shape[0], all_k.shape[0]
+        scores = torch.einsum("qhd,khd->hqk", q, all_k) * self._scale
+        # Causal: query i sits at position num_keys - num_queries + i.
+        causal = torch.ones(num_queries, num_keys, dtype=torch.bool, device=q.device).tril(
+            num_keys - num_queries
+        )
+        scores = scores.masked_fill(~causal, -torch.inf)
+        return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), all_v)
+
+
+def prefill_alone(
+    model: TinyModel, prompt: Sequence[int], sampling: SamplingParams = GREEDY
+) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """What a prefill server hands over: the token after `prompt`, and the prompt's K and V.
+
+    The token is sampled as the oracle samples its first (at position
+    `len(prompt)`, with `sampling`); K and V are `[num_layers, len(prompt),
+    num_heads, head_dim]`.
+
+    >>> from batchstate.engine._model import ModelConfig, make_model
+    >>> token, k, v = prefill_alone(make_model(ModelConfig()), (5, 6, 7))
+    >>> tuple(k.shape) == tuple(v.shape) == (2, 3, 4, 8)
+    True
+    """
+    run = AloneRun(model, sampling)
+    token = run.next_token(prompt)
+    return (token, *run.kv())
