@@ -30,16 +30,19 @@ def _check_every_rank(run: DataParallelRun) -> None:
         assert not rank.device_reads
 
 
-def test_four_ranks_extend_decode_and_idle_in_one_step_and_match_the_oracle() -> None:
-    """Whole-prompt extends and decodes, so ranks are in different phases in the same step."""
+def test_four_ranks_extend_decode_prebuilt_and_idle_in_one_step_and_match_the_oracle() -> None:
+    """Whole-prompt extends, decodes and prebuilt arrivals: ranks differ in phase in one step."""
     config = SimulationConfig(
-        workload=WorkloadConfig(num_requests=24, arrival_rate=0.3, output_len=(4, 24)),
+        workload=WorkloadConfig(
+            num_requests=24, arrival_rate=0.3, output_len=(4, 24), prebuilt=0.3
+        ),
         engine=EngineConfig(audit_every=4),
         num_kv_tokens=512,
     )
     run = launch(config, DataParallelConfig(4), show_progress=False)
     _check_every_rank(run)
     assert run.phase_mixes.get("decode+extend+idle", 0) > 0, run.phase_mixes
+    assert any("prebuilt" in mix for mix in run.phase_mixes), run.phase_mixes
     assert all(rank.outputs for rank in run.ranks)  # least-loaded routing used every rank
     assert all(rank.audited_steps for rank in run.ranks if rank.busy_steps >= 4)
 

@@ -47,7 +47,6 @@ from batchstate.engine import (
     simulate,
 )
 from batchstate.engine._alone import prefill_alone
-from batchstate.engine._data_parallel import DataParallelConfig
 from batchstate.engine._sources import _params
 
 LONGEST: Final = 40 + 40
@@ -219,14 +218,6 @@ def test_the_engine_refuses_prebuilt_arrivals_with_overlap() -> None:
     engine = Engine(config, make_workload(workload), pools, RandomTokens(96, 0))
     with pytest.raises(EngineError, match="prebuilt requests run on plain pools, without overlap"):
         engine.run()
-
-
-def test_data_parallel_ranks_refuse_prebuilt_arrivals() -> None:
-    """A prebuilt step runs no forward, so a rank taking one would miss the others' collectives."""
-    config = SimulationConfig(workload=attrs.evolve(SHAPE, prebuilt=0.5))
-    with pytest.raises(ValueError, match="--dp does not run --prebuilt"):
-        DataParallelConfig(2).validate(config)
-    DataParallelConfig(2).validate(attrs.evolve(config, workload=SHAPE))
 
 
 def test_the_workload_marks_first_turns_only_and_keeps_its_draws() -> None:

@@ -82,11 +82,6 @@ class DataParallelConfig:
             raise ValueError(f"--dp must be >= 1, got {self.ranks}")
         if config.device == "meta":
             raise ValueError("--dp needs a model device (cpu or cuda): meta runs no forward")
-        if config.workload.prebuilt:
-            raise ValueError(
-                "--dp does not run --prebuilt: a prebuilt step runs no forward for the other"
-                " ranks to join"
-            )
         if self.timeout_s <= 0:
             raise ValueError(f"--dp-timeout must be > 0, got {self.timeout_s}")
         backend = self.backend_on(config.device)

@@ -251,14 +251,15 @@ def _forward(
 def forward_idle(
     model: TinyModel, batch: Idle[Any] | Filtered[Any], feed_forward: FeedForward | None = None
 ) -> None:
-    """Run every layer over no tokens, for a batch with no rows.
+    """Run every layer over no tokens, for a step in which `batch` computes nothing.
 
-    Nothing is computed or written, but `feed_forward` is called once per
-    layer, as in any forward: a data-parallel rank with no work joins the
-    collectives of the ranks that have some. The empty input comes from the
-    record's own mirrors, as a decode's would.
+    That is a batch with no rows, or a prebuilt one (its KV came from a
+    prefill server). Nothing is computed or written, but `feed_forward` is
+    called once per layer, as in any forward: a data-parallel rank with no
+    work joins the collectives of the ranks that have some. The empty input
+    comes from the record's own mirrors, as a decode's would.
     """
-    positions = batch.rows.seq_lens.device.to(torch.int64) - 1  # [0]: no rows
+    positions = batch.rows.seq_lens.device[:0].to(torch.int64)  # no tokens
     model.hidden(torch.zeros_like(positions), positions, _attend_nothing, feed_forward)
 
 

@@ -85,9 +85,13 @@ class RankTokens:
     def transfer(
         self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
     ) -> list[int]:
-        """Not on ranks: a prebuilt step runs no forward for the other ranks to join
-        (`DataParallelConfig.validate` refuses prebuilt arrivals)."""
-        raise NotImplementedError("prebuilt arrivals do not run on data-parallel ranks")
+        """Exchange the prebuilt batch's shape, take its KV from the prefill server, then join
+        the shared layers with no tokens: the batch runs no forward of its own this step."""
+        shapes = self._exchange(Phase.PREBUILT, batch.rows, 0)
+        firsts = self.local.transfer(batch, pools, prompts)
+        if any(shape.tokens for shape in shapes):
+            forward_idle(self.model, batch, self._shared_mlp)
+        return firsts
 
     def _exchange(self, phase: Phase, rows: Rows[Sampling], tokens: int) -> tuple[StepShape, ...]:
         status = self.status
