@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from batchstate import Sampling, idle, make_pools
+from batchstate.cli import main
 from batchstate.engine import (
     Engine,
     EngineConfig,
@@ -191,3 +192,27 @@ def test_the_layout_is_checked_before_anything_starts() -> None:
             dp.validate(good)
     with pytest.raises(ValueError, match="meta runs no forward"):
         DataParallelConfig(2).validate(SimulationConfig(device="meta"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dp", "0"], "--dp must be >= 1, got 0"),
+        (["--dp", "-3"], "--dp must be >= 1, got -3"),
+        (["--dp", "2", "--dp-backend", "nccl"], "--dp-backend nccl needs --device cuda"),
+        (["--dp", "2", "--device", "meta"], "meta runs no forward"),
+        (["--dp", "2", "--dp-timeout", "0"], "--dp-timeout must be > 0"),
+        (["--dp", "2", "--dp-fault", "5:1"], "--dp-fault names rank 5, but --dp is 2"),
+        (["--dp-fault", "1:3"], "--dp-fault needs --dp"),
+        (["--dp-backend", "gloo"], "--dp-backend needs --dp"),
+        (["--dp", "2", "--dp-fault", "one"], "expected RANK:STEP, got 'one'"),
+        (["--dp", "2", "--plot", "run.png"], "--plot draws one process's run"),
+    ],
+)
+def test_a_layout_that_cannot_run_is_a_one_line_usage_error(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before any rank starts: exit status 2, one line, no traceback."""
+    assert main(["simulate", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

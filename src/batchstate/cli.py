@@ -96,16 +96,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ImportError) as error:
         print(f"{_PROG}: error: {error}", file=sys.stderr)
         return USAGE
-    if dp is not None:
-        return _simulate_dp(config, dp, args)
-    return _simulate(config, args)
+    if dp is None:
+        return _simulate(config, args)
+    code = _simulate_dp(config, dp, args)
+    if launched_by_torchrun():
+        # End this rank without interpreter teardown: torch's distributed threads
+        # can abort it there (SIGABRT after the work is done, about one run in
+        # four here), which torchrun would report as a failed rank.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _data_parallel(args: argparse.Namespace) -> DataParallelConfig | None:
     # --dp N spawns N ranks; under torchrun, this process is one of them.
     ranks = args.dp
-    if launched_by_torchrun() and ranks is None:
-        ranks = int(os.environ["WORLD_SIZE"])
+    if launched_by_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if ranks not in (None, world):
+            raise ValueError(f"--dp {ranks}, but torchrun started {world} ranks")
+        ranks = world
     if ranks is None:
         for option, value in (("--dp-backend", args.dp_backend), ("--dp-fault", args.dp_fault)):
             if value is not None:
@@ -459,7 +470,8 @@ def _add_data_parallel_options(add: _Add) -> None:
         type=_fault,
         default=None,
         metavar="RANK:STEP",
-        help="test the fault path: rank RANK raises at step STEP, and every rank must stop",
+        help="test the fault path: rank RANK raises at step STEP, and every rank must stop"
+        " (default: no fault)",
     )
 
 
