@@ -205,7 +205,8 @@ def test_the_layout_is_checked_before_anything_starts() -> None:
         (["--dp", "2", "--dp-fault", "5:1"], "--dp-fault names rank 5, but --dp is 2"),
         (["--dp-fault", "1:3"], "--dp-fault needs --dp"),
         (["--dp-backend", "gloo"], "--dp-backend needs --dp"),
-        (["--dp", "2", "--dp-fault", "one"], "expected RANK:STEP, got 'one'"),
+        (["--dp", "2", "--dp-fault", "one"], "expected RANK:STEP or RANK:STEP:hang, got 'one'"),
+        (["--dp", "2", "--dp-fault", "1:2:stop"], "got '1:2:stop'"),
         (["--dp", "2", "--plot", "run.png"], "--plot draws one process's run"),
     ],
 )

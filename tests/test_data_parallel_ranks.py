@@ -93,6 +93,20 @@ def test_a_rank_that_raises_stops_every_rank_with_its_name_and_error(
     assert elapsed < 30  # well inside the collective timeout: nobody waited for it
 
 
+def test_a_rank_that_stops_answering_is_killed_after_the_timeout_and_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A hang, not a crash: the others time out in their collective; the silent rank is killed."""
+    start = time.monotonic()
+    code = main(["simulate", "--dp", "2", "--requests", "6", "--dp-fault", "1:3:hang",
+                 "--dp-timeout", "3", *QUIET])  # fmt: skip
+    elapsed = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "rank 1 stopped answering and was killed; rank 0 timed out waiting" in err
+    assert elapsed < 60  # the timeout and the grace period, plus start-up: bounded
+
+
 def test_torchrun_launches_the_same_ranks() -> None:
     """Each torchrun process is one rank (read from the environment); rank 0 prints the summary."""
     done = subprocess.run(

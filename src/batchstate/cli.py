@@ -469,18 +469,22 @@ def _add_data_parallel_options(add: _Add) -> None:
         "--dp-fault",
         type=_fault,
         default=None,
-        metavar="RANK:STEP",
-        help="test the fault path: rank RANK raises at step STEP, and every rank must stop"
-        " (default: no fault)",
+        metavar="RANK:STEP[:hang]",
+        help="test the fault path: rank RANK raises at step STEP (with :hang, stops answering"
+        " there), and every rank must stop (default: no fault)",
     )
 
 
 def _fault(text: str) -> Fault:
-    rank, _, step = text.partition(":")
+    # RANK:STEP raises there; RANK:STEP:hang stops answering there.
+    parts = text.split(":")
+    hang = parts[2:] == ["hang"]
     try:
-        return Fault(int(rank), int(step))
+        if len(parts) == 2 or hang:
+            return Fault(int(parts[0]), int(parts[1]), hang=hang)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected RANK:STEP, got {text!r}") from None
+        pass
+    raise argparse.ArgumentTypeError(f"expected RANK:STEP or RANK:STEP:hang, got {text!r}")
 
 
 def _add_output_options(add: _Add) -> None:

@@ -10,6 +10,7 @@ skip ahead to the next arrival, or stop when nothing is left to route.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from time import perf_counter
@@ -48,10 +49,15 @@ class InjectedFault(RuntimeError):
 @final
 @attrs.frozen
 class Fault:
-    """Rank `rank` raises `InjectedFault` at the start of step `step` (counted from 0)."""
+    """Rank `rank` raises `InjectedFault` at the start of step `step` (counted from 0).
+
+    With `hang`, it stops answering there instead: the others wait in their
+    next collective until the process-group timeout.
+    """
 
     rank: int
     step: int
+    hang: bool = False
 
 
 @final
@@ -173,6 +179,8 @@ def run_rank(
     while True:
         fault = dp.fault
         if fault is not None and (fault.rank, fault.step) == (group.rank, log.exchanges):
+            if fault.hang:
+                threading.Event().wait()  # never set: this rank stops answering
             raise InjectedFault(f"injected at step {fault.step}")
         for rank, spec in router.route(engine.clock, loads):
             if rank == group.rank:

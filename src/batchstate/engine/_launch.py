@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Mapping
 from multiprocessing.context import SpawnProcess
+from multiprocessing.queues import Queue
 from typing import Final, final
 
 import attrs
@@ -28,7 +29,7 @@ from batchstate.engine._simulate import SimulationConfig
 
 __all__ = ["RankFailed", "launch", "launched_by_torchrun", "run_launched"]
 
-_GRACE_S: Final = 10.0  # beyond the collective timeout, before a silent rank is stopped
+_GRACE_S: Final = 5.0  # beyond the collective timeout, before a silent rank is stopped
 _POLL_S: Final = 0.1
 
 
@@ -56,7 +57,7 @@ def launch(
         RankFailed: a rank raised or died; every rank has been stopped.
     """
     context = mp.get_context("spawn")
-    reports: queue.Queue[_Report] = context.Queue()  # type: ignore[assignment]
+    reports: Queue[_Report] = context.Queue()
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     processes = [
         context.Process(
@@ -108,7 +109,7 @@ def _rank_main(  # noqa: PLR0917  # a spawned process's arguments, passed by pos
     init_method: str,
     config: SimulationConfig,
     dp: DataParallelConfig,
-    reports: queue.Queue[_Report],
+    reports: Queue[_Report],
     show_progress: bool,
 ) -> None:
     report = _run(rank, world, init_method, config, dp, show_progress, rank)
@@ -116,11 +117,8 @@ def _rank_main(  # noqa: PLR0917  # a spawned process's arguments, passed by pos
     if report.error:
         # Flush the report, then leave at once: the process group's teardown
         # would wait on peers that are themselves failing.
-        close = getattr(reports, "close", None)
-        join = getattr(reports, "join_thread", None)
-        if close is not None and join is not None:
-            close()
-            join()
+        reports.close()
+        reports.join_thread()
         os._exit(1)
 
 
@@ -154,7 +152,7 @@ def _run(  # noqa: PLR0917
 
 
 def _collect(
-    processes: list[SpawnProcess], reports: queue.Queue[_Report], patience_s: float
+    processes: list[SpawnProcess], reports: Queue[_Report], patience_s: float
 ) -> dict[int, _Report]:
     # Wait for every rank's report; after the first failure, give the rest
     # `patience_s` to notice and report, then stop waiting for them.
@@ -189,20 +187,30 @@ def _result(heard: dict[int, _Report], processes: list[SpawnProcess]) -> DataPar
 
 def _describe(failures: list[_Report], silent: list[int] | None = None) -> str:
     # The first rank that failed on its own is the cause; the others lost it.
-    causes = [report for report in failures if not report.lost_peer] or failures
-    cause = min(causes, key=lambda report: report.rank)
+    # When every reporting rank lost a peer, the cause is a rank that went silent.
+    silent = silent or []
+    causes = [report for report in failures if not report.lost_peer]
+    if not causes and silent:
+        message = f"{_plural(silent)} stopped answering and {_was(silent)} killed"
+        if failures:
+            message += f"; {_plural([report.rank for report in failures])} timed out waiting"
+        return message
+    cause = min(causes or failures, key=lambda report: report.rank)
     message = f"rank {cause.rank} failed: {cause.error}"
     others = sorted(report.rank for report in failures if report is not cause)
     if others:
-        message += f"; rank{'s' if len(others) > 1 else ''} {_ranks(others)} stopped with it"
+        message += f"; {_plural(others)} stopped with it"
     if silent:
-        message += f"; rank{'s' if len(silent) > 1 else ''} {_ranks(silent)} did not stop in time"
-        message += " and were killed"
+        message += f"; {_plural(silent)} did not stop in time and {_was(silent)} killed"
     return message
 
 
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
+def _plural(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
+
+
+def _was(ranks: list[int]) -> str:
+    return "were" if len(ranks) > 1 else "was"
 
 
 def _free_port() -> int:
