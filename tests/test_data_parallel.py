@@ -25,9 +25,16 @@ from batchstate.engine import (
     make_model,
     make_workload,
 )
-from batchstate.engine._data_parallel import DataParallelConfig, Fault, run_rank
+from batchstate.engine._data_parallel import DataParallelConfig, run_rank
 from batchstate.engine._paged import forward_idle
-from batchstate.engine._ranks import Phase, StepShape, join_ranks, mlp_slice
+from batchstate.engine._ranks import (
+    Fault,
+    InjectedFault,
+    Phase,
+    StepShape,
+    join_ranks,
+    mlp_slice,
+)
 from batchstate.engine._router import Router
 
 MODEL: Final = ModelConfig()
@@ -176,6 +183,16 @@ def test_one_rank_runs_the_whole_protocol_and_matches_the_oracle() -> None:
     assert set(run.phase_mixes) <= {"mixed", "idle"} and "mixed" in run.phase_mixes
     assert heard[-1] == ("oracle", 12, 12)
     assert ("engine", 12, 12) in heard
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_planted_fault_strikes_in_its_step_after_the_exchange() -> None:
+    group = join_ranks(0, 1, "gloo", torch.device("cpu"),
+                       init_method=f"tcp://127.0.0.1:{_free_port()}", timeout_s=30)  # fmt: skip
+    config = SimulationConfig(workload=WorkloadConfig(num_requests=4, arrival="all"))
+    with pytest.raises(InjectedFault, match="injected in step 2"):
+        run_rank(group, config, DataParallelConfig(1, fault=Fault(0, 2)), lambda *_: None)
+    assert len(group.shapes) == 1  # the step's shapes were exchanged before it struck
 
 
 def test_the_layout_is_checked_before_anything_starts() -> None:

@@ -88,7 +88,7 @@ def test_a_rank_that_raises_stops_every_rank_with_its_name_and_error(
     elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     assert code == 1
-    assert "rank 1 failed: InjectedFault: injected at step 4; ranks 0, 2 stopped with it" in err
+    assert "rank 1 failed: InjectedFault: injected in step 4; ranks 0, 2 stopped with it" in err
     assert "Traceback" not in err
     assert elapsed < 30  # well inside the collective timeout: nobody waited for it
 

@@ -24,11 +24,12 @@ from batchstate.engine import (
     WorkloadConfig,
     simulate,
 )
-from batchstate.engine._data_parallel import DataParallelConfig, Fault
+from batchstate.engine._data_parallel import DataParallelConfig
 from batchstate.engine._dp_report import render_dp_summary, summarize_dp
 from batchstate.engine._launch import RankFailed, launch, launched_by_torchrun, run_launched
 from batchstate.engine._plot import check_plot_path, plot_run
 from batchstate.engine._progress import Progress
+from batchstate.engine._ranks import Fault
 from batchstate.engine._report import Summary, render_summary, summarize
 
 __all__ = ["EXIT_CODES", "main"]
@@ -470,7 +471,7 @@ def _add_data_parallel_options(add: _Add) -> None:
         type=_fault,
         default=None,
         metavar="RANK:STEP[:hang]",
-        help="test the fault path: rank RANK raises at step STEP (with :hang, stops answering"
+        help="test the fault path: rank RANK raises in step STEP (with :hang, stops answering"
         " there), and every rank must stop (default: no fault)",
     )
 

@@ -10,7 +10,6 @@ skip ahead to the next arrival, or stop when nothing is left to route.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from time import perf_counter
@@ -24,7 +23,7 @@ from batchstate.engine._model import TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
 from batchstate.engine._paged import make_kv_cache
 from batchstate.engine._rank_tokens import RankStatus, RankTokens
-from batchstate.engine._ranks import BACKENDS, RankGroup, StepShape
+from batchstate.engine._ranks import BACKENDS, Fault, RankGroup, StepShape
 from batchstate.engine._reads import read_counter
 from batchstate.engine._router import Router
 from batchstate.engine._simulate import SimulationConfig, describe_pools, pools_conserved, warm_up
@@ -33,31 +32,11 @@ from batchstate.engine._workload import END_TOKEN, RequestSpec, make_workload
 __all__ = [
     "DataParallelConfig",
     "DataParallelRun",
-    "Fault",
-    "InjectedFault",
     "RankRun",
     "run_rank",
 ]
 
 _TIMEOUT_S: Final = 60.0
-
-
-class InjectedFault(RuntimeError):
-    """The failure `DataParallelConfig.fault` plants, to test that every rank stops."""
-
-
-@final
-@attrs.frozen
-class Fault:
-    """Rank `rank` raises `InjectedFault` at the start of step `step` (counted from 0).
-
-    With `hang`, it stops answering there instead: the others wait in their
-    next collective until the process-group timeout.
-    """
-
-    rank: int
-    step: int
-    hang: bool = False
 
 
 @final
@@ -159,7 +138,7 @@ def run_rank(
     assembled run (with the oracle, unless switched off); the others None.
 
     Raises:
-        InjectedFault: this rank is `dp.fault`'s, at its step.
+        InjectedFault: this rank is `dp.fault`'s, in its step.
         PeerLost: another rank stopped.
         EngineError, InvariantViolation: this rank's run broke.
     """
@@ -168,7 +147,8 @@ def run_rank(
     pools = config.make_pools(device)
     model = make_model(config.model, device)
     warm_up(device, model)
-    tokens = RankTokens(model, make_kv_cache(model, pools), group)
+    fault = dp.fault if dp.fault is not None and dp.fault.rank == group.rank else None
+    tokens = RankTokens(model, make_kv_cache(model, pools), group, fault)
     engine = Engine(config.engine_config, (), pools, tokens, read_counter())
     router = Router(specs, group.world)
     loads: tuple[int, ...] = (0,) * group.world
@@ -177,11 +157,6 @@ def run_rank(
     report("engine", 0, len(specs))
     start = perf_counter()
     while True:
-        fault = dp.fault
-        if fault is not None and (fault.rank, fault.step) == (group.rank, log.exchanges):
-            if fault.hang:
-                threading.Event().wait()  # never set: this rank stops answering
-            raise InjectedFault(f"injected at step {fault.step}")
         for rank, spec in router.route(engine.clock, loads):
             if rank == group.rank:
                 engine.submit(spec)

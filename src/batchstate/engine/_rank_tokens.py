@@ -22,7 +22,7 @@ from batchstate import (
 )
 from batchstate.engine._model import TinyModel
 from batchstate.engine._paged import KVCache, forward_idle
-from batchstate.engine._ranks import Phase, RankGroup, StepShape
+from batchstate.engine._ranks import Fault, Phase, RankGroup, StepShape
 from batchstate.engine._sources import ModelTokens
 
 __all__ = ["RankStatus", "RankTokens"]
@@ -48,8 +48,11 @@ class RankTokens:
     when no rank brings a token, nobody runs the layers.
     """
 
-    def __init__(self, model: TinyModel, cache: KVCache, group: RankGroup) -> None:
-        self.model, self.group = model, group
+    def __init__(
+        self, model: TinyModel, cache: KVCache, group: RankGroup, fault: Fault | None = None
+    ) -> None:
+        self.model, self.group, self.fault = model, group, fault
+        self.steps = 0  # exchanges so far
         self.status = RankStatus(busy=False, load=0, finished=0)  # set before each step
         self.local = ModelTokens(model, cache, self._shared_mlp)
 
@@ -98,7 +101,11 @@ class RankTokens:
         shape = StepShape(
             phase, len(rows), tokens, rows.seq_lens_sum, status.busy, status.load, status.finished
         )
-        return self.group.exchange(shape)
+        shapes = self.group.exchange(shape)
+        if self.fault is not None and self.fault.step == self.steps:
+            self.fault.strike()
+        self.steps += 1
+        return shapes
 
     def _shared_mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return self.group.shared_mlp(self.model, layer, x)
