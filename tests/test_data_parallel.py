@@ -40,12 +40,7 @@ from batchstate.engine._router import Router
 MODEL: Final = ModelConfig()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _spec(rid: int, arrival: int = 0, follows: int | None = None) -> RequestSpec:

@@ -30,6 +30,13 @@ def _check_every_rank(run: DataParallelRun) -> None:
         assert not rank.device_reads
 
 
+def _timed_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, float]:
+    # `batchstate simulate ARGS`: its exit status, its stderr, and how long it took.
+    start = time.monotonic()
+    code = main(["simulate", *args, *QUIET])
+    return code, capsys.readouterr().err, time.monotonic() - start
+
+
 def test_four_ranks_extend_decode_prebuilt_and_idle_in_one_step_and_match_the_oracle() -> None:
     """Whole-prompt extends, decodes and prebuilt arrivals: ranks differ in phase in one step."""
     config = SimulationConfig(
@@ -82,11 +89,8 @@ def test_a_rank_that_raises_stops_every_rank_with_its_name_and_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """No hang: the others fail in their next collective; the message names the first rank."""
-    start = time.monotonic()
-    code = main(["simulate", "--dp", "3", "--requests", "12", "--dp-fault", "1:4",
-                 "--dp-timeout", "30", *QUIET])  # fmt: skip
-    elapsed = time.monotonic() - start
-    err = capsys.readouterr().err
+    code, err, elapsed = _timed_main(["--dp", "3", "--requests", "12", "--dp-fault", "1:4",
+                                      "--dp-timeout", "30"], capsys)  # fmt: skip
     assert code == 1
     assert "rank 1 failed: InjectedFault: injected in step 4; ranks 0, 2 stopped with it" in err
     assert "Traceback" not in err
@@ -97,11 +101,8 @@ def test_a_rank_that_stops_answering_is_killed_after_the_timeout_and_named(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A hang, not a crash: the others time out in their collective; the silent rank is killed."""
-    start = time.monotonic()
-    code = main(["simulate", "--dp", "2", "--requests", "6", "--dp-fault", "1:3:hang",
-                 "--dp-timeout", "3", *QUIET])  # fmt: skip
-    elapsed = time.monotonic() - start
-    err = capsys.readouterr().err
+    code, err, elapsed = _timed_main(["--dp", "2", "--requests", "6", "--dp-fault", "1:3:hang",
+                                      "--dp-timeout", "3"], capsys)  # fmt: skip
     assert code == 1
     assert "rank 1 stopped answering and was killed; rank 0 timed out waiting" in err
     assert elapsed < 60  # the timeout and the grace period, plus start-up: bounded

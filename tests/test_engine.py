@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from functools import cache
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import attrs
@@ -29,21 +28,18 @@ from batchstate.engine import (
     END_TOKEN,
     Engine,
     EngineConfig,
-    ModelConfig,
     ModelTokens,
     RequestSpec,
     SimulationConfig,
-    TinyModel,
     WorkloadConfig,
     generate_alone,
     make_kv_cache,
-    make_model,
     make_workload,
     simulate,
 )
 from batchstate.engine._sampler import sample_logits
+from tests.engine_oracle import alone_outputs, tiny_model
 
-MODEL: Final = ModelConfig()
 # Staggered arrivals (poisson), finishes at max tokens or at END_TOKEN.
 WORKLOAD: Final = WorkloadConfig(
     num_requests=200, arrival_rate=3.0, prompt_len=(4, 40), output_len=(2, 40)
@@ -51,29 +47,7 @@ WORKLOAD: Final = WorkloadConfig(
 LONGEST: Final = 40 + 40
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # A tiny model on 2 shared cores: extra intra-op threads only contend.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@cache
-def _model() -> TinyModel:
-    return make_model(MODEL)
-
-
-@cache
-def _expected(workload: WorkloadConfig) -> dict[int, tuple[int, ...]]:
-    # The oracle depends on the workload and the model only, not on the pools: compute it once.
-    return {
-        spec.rid: generate_alone(
-            _model(), spec.prompt, spec.max_new_tokens, END_TOKEN, spec.sampling
-        )
-        for spec in make_workload(workload)
-    }
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(
@@ -82,7 +56,7 @@ def _run(
     config: EngineConfig,
     corrupt: Callable[[Decoding[Sampling]], Decoding[Sampling]] | None = None,
 ) -> Engine:
-    tokens = ModelTokens(_model(), make_kv_cache(_model(), pools))
+    tokens = ModelTokens(tiny_model(), make_kv_cache(tiny_model(), pools))
     source = tokens if corrupt is None else _Corrupting(tokens, corrupt)
     engine = Engine(config, specs, pools, source)
     engine.run()
@@ -141,7 +115,7 @@ def test_engine_matches_oracle(
     if optimistic:
         config = attrs.evolve(config, new_token_ratio=0.0, headroom_pages=0)
     engine = _run(make_workload(WORKLOAD), pools, config)
-    assert engine.outputs == _expected(WORKLOAD)
+    assert engine.outputs == alone_outputs(WORKLOAD)
     assert (engine.trace.num_retractions > 0) == runs_out
     assert engine.pools.num_free_slots == max_running
     assert engine.pools.num_free_tokens == num_kv_tokens
@@ -173,7 +147,7 @@ def test_engine_modes_match_oracle(  # noqa: PLR0917  # pytest passes parameters
     if num_kv_tokens < 4096:
         config = attrs.evolve(config, new_token_ratio=0.0, headroom_pages=0)
     engine = _run(make_workload(WORKLOAD), pools, config)
-    assert engine.outputs == _expected(WORKLOAD)
+    assert engine.outputs == alone_outputs(WORKLOAD)
     trace = engine.trace
     assert (trace.num_retractions > 0) == (num_kv_tokens < 4096)
     assert trace.num_chunks > 0 or not chunk_size
@@ -218,7 +192,7 @@ def test_wrong_metadata_fails_the_oracle(
     workload = attrs.evolve(WORKLOAD, num_requests=24, arrival="all")
     pools = make_pools(24, LONGEST, 4096, torch.device("cpu"), 16)
     engine = _run(make_workload(workload), pools, EngineConfig(max_running=24), corrupt)
-    expected = _expected(workload)
+    expected = alone_outputs(workload)
     assert sum(engine.outputs[rid] != expected[rid] for rid in expected) > 0
 
 
@@ -251,7 +225,7 @@ def test_simulate_checks_the_oracle_on_cpu() -> None:
 
 def test_generate_alone_stops_after_the_end_token() -> None:
     """The oracle stops at the end token, which it keeps as the last output."""
-    model = _model()
+    model = tiny_model()
     free = generate_alone(model, (5, 9, 2), 30, end_token=-1)
     stop = free[3]
     assert generate_alone(model, (5, 9, 2), 30, end_token=stop)[-1] == stop
@@ -285,11 +259,11 @@ def test_sampled_mix_matches_oracle(
     pools = make_pools(max_running, LONGEST, num_kv_tokens, torch.device("cpu"), page_size)
     config = attrs.evolve(config, max_running=max_running, check_every=10)
     engine = _run(make_workload(SAMPLED), pools, config)
-    assert engine.outputs == _expected(SAMPLED)
+    assert engine.outputs == alone_outputs(SAMPLED)
     assert (engine.trace.num_retractions > 0) == (num_kv_tokens < 4096)
     assert engine.pools.num_free_tokens == num_kv_tokens
     # The mix really samples: many requests leave the greedy path, and the greedy ones don't.
-    greedy = _expected(WORKLOAD)
+    greedy = alone_outputs(WORKLOAD)
     specs = make_workload(SAMPLED)
     assert sum(engine.outputs[s.rid] != greedy[s.rid] for s in specs) > len(specs) // 3
     assert all(engine.outputs[s.rid] == greedy[s.rid] for s in specs if not s.sampling.temperature)
@@ -308,7 +282,7 @@ def test_sampled_mix_over_the_prefix_cache_matches_oracle() -> None:
 def test_sampling_follows_temperature_and_seed() -> None:
     """Temperature 0 (any seed) and top-k 1 are greedy; sampling departs from greedy, the same
     seed repeats, and two seeds give two different outputs."""
-    model, prompt = _model(), (5, 9, 2, 17)
+    model, prompt = tiny_model(), (5, 9, 2, 17)
 
     def alone(params: SamplingParams) -> tuple[int, ...]:
         return generate_alone(model, prompt, 40, end_token=-1, sampling=params)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
-from functools import cache
+from collections.abc import Sequence
 from typing import Final
 
 import attrs
@@ -30,24 +29,20 @@ from batchstate import (
 )
 from batchstate.cli import main
 from batchstate.engine import (
-    END_TOKEN,
     Engine,
     EngineConfig,
     EngineError,
-    ModelConfig,
     ModelTokens,
     RandomTokens,
     SimulationConfig,
-    TinyModel,
     WorkloadConfig,
-    generate_alone,
     make_kv_cache,
-    make_model,
     make_workload,
     simulate,
 )
 from batchstate.engine._alone import prefill_alone
 from batchstate.engine._sources import _params
+from tests.engine_oracle import alone_outputs, tiny_model
 
 LONGEST: Final = 40 + 40
 # Staggered arrivals; every request fits a table of LONGEST tokens.
@@ -66,33 +61,12 @@ def _tight(config: EngineConfig) -> EngineConfig:
     return attrs.evolve(config, new_token_ratio=0.0, headroom_pages=0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # A tiny model on 2 shared cores: extra intra-op threads only contend.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@cache
-def _model() -> TinyModel:
-    return make_model(ModelConfig())
-
-
-@cache
-def _expected(workload: WorkloadConfig) -> dict[int, tuple[int, ...]]:
-    return {
-        spec.rid: generate_alone(
-            _model(), spec.prompt, spec.max_new_tokens, END_TOKEN, spec.sampling
-        )
-        for spec in make_workload(workload)
-    }
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _engine(workload: WorkloadConfig, config: EngineConfig, page_size: int, kv: int) -> Engine:
     pools = make_pools(config.max_running, LONGEST, kv, torch.device("cpu"), page_size)
-    tokens = ModelTokens(_model(), make_kv_cache(_model(), pools))
+    tokens = ModelTokens(tiny_model(), make_kv_cache(tiny_model(), pools))
     return Engine(config, make_workload(workload), pools, tokens)
 
 
@@ -125,7 +99,7 @@ def test_prebuilt_arrivals_match_the_oracle(
     """Each prebuilt arrival is admitted once by a prebuilt step; every request matches."""
     engine = _engine(workload, config, page_size, kv)
     engine.run()
-    assert engine.outputs == _expected(workload)
+    assert engine.outputs == alone_outputs(workload)
     specs = make_workload(workload)
     assert engine.trace.prebuilt_requests == sum(spec.prebuilt for spec in specs) > 0
     assert 0 < engine.trace.prebuilt_steps <= engine.trace.prebuilt_requests
@@ -143,10 +117,10 @@ def test_a_prebuilt_step_runs_no_forward_and_the_next_decodes_its_rows() -> None
     transfer alone, and the next forward (after any other prebuilt steps) decodes its rows."""
     calls: list[tuple[str, tuple[int, ...]]] = []
     pools = make_pools(32, LONGEST, 4096, torch.device("cpu"), 16)
-    source = _Recording(ModelTokens(_model(), make_kv_cache(_model(), pools)), calls)
+    source = _Recording(ModelTokens(tiny_model(), make_kv_cache(tiny_model(), pools)), calls)
     engine = Engine(PLAIN, make_workload(ALL), pools, source)
     engine.run()
-    assert engine.outputs == _expected(ALL)
+    assert engine.outputs == alone_outputs(ALL)
     kinds = [kind for kind, _ in calls]
     assert "extend" not in kinds
     assert kinds.count("transfer") == engine.trace.prebuilt_steps
@@ -163,10 +137,10 @@ def test_a_prebuilt_step_runs_no_forward_and_the_next_decodes_its_rows() -> None
 def test_the_oracle_catches_a_transfer_that_writes_no_kv() -> None:
     """First tokens right, KV left unwritten: the decoded tokens after them differ."""
     pools = make_pools(32, LONGEST, 4096, torch.device("cpu"), 16)
-    source = _NoKV(ModelTokens(_model(), make_kv_cache(_model(), pools)))
+    source = _NoKV(ModelTokens(tiny_model(), make_kv_cache(tiny_model(), pools)))
     engine = Engine(PLAIN, make_workload(HALF), pools, source)
     engine.run()
-    expected = _expected(HALF)
+    expected = alone_outputs(HALF)
     prebuilt = [spec.rid for spec in make_workload(HALF) if spec.prebuilt]
     assert all(engine.outputs[rid][0] == expected[rid][0] for rid in prebuilt)
     assert sum(engine.outputs[rid] != expected[rid] for rid in prebuilt) > len(prebuilt) // 2
@@ -175,9 +149,9 @@ def test_the_oracle_catches_a_transfer_that_writes_no_kv() -> None:
 def test_the_prefill_server_samples_the_first_token_as_the_oracle_does() -> None:
     """`prefill_alone` hands over the oracle's first token, and K/V for every prompt position."""
     for spec in make_workload(HALF)[:20]:
-        token, k, v = prefill_alone(_model(), spec.prompt, spec.sampling)
-        assert token == _expected(HALF)[spec.rid][0]
-        config = _model().config
+        token, k, v = prefill_alone(tiny_model(), spec.prompt, spec.sampling)
+        assert token == alone_outputs(HALF)[spec.rid][0]
+        config = tiny_model().config
         shape = (config.num_layers, len(spec.prompt), config.num_heads, config.head_dim)
         assert tuple(k.shape) == tuple(v.shape) == shape
 
