@@ -14,9 +14,14 @@ import argparse
 
 import torch
 
-from batchstate.engine import EngineConfig, SimulationConfig, WorkloadConfig, simulate
-from batchstate.engine._data_parallel import DataParallelConfig
-from batchstate.engine._launch import launch
+from batchstate.engine import (
+    DataParallelConfig,
+    EngineConfig,
+    SimulationConfig,
+    WorkloadConfig,
+    launch,
+    simulate,
+)
 
 
 def main() -> None:

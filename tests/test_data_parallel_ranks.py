@@ -11,9 +11,14 @@ from typing import Final
 import pytest
 
 from batchstate.cli import main
-from batchstate.engine import EngineConfig, SimulationConfig, WorkloadConfig
-from batchstate.engine._data_parallel import DataParallelConfig, DataParallelRun
-from batchstate.engine._launch import launch
+from batchstate.engine import (
+    DataParallelConfig,
+    DataParallelRun,
+    EngineConfig,
+    SimulationConfig,
+    WorkloadConfig,
+    launch,
+)
 
 QUIET: Final = ["--no-progress", "--kv-tokens", "512"]
 

@@ -7,13 +7,20 @@ row with its own parameters (its `Sampling` columns); the oracle
 (`check_oracle`) compares every request's tokens with the same model run
 alone on a contiguous cache. `simulate` wires them from one config; the
 `batchstate simulate` command is its front end. See docs/engine.md.
+
+`launch` runs the same engine on data-parallel ranks over torch.distributed
+(`DataParallelConfig`): each rank owns its pools and records, and every rank
+takes part in every step. See docs/distributed.md.
 """
 
 from batchstate.engine._admission import Budget, choose, reserve
+from batchstate.engine._data_parallel import DataParallelConfig, DataParallelRun, RankRun
 from batchstate.engine._engine import Engine, EngineConfig, EngineError
+from batchstate.engine._launch import RankFailed, launch
 from batchstate.engine._model import Attend, ModelConfig, TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
 from batchstate.engine._paged import KVCache, make_kv_cache, sample_decode, sample_extend
+from batchstate.engine._ranks import Fault, InjectedFault, PeerLost
 from batchstate.engine._simulate import (
     DEVICES,
     ProgressCallback,
@@ -42,15 +49,22 @@ __all__ = [
     "Arrival",
     "Attend",
     "Budget",
+    "DataParallelConfig",
+    "DataParallelRun",
     "Engine",
     "EngineConfig",
     "EngineError",
+    "Fault",
+    "InjectedFault",
     "KVCache",
     "ModelConfig",
     "ModelTokens",
     "OracleResult",
+    "PeerLost",
     "ProgressCallback",
     "RandomTokens",
+    "RankFailed",
+    "RankRun",
     "RequestSpec",
     "SamplingMix",
     "Simulation",
@@ -62,6 +76,7 @@ __all__ = [
     "check_oracle",
     "choose",
     "generate_alone",
+    "launch",
     "make_kv_cache",
     "make_model",
     "make_workload",
