@@ -8,9 +8,10 @@ import pytest
 import torch
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    """A tiny model on 2 shared cores: extra intra-op threads only contend."""
+    """Every test on one torch thread: tiny tensors on 2 shared cores, where extra
+    intra-op threads only contend (a model test ran 30x slower beside another process)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -7,13 +7,11 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Final
 
 import pytest
-import torch
 
 import batchstate
 import batchstate.cli
@@ -25,14 +23,6 @@ DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
 
 # A small, quick run; each test adds what it checks.
 SMALL: Final = ["simulate", "--requests", "24", "--no-progress", "--kv-tokens", "512"]
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads() -> Iterator[None]:
-    # `main` sets one torch thread on cpu; leave the process as it was.
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_summary_table_reports_a_passing_run(capsys: pytest.CaptureFixture[str]) -> None:

@@ -40,9 +40,6 @@ from batchstate.engine._router import Router
 MODEL: Final = ModelConfig()
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def _spec(rid: int, arrival: int = 0, follows: int | None = None) -> RequestSpec:
     return RequestSpec(rid, arrival, (1, 2, 3), 4, follows=follows)
 

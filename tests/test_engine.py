@@ -47,9 +47,6 @@ WORKLOAD: Final = WorkloadConfig(
 LONGEST: Final = 40 + 40
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def _run(
     specs: Sequence[RequestSpec],
     pools: Pools,

@@ -61,9 +61,6 @@ def _tight(config: EngineConfig) -> EngineConfig:
     return attrs.evolve(config, new_token_ratio=0.0, headroom_pages=0)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def _engine(workload: WorkloadConfig, config: EngineConfig, page_size: int, kv: int) -> Engine:
     pools = make_pools(config.max_running, LONGEST, kv, torch.device("cpu"), page_size)
     tokens = ModelTokens(tiny_model(), make_kv_cache(tiny_model(), pools))
