@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from batchstate import StaleRecord, decode, filter_batch
+from batchstate import StaleRecord, decode, filter_batch, release, split
 from tests.builders import make_extended, make_test_pools
 from tests.strategies import assert_unchanged, snapshot
 
@@ -15,15 +15,30 @@ def _stale(message: str) -> pytest.RaisesExc[StaleRecord]:
     return pytest.raises(StaleRecord, match=f"^{re.escape(message)}$")
 
 
-def test_pools_a_step_behind_hold_the_old_length() -> None:
-    pools = make_test_pools()
-    extended, before = make_extended(pools, [3, 5])
+@pytest.mark.parametrize("max_reqs", [1, 16])
+def test_pools_a_step_behind_hold_the_old_length(max_reqs: int) -> None:
+    """Slot 1 as the pools' top slot, and as one below it."""
+    pools = make_test_pools(max_reqs=max_reqs)
+    extended, before = make_extended(pools, [3])
     decoded, _ = decode(extended, before).unwrap()
     with _stale(
         "row 0 (request 0) has 4 tokens in slot 1, the pools hold 3:"
         " the batch or the pools are stale"
     ):
         decode(decoded, before)
+
+
+def test_the_first_stale_row_is_named_not_the_first_row() -> None:
+    """Row 0 is current; row 1 left and was released, so its slot now holds nothing."""
+    extended, pools = make_extended(make_test_pools(), [3, 5])
+    decoded, pools = decode(extended, pools).unwrap()
+    kept, left = split(decoded, [0])
+    pools = release(left, kept, pools).unwrap()
+    with _stale(
+        "row 1 (request 1) has 6 tokens in slot 2, the pools hold 0:"
+        " the batch or the pools are stale"
+    ):
+        decode(decoded, pools)
 
 
 def test_a_slot_past_the_pools_table_is_named_not_indexed() -> None:
