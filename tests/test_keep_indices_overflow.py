@@ -46,3 +46,16 @@ def test_filter_batch_refuses_a_wrapped_step() -> None:
     batch, _ = extend(idle(CPU), [Req(rid, (1, 2)) for rid in range(3)], pools).unwrap()
     with pytest.raises(KeepIndicesError, match="out of order"):
         filter_batch(batch, np.array([1, INT64_MIN]))
+
+
+def test_the_largest_int64_position_is_converted_then_out_of_range() -> None:
+    keep = np.array([2**63 - 1], dtype=np.uint64)
+    with pytest.raises(
+        KeepIndicesError, match=rf"^keep index {2**63 - 1} is out of range for 3 rows$"
+    ):
+        keep_indices(keep, 3)
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.int64])
+def test_an_empty_integer_array_keeps_nothing(dtype: type[np.integer]) -> None:
+    assert keep_indices(np.array([], dtype=dtype), 3).tolist() == []
