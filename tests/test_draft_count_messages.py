@@ -50,6 +50,7 @@ def test_integer_drafts_of_any_kind_are_reserved(drafts: Any) -> None:
         ([1, -1, 0], "draft_lens must be >= 0, got [1, -1, 0]"),
         ([1, 0, True], "draft_lens must be integers, got a bool"),
         ([1, 2.0, 0], INTEGERS + ": 'float' object cannot be interpreted as an integer"),
+        ([0, 0, 2**70], "draft_lens must fit in int64: int too big to convert"),
         (np.array([1.0, 2.0, 0.0]), "draft_lens must be integers, got float64"),
         (torch.tensor([1.0, 2.0, 0.0]), "draft_lens must be integers, got torch.float32"),
         (torch.tensor([1, 0, 1], dtype=torch.complex64), INTEGERS + ", got torch.complex64"),
