@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from batchstate import (
+    DeviceOnly,
     Filtered,
     Mirrored,
     Req,
@@ -98,3 +99,12 @@ def test_a_device_side_sharing_the_host_memory(name: str) -> None:
     cells.flags.writeable = False
     with raises_exactly(f"{name}: the device side shares the host side's memory"):
         check_batch(_with_device_side(name, device, cells), compare_device=True)
+
+
+def test_original_lengths_other_than_the_lengths() -> None:
+    rows = attrs.evolve(
+        _filtered().rows, orig_seq_lens=DeviceOnly(torch.tensor([3, 2], dtype=torch.int32))
+    )
+    check_batch(Filtered(rows))  # a device column: compared only with compare_device
+    with raises_exactly("orig_seq_lens != seq_lens"):
+        check_batch(Filtered(rows), compare_device=True)
