@@ -16,6 +16,7 @@ from batchstate import (
     Req,
     check_batch,
     check_pools,
+    decode,
     extend,
     filter_batch,
     idle,
@@ -108,3 +109,14 @@ def test_original_lengths_other_than_the_lengths() -> None:
     check_batch(Filtered(rows))  # a device column: compared only with compare_device
     with raises_exactly("orig_seq_lens != seq_lens"):
         check_batch(Filtered(rows), compare_device=True)
+
+
+def test_a_decode_writing_one_location_twice() -> None:
+    extended, pools = extend(
+        idle(CPU), [Req(0, (1, 2)), Req(1, (3,))], make_pools(4, 32, 64, CPU)
+    ).unwrap()
+    decoding, _ = decode(extended, pools).unwrap()
+    twice = attrs.evolve(decoding, out_cache_loc=DeviceOnly(torch.tensor([5, 5])))
+    check_batch(twice)  # a device column: compared only with compare_device
+    with raises_exactly("out_cache_loc repeats a location"):
+        check_batch(twice, compare_device=True)
