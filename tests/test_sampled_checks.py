@@ -107,3 +107,11 @@ def test_read_sampled_returns_a_read_only_copy() -> None:
     assert host.dtype == np.int64 and host.tolist() == [7, 8, 9]
     assert not host.flags.writeable
     assert not np.shares_memory(host, tokens.numpy())
+
+
+def test_follow_from_one_token_names_a_larger_rid() -> None:
+    pools = make_test_pools()
+    one, pools = _running(pools, (3,), first_rid=0)
+    other, _ = _running(pools, (4,), first_rid=5)
+    with _exactly(BatchConflict, "no sampled token for requests [5]"):
+        follow(Sampled.of(one.rows, torch.tensor([7])), other)
