@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchstate import Idle, PhaseError, filter_batch, split
+from batchstate import Filtered, Idle, PhaseError, filter_batch, settle, split
 from tests.builders import make_phase, make_test_pools
 
 
@@ -17,3 +17,9 @@ def test_split_of_an_idle_batch_names_split() -> None:
         PhaseError, match=r"^filter_batch takes Extended, Decoding or Filtered, got Idle$"
     ):
         filter_batch(batch, [])  # type: ignore[arg-type]  # on purpose: an Idle batch
+
+
+def test_settle_of_a_batch_that_is_not_mixed_names_settle() -> None:
+    batch, _ = make_phase(Filtered, make_test_pools())
+    with pytest.raises(PhaseError, match=r"^settle takes Mixed, got Filtered$"):
+        settle(batch)  # type: ignore[arg-type]  # on purpose: not a Mixed
