@@ -1,4 +1,4 @@
-"""mix's refusals, exactly: each Failure's fields and each exception's whole message."""
+"""mix's and decode_sampled's refusals, exactly: each Failure's fields, each whole message."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from batchstate import (
     Req,
     Sampled,
     decode,
+    decode_sampled,
     idle,
     mix,
 )
@@ -109,3 +110,21 @@ def test_input_tokens_must_be_the_running_rows() -> None:
     on_meta = Sampled(running.rows.rids, DeviceOnly(torch.zeros(2, dtype=torch.int64, device=META)))
     with _exactly(BatchConflict, "sampled tokens on meta, the batch on cpu"):
         mix(running, [], 8, pools, on_meta)
+
+
+def test_decode_sampled_takes_only_a_filtered_batch() -> None:
+    running, pools = _running(make_test_pools())
+    decoding, pools = decode(running, pools).unwrap()
+    tokens = Sampled.of(decoding.rows, torch.tensor([1, 2]))
+    with _exactly(PhaseError, "decode_sampled takes Filtered, got Decoding"):
+        decode_sampled(decoding, tokens, pools)  # type: ignore[arg-type]  # on purpose
+
+
+def test_decode_sampled_at_the_context_limit_is_too_long() -> None:
+    """A row holding the whole context has no room for the sampled token."""
+    running, pools = _running(make_test_pools(max_context_len=9), (5, 9))
+    tokens = Sampled.of(running.rows, torch.tensor([1, 2]))
+    assert decode_sampled(running, tokens, pools) == Failure(ContextTooLong(1, 10, 9))
+    fits, pools = _running(make_test_pools(max_context_len=9), (5, 8))
+    mixed, _ = decode_sampled(fits, Sampled.of(fits.rows, torch.tensor([1, 2])), pools).unwrap()
+    assert mixed.rows.seq_lens.host.tolist() == [6, 9]
