@@ -128,3 +128,11 @@ def test_decode_sampled_at_the_context_limit_is_too_long() -> None:
     fits, pools = _running(make_test_pools(max_context_len=9), (5, 8))
     mixed, _ = decode_sampled(fits, Sampled.of(fits.rows, torch.tensor([1, 2])), pools).unwrap()
     assert mixed.rows.seq_lens.host.tolist() == [6, 9]
+
+
+def test_a_running_row_at_the_context_limit_is_too_long_for_mix() -> None:
+    running, pools = _running(make_test_pools(max_context_len=9), (5, 9))
+    assert mix(running, [], 8, pools, [1, 2]) == Failure(ContextTooLong(1, 10, 9))
+    fits, pools = _running(make_test_pools(max_context_len=9), (5, 8))
+    mixed, _ = mix(fits, [], 8, pools, [1, 2]).unwrap()
+    assert mixed.rows.seq_lens.host.tolist() == [6, 9]
