@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 from returns.result import Failure
 
@@ -37,7 +38,9 @@ def test_ref_counts_add_the_cache_and_every_reader() -> None:
     """Pages 1-2: cached and read by two rows (3); 4-5 and 7-8: cached only (1);
     10-11: each reader's private last page (1); the rest free (0)."""
     pools, _ = _two_readers()
-    assert pools.ref_counts().tolist() == [0, 3, 3, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0]
+    counts = pools.ref_counts()
+    assert counts.dtype == np.int64 and not counts.flags.writeable
+    assert counts.tolist() == [0, 3, 3, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0]
 
 
 def test_running_out_counts_the_evictable_pages_as_free() -> None:
