@@ -16,6 +16,7 @@ from batchstate import (
     PhaseError,
     Req,
     cached_pools,
+    decode_cached,
     extend_cached,
     idle,
     release_cached,
@@ -61,3 +62,9 @@ def test_release_cached_names_what_is_not_a_batch_and_a_row_count_that_differs()
         release_cached(reader, pools, pools)  # type: ignore[arg-type]  # on purpose
     with _exactly(ValueError, "tokens for 2 rows, 1 rows left"):
         release_cached(reader, idle(CPU), pools, [[1] * 9, [2]])
+
+
+def test_a_decode_with_nothing_free_or_evictable_names_its_one_page() -> None:
+    pools = cached_pools(make_test_pools(4, num_kv_tokens=8))  # 2 pages
+    batch, pools = extend_cached(idle(CPU), [Req(1, tuple(range(8)))], pools).unwrap()
+    assert decode_cached(batch, pools) == Failure(OutOfKVTokens(1, 0, 4))
