@@ -45,3 +45,9 @@ def test_a_departed_whose_length_is_stale_is_not_owned() -> None:
     ).unwrap()
     stale = Departed(batch.rows.reqs, host_int64([1]), host_int64([8]))
     assert release_cached(stale, idle(CPU), pools) == Failure(NotOwned((1,)))
+
+
+def test_a_cache_of_another_page_size_is_refused() -> None:
+    pools = cached_pools(make_test_pools(4))
+    with _refused("the prefix cache has pages of 16, the pools of 4"):
+        attrs.evolve(pools, cache=attrs.evolve(pools.cache, page_size=16))
