@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import numpy as np
+import pytest
 import torch
 
 from batchstate import (
+    DeviceOnly,
     Filtered,
+    Mirrored,
     Req,
     check_batch,
     check_pools,
+    decode,
     extend,
     filter_batch,
     idle,
@@ -70,3 +76,47 @@ def test_a_row_in_the_top_slot_at_another_length() -> None:
     last = filter_batch(batch, [3])  # slot 4, the top one
     with raises_exactly("slot 4: row has 3 tokens, the pools hold 0"):
         check_pools(make_pools(4, 32, 64, CPU), [last])
+
+
+def _with_device_side(name: str, device: torch.Tensor, host: np.ndarray) -> Filtered:
+    changes: dict[str, Any] = {name: Mirrored._pair(host, device)}
+    return Filtered(attrs.evolve(_filtered().rows, **changes))
+
+
+@pytest.mark.parametrize("name", ["req_pool_indices", "seq_lens"])
+def test_a_device_side_with_other_values(name: str) -> None:
+    host = getattr(_filtered().rows, name).host
+    batch = _with_device_side(name, torch.tensor([9, 9]), host)
+    check_batch(batch)  # the host side alone is consistent
+    with raises_exactly(f"{name}: host mirror != device"):
+        check_batch(batch, compare_device=True)
+
+
+@pytest.mark.parametrize("name", ["req_pool_indices", "seq_lens"])
+def test_a_device_side_sharing_the_host_memory(name: str) -> None:
+    """On the CPU a mirror's two sides must be two buffers: a write to one is not the other."""
+    cells = getattr(_filtered().rows, name).host.copy()
+    device = torch.from_numpy(cells)  # the same memory
+    cells.flags.writeable = False
+    with raises_exactly(f"{name}: the device side shares the host side's memory"):
+        check_batch(_with_device_side(name, device, cells), compare_device=True)
+
+
+def test_original_lengths_other_than_the_lengths() -> None:
+    rows = attrs.evolve(
+        _filtered().rows, orig_seq_lens=DeviceOnly(torch.tensor([3, 2], dtype=torch.int32))
+    )
+    check_batch(Filtered(rows))  # a device column: compared only with compare_device
+    with raises_exactly("orig_seq_lens != seq_lens"):
+        check_batch(Filtered(rows), compare_device=True)
+
+
+def test_a_decode_writing_one_location_twice() -> None:
+    extended, pools = extend(
+        idle(CPU), [Req(0, (1, 2)), Req(1, (3,))], make_pools(4, 32, 64, CPU)
+    ).unwrap()
+    decoding, _ = decode(extended, pools).unwrap()
+    twice = attrs.evolve(decoding, out_cache_loc=DeviceOnly(torch.tensor([5, 5])))
+    check_batch(twice)  # a device column: compared only with compare_device
+    with raises_exactly("out_cache_loc repeats a location"):
+        check_batch(twice, compare_device=True)

@@ -114,9 +114,8 @@ def keep_indices(keep: Keep, num_rows: int) -> HostArray:
     if not _increasing(keep, index):
         if isinstance(keep, Sequence) and bool in set(map(type, keep)):
             raise KeepIndicesError("keep indices must be integers, got a bool")  # off the hot path
-        steps = np.diff(index)
-        at = int((steps <= 0).argmax())
-        kind = "a duplicate" if int(steps[at]) == 0 else "out of order"
+        at = int((index[1:] <= index[:-1]).argmax())
+        kind = "a duplicate" if index[at + 1] == index[at] else "out of order"
         raise KeepIndicesError(
             f"keep indices must be strictly increasing: {kind} at position {at + 1}"
             f" ({int(index[at])} then {int(index[at + 1])})"
@@ -164,7 +163,8 @@ def _increasing(keep: Keep, index: HostArray) -> bool:
         return True
     if isinstance(keep, Sequence) and len(keep) <= _MAX_PYTHON_CHECK:
         return all(map(operator.lt, keep, islice(keep, 1, None)))
-    return bool(np.diff(index).min() > 0)
+    # Compared, not subtracted: the difference of two int64 positions can overflow.
+    return bool((index[1:] > index[:-1]).all())
 
 
 def _as_host_int64(keep: Keep) -> HostArray:
@@ -179,6 +179,8 @@ def _as_host_int64(keep: Keep) -> HostArray:
     if isinstance(keep, np.ndarray):
         if keep.dtype.kind not in "iu":
             raise KeepIndicesError(f"keep indices must be integers, got {keep.dtype}")
+        if keep.dtype.kind == "u" and keep.size and int(keep.max()) > _INT64_MAX:
+            raise KeepIndicesError(f"keep indices must fit in int64, got {int(keep.max())}")
         return frozen(keep.astype(np.int64))
     # A bool is an int to `array`: a mask would pass as positions 0 and 1. In
     # strictly increasing positions a bool can only stand first or second
@@ -194,5 +196,6 @@ def _as_host_int64(keep: Keep) -> HostArray:
 
 
 _EMPTY: Final = host_int64([])
+_INT64_MAX: Final = int(np.iinfo(np.int64).max)
 _MAX_PYTHON_CHECK: Final = 128
 _NOBODY: Final = Departed((), _EMPTY, _EMPTY)

@@ -280,6 +280,8 @@ def _draft_lens(draft_lens: Drafts, num_reqs: int) -> HostArray:
             drafts = np.frombuffer(array("q", draft_lens), dtype=np.int64).copy()
         except TypeError as error:
             raise DraftError(f"draft_lens must be integers: {error}") from None
+        except OverflowError as error:
+            raise DraftError(f"draft_lens must fit in int64: {error}") from None
     if drafts.shape != (num_reqs,):
         raise DraftError(f"draft_lens: expected [{num_reqs}], got {list(drafts.shape)}")
     if (drafts < 0).any():
