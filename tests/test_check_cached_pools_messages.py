@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import pytest
 import torch
 
 from batchstate import (
@@ -95,6 +96,34 @@ def test_rows_in_the_first_and_the_last_slot_pass_the_check() -> None:
     batch, pools = extend_cached(idle(CPU), reqs, pools).unwrap()
     assert sorted(batch.rows.req_pool_indices.host.tolist()) == [1, 2, 3, 4]
     check_cached_pools(pools, [batch], compare_device=True)
+
+
+def test_the_last_page_read_as_a_prefix_by_every_slot_passes_the_check() -> None:
+    """Pages 15 and 16 (the last) hold the prefix; slots 1 to 4 all read it."""
+    pools = cached_pools(make_pools(4, 64, 64, CPU, page_size=4))
+    reqs = [Req(0, tuple(range(100, 156))), Req(1, HEAD)]  # 14 pages, then 2
+    first, pools = extend_cached(idle(CPU), reqs, pools).unwrap()
+    pools = release_cached(first, idle(CPU), pools).unwrap()
+    batch, pools = extend_cached(
+        idle(CPU), [Req(r, (*HEAD, r)) for r in range(2, 6)], pools
+    ).unwrap()
+    assert sorted(batch.rows.req_pool_indices.host.tolist()) == [1, 2, 3, 4]
+    assert batch.prefix_lens == (8, 8, 8, 8)
+    assert list(pools.cache.entries().values()) == [(15, 4), (16, 4)]
+    check_cached_pools(pools, [batch], compare_device=True)
+
+
+def test_a_tree_of_one_token_pages_passes_the_check() -> None:
+    pools = cached_pools(make_pools(4, 32, 64, CPU, page_size=1))
+    first, pools = extend_cached(idle(CPU), [Req(1, (7, 8, 1)), Req(2, (7, 9, 1))], pools).unwrap()
+    pools = release_cached(first, idle(CPU), pools).unwrap()
+    batch, pools = extend_cached(idle(CPU), [Req(3, (7, 8, 2))], pools).unwrap()
+    assert [node.tokens for _, node in pools.cache._nodes()] == [(7,), (8,), (9, 1), (1,)]
+    check_cached_pools(pools, [batch], compare_device=True)
+
+
+def test_pools_without_kv_pages_pass_the_check() -> None:
+    check_cached_pools(cached_pools(make_pools(4, 32, 0, CPU, page_size=4)), compare_device=True)
 
 
 def test_a_cache_of_another_table() -> None:
@@ -242,10 +271,19 @@ def test_a_slot_both_free_and_owned() -> None:
         check_cached_pools(attrs.evolve(pools, pools=inner))
 
 
-def test_a_slot_neither_free_nor_owned() -> None:
+@pytest.mark.parametrize("lost", [1, 4])
+def test_a_slot_neither_free_nor_owned(lost: int) -> None:
     _, pools, _ = _running()
-    inner = attrs.evolve(pools._pools, slot_list=FreeList.of(np.array([1, 2], dtype=np.int64)))
+    free = FreeList.of(np.array([slot for slot in (1, 2, 4) if slot != lost], dtype=np.int64))
+    inner = attrs.evolve(pools._pools, slot_list=free)
     with raises_exactly("request slots: 2 free + 1 owned != 4, or a slot is both or neither"):
+        check_cached_pools(attrs.evolve(pools, pools=inner))
+
+
+def test_the_padding_slot_holding_tokens() -> None:
+    _, pools, _ = _running()
+    inner = attrs.evolve(pools._pools, slot_tokens=host_int64([4, 0, 0, 12, 0]))
+    with raises_exactly("request slots: 3 free + 2 owned != 4, or a slot is both or neither"):
         check_cached_pools(attrs.evolve(pools, pools=inner))
 
 
