@@ -343,3 +343,29 @@ def test_a_row_whose_prefix_the_cache_holds_in_other_pages() -> None:
     check_cached_pools(swapped)  # pages, locks and counts are all right
     with raises_exactly("slot 3: its cached prefix is not the cache's pages for its tokens"):
         check_cached_pools(swapped, [batch])
+
+
+@pytest.mark.parametrize("page", [0, 17])
+def test_a_cached_page_outside_the_pools(page: int) -> None:
+    _, pools, _ = _running()
+    with raises_exactly("the cache holds a KV page outside 1..16"):
+        check_cached_pools(_with_top(pools, pages=(page,)))
+
+
+def _move_page(pools: CachedPools, position: int, page: int) -> None:
+    """Slot 3's page at `position` (a page start) moved to `page`, on both sides."""
+    positions = list(range(position, position + 4))
+    pools.table.write(
+        Mirrored.from_host(host_int64([3] * 4), CPU),
+        Mirrored.from_host(host_int64(positions), CPU),
+        Mirrored.from_host(np.arange(4 * page, 4 * page + 4, dtype=np.int32), CPU),
+    )
+
+
+@pytest.mark.parametrize("page", [0, 17, -1])
+@pytest.mark.parametrize("position", [0, 8])  # its first prefix page, its private page
+def test_a_row_reading_a_page_outside_the_pools(position: int, page: int) -> None:
+    batch, pools, _ = _running()
+    _move_page(pools, position, page)
+    with raises_exactly("slot 3: its row reads a KV page outside 1..16"):
+        check_cached_pools(pools, [batch])
