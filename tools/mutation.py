@@ -38,8 +38,10 @@ KILLED = {1, 3}
 def _status(exit_code: int | None) -> str:
     if exit_code in KILLED:
         return "killed"
+    # mutmut's own reading: 36, or SIGXCPU (its CPU-time limit) as the child reports it.
     return {None: "not checked", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
-            36: "timeout", 37: "type check"}.get(exit_code, "other")  # fmt: skip
+            36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
+            37: "type check"}.get(exit_code, "other")  # fmt: skip
 
 
 def exit_codes(modules: list[str]) -> dict[str, dict[str, int | None]]:

@@ -20,7 +20,8 @@ def check_cached_pools(
     """Check that every KV page is exactly one of free, cached or in use, and counted right.
 
     - free + cached + private (in use by one row, past its prefix) = capacity,
-      no page in two of them, page 0 in none;
+      no page in two of them, page 0 in none, every cached page and every
+      page a row reads in 1..num_pages;
     - each slot's cached prefix is whole pages, shorter than its row, and its
       pages are cached; each cached page is locked by exactly the rows that
       read it (its reference count is those rows plus the cache's one);
@@ -39,6 +40,10 @@ def check_cached_pools(
     entries = cache.entries()
     cached = np.array([page for page, _ in entries.values()], dtype=np.int64)
     locks = {page: count for page, count in entries.values()}
+    _expect(
+        bool(((cached >= 1) & (cached <= pools.num_pages)).all()),
+        f"the cache holds a KV page outside 1..{pools.num_pages}",
+    )
     table, slot_tokens, prefix_lens = inner.table.host, inner.slot_tokens, pools.prefix_lens
     _expect(int(prefix_lens[0]) == 0, "padding slot 0 reads a cached prefix")
     readers = np.zeros(pools.num_pages + 1, dtype=np.int64)
@@ -51,6 +56,10 @@ def check_cached_pools(
             " its last token",
         )
         pages = table[slot, :tokens:page_size].astype(np.int64) // page_size
+        _expect(
+            bool(((pages >= 1) & (pages <= pools.num_pages)).all()),
+            f"slot {slot}: its row reads a KV page outside 1..{pools.num_pages}",
+        )
         np.add.at(readers, pages[: prefix // page_size], 1)
         private.append(pages[prefix // page_size :])
     for page in np.nonzero(readers)[0].tolist():

@@ -1,0 +1,59 @@
+"""PrefixCache updates deep in the tree, eviction of a parent left bare, recency of a lock."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from batchstate import PrefixCache
+
+
+def _cache(*prompts: tuple[int, ...]) -> PrefixCache:
+    """Pages of one token; token `t` at position `i` of a prompt cached in page `10 * i + t`."""
+    cache = PrefixCache._empty(1, None)
+    for tokens in prompts:
+        cache, _ = cache._insert(tokens, [10 * i + t for i, t in enumerate(tokens)])
+    return cache
+
+
+def test_a_miss_matches_no_tokens_and_an_empty_int64_array_of_pages() -> None:
+    length, pages = PrefixCache._empty(1, None).match((1, 2, 3))
+    assert length == 0 and pages.dtype == np.int64 and pages.shape == (0,)
+    length, pages = _cache((1, 2)).match((3,))
+    assert length == 0 and pages.dtype == np.int64 and pages.shape == (0,)
+
+
+def test_len_counts_the_nodes_of_the_tree() -> None:
+    assert len(_cache()) == 0
+    assert len(_cache((1, 2, 3))) == 1
+    assert len(_cache((1, 2, 3), (1, 2, 4))) == 3  # (1, 2) and its two children
+
+
+def test_a_lock_three_nodes_deep_locks_every_node_on_its_path() -> None:
+    cache = _cache((1, 2, 3), (1, 2, 4), (1, 5))  # (1) -> (2) -> (3), (4); (1) -> (5)
+    assert {prefix: node.tokens for prefix, node in cache._nodes()} == {
+        (1,): (1,),
+        (1, 2): (2,),
+        (1, 5): (5,),
+        (1, 2, 3): (3,),
+        (1, 2, 4): (4,),
+    }
+    locked = cache._lock((1, 2, 3), 3)
+    locks = {prefix: node.locks for prefix, node in locked._nodes()}
+    assert locks == {(1,): 1, (1, 5): 0, (1, 2): 1, (1, 2, 4): 0, (1, 2, 3): 1}
+    assert locked.num_locked == 3
+    unlocked = locked._unlock((1, 2, 3), 3)
+    assert {node.locks for _, node in unlocked._nodes()} == {0} and unlocked.num_locked == 0
+
+
+def test_a_parent_left_without_children_is_evicted_in_the_same_call() -> None:
+    cache = _cache((1, 2), (1, 3))  # (1) -> (2), (3)
+    evicted, pages = cache._evict(3)
+    assert sorted(pages) == [1, 12, 13]
+    assert evicted.num_pages == 0 and len(evicted) == 0
+
+
+def test_a_locked_prefix_counts_as_used_when_evicting() -> None:
+    cache = _cache((1,), (2,))  # (1) cached first: the least recently used
+    assert cache._evict(1)[1] == [1]
+    read = cache._lock((1,), 1)._unlock((1,), 1)  # a row read (1) since
+    assert read._evict(1)[1] == [2]
