@@ -68,3 +68,15 @@ def test_a_decode_with_nothing_free_or_evictable_names_its_one_page() -> None:
     pools = cached_pools(make_test_pools(4, num_kv_tokens=8))  # 2 pages
     batch, pools = extend_cached(idle(CPU), [Req(1, tuple(range(8)))], pools).unwrap()
     assert decode_cached(batch, pools) == Failure(OutOfKVTokens(1, 0, 4))
+
+
+def test_a_decode_short_of_pages_evicts_only_the_shortfall() -> None:
+    """Two rows each need a page, one is free: one cached page is evicted, not all three."""
+    pools = cached_pools(make_test_pools(4, num_kv_tokens=24))  # 6 pages of 4
+    for rid, token in ((1, 1), (2, 2), (3, 3)):  # three one-page prefixes cached
+        batch, pools = extend_cached(idle(CPU), [Req(rid, (token,) * 4 + (9,))], pools).unwrap()
+        pools = release_cached(batch, idle(CPU), pools).unwrap()
+    rows, pools = extend_cached(idle(CPU), [Req(4, (5,) * 4), Req(5, (6,) * 4)], pools).unwrap()
+    assert (pools.cache.num_pages, pools.num_free_tokens) == (3, 4)
+    _, after = decode_cached(rows, pools).unwrap()
+    assert (after.cache.num_pages, after.num_free_tokens) == (2, 0)

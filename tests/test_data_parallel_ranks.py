@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import subprocess
 import sys
 import time
@@ -100,6 +101,7 @@ def test_a_rank_that_raises_stops_every_rank_with_its_name_and_error(
     assert "rank 1 failed: InjectedFault: injected in step 4; ranks 0, 2 stopped with it" in err
     assert "Traceback" not in err
     assert elapsed < 30  # well inside the collective timeout: nobody waited for it
+    assert not multiprocessing.active_children()  # every rank process has ended
 
 
 def test_a_rank_that_stops_answering_is_killed_after_the_timeout_and_named(
@@ -110,6 +112,7 @@ def test_a_rank_that_stops_answering_is_killed_after_the_timeout_and_named(
                                       "--dp-timeout", "3"], capsys)  # fmt: skip
     assert code == 1
     assert "rank 1 stopped answering and was killed; rank 0 timed out waiting" in err
+    assert not multiprocessing.active_children()
     assert elapsed < 60  # the timeout and the grace period, plus start-up: bounded
 
 
