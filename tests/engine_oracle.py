@@ -1,13 +1,28 @@
-"""What the engine tests share: the tiny model, and each workload's oracle."""
+"""What the engine tests share: the tiny model, each workload's oracle, a pass-through source."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 
+import attrs
+
+from batchstate import (
+    CachedPools,
+    Decoding,
+    Extended,
+    Filtered,
+    Idle,
+    Mixed,
+    Pools,
+    Sampled,
+    Sampling,
+)
 from batchstate.engine import (
     END_TOKEN,
     ModelConfig,
     TinyModel,
+    TokenSource,
     WorkloadConfig,
     generate_alone,
     make_model,
@@ -31,3 +46,34 @@ def alone_outputs(workload: WorkloadConfig) -> dict[int, tuple[int, ...]]:
         )
         for spec in make_workload(workload)
     }
+
+
+@attrs.define
+class PassThrough:
+    """A token source that hands every call to `inner`; a test overrides the call it changes."""
+
+    inner: TokenSource
+
+    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
+        return self.inner.after_extend(batch, pools)
+
+    def after_decode(
+        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
+    ) -> list[int]:
+        return self.inner.after_decode(batch, pools, last_tokens)
+
+    def after_mixed(
+        self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
+    ) -> Sampled:
+        return self.inner.after_mixed(batch, pools, sampling)
+
+    def read(self, sampled: Sampled) -> list[int]:
+        return self.inner.read(sampled)
+
+    def transfer(
+        self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
+    ) -> list[int]:
+        return self.inner.transfer(batch, pools, prompts)
+
+    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        self.inner.after_idle(batch)

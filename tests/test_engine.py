@@ -14,12 +14,7 @@ from batchstate import (
     GREEDY,
     CachedPools,
     Decoding,
-    Extended,
-    Filtered,
-    Idle,
-    Mixed,
     Pools,
-    Sampled,
     Sampling,
     SamplingParams,
     make_pools,
@@ -38,7 +33,7 @@ from batchstate.engine import (
     simulate,
 )
 from batchstate.engine._sampler import sample_logits
-from tests.engine_oracle import alone_outputs, tiny_model
+from tests.engine_oracle import PassThrough, alone_outputs, tiny_model
 
 # Staggered arrivals (poisson), finishes at max tokens or at END_TOKEN.
 WORKLOAD: Final = WorkloadConfig(
@@ -61,35 +56,15 @@ def _run(
 
 
 @attrs.define
-class _Corrupting:
+class _Corrupting(PassThrough):
     """A token source that hands the model a decode batch with one metadata value wrong."""
 
-    inner: ModelTokens
     corrupt: Callable[[Decoding[Sampling]], Decoding[Sampling]]
-
-    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
-        return self.inner.after_extend(batch, pools)
 
     def after_decode(
         self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
     ) -> list[int]:
         return self.inner.after_decode(self.corrupt(batch), pools, last_tokens)
-
-    def after_mixed(
-        self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
-    ) -> Sampled:
-        return self.inner.after_mixed(batch, pools, sampling)
-
-    def read(self, sampled: Sampled) -> list[int]:
-        return self.inner.read(sampled)
-
-    def transfer(
-        self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
-    ) -> list[int]:
-        return self.inner.transfer(batch, pools, prompts)
-
-    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
-        self.inner.after_idle(batch)
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ from batchstate.engine import (
     ModelTokens,
     RandomTokens,
     SimulationConfig,
+    TinyModel,
     WorkloadConfig,
     make_kv_cache,
     make_workload,
@@ -42,7 +43,7 @@ from batchstate.engine import (
 )
 from batchstate.engine._alone import prefill_alone
 from batchstate.engine._sources import _params
-from tests.engine_oracle import alone_outputs, tiny_model
+from tests.engine_oracle import PassThrough, alone_outputs, tiny_model
 
 LONGEST: Final = 40 + 40
 # Staggered arrivals; every request fits a table of LONGEST tokens.
@@ -134,7 +135,7 @@ def test_a_prebuilt_step_runs_no_forward_and_the_next_decodes_its_rows() -> None
 def test_the_oracle_catches_a_transfer_that_writes_no_kv() -> None:
     """First tokens right, KV left unwritten: the decoded tokens after them differ."""
     pools = make_pools(32, LONGEST, 4096, torch.device("cpu"), 16)
-    source = _NoKV(ModelTokens(tiny_model(), make_kv_cache(tiny_model(), pools)))
+    source = _NoKV(ModelTokens(tiny_model(), make_kv_cache(tiny_model(), pools)), tiny_model())
     engine = Engine(PLAIN, make_workload(HALF), pools, source)
     engine.run()
     expected = alone_outputs(HALF)
@@ -253,10 +254,9 @@ def test_cli_runs_prebuilt_arrivals_and_reports_them(
 
 
 @attrs.define
-class _Recording:
+class _Recording(PassThrough):
     """Passes every call through, recording its kind and the rows' request ids."""
 
-    inner: ModelTokens | RandomTokens
     calls: list[tuple[str, tuple[int, ...]]]
 
     def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
@@ -275,9 +275,6 @@ class _Recording:
         self.calls.append(("mixed", tuple(batch.rows.rids.tolist())))
         return self.inner.after_mixed(batch, pools, sampling)
 
-    def read(self, sampled: Sampled) -> list[int]:
-        return self.inner.read(sampled)
-
     def transfer(
         self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
     ) -> list[int]:
@@ -290,35 +287,16 @@ class _Recording:
 
 
 @attrs.define
-class _NoKV:
+class _NoKV(PassThrough):
     """A prefill server that hands over the right first tokens but no KV."""
 
-    inner: ModelTokens
-
-    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
-        return self.inner.after_extend(batch, pools)
-
-    def after_decode(
-        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
-    ) -> list[int]:
-        return self.inner.after_decode(batch, pools, last_tokens)
-
-    def after_mixed(
-        self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
-    ) -> Sampled:
-        return self.inner.after_mixed(batch, pools, sampling)
-
-    def read(self, sampled: Sampled) -> list[int]:
-        return self.inner.read(sampled)
-
-    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
-        self.inner.after_idle(batch)
+    model: TinyModel
 
     def transfer(
         self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
     ) -> list[int]:
         columns = batch.rows.columns
         return [
-            prefill_alone(self.inner.model, prompt, _params(columns, row))[0]
+            prefill_alone(self.model, prompt, _params(columns, row))[0]
             for row, prompt in enumerate(prompts)
         ]
