@@ -195,15 +195,18 @@ class _StepLog:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.exchanges = self.steps = self.waits = self.busy = self.idle = 0
+        self.waits = self.busy = self.idle = 0
         self.phase_mixes: Counter[str] = Counter()
 
+    @property
+    def steps(self) -> int:
+        """Steps in which some rank had work: this rank was busy or idle in each."""
+        return self.busy + self.idle
+
     def record(self, shapes: tuple[StepShape, ...]) -> None:
-        self.exchanges += 1
         if not any(shape.busy for shape in shapes):
             self.waits += 1
             return
-        self.steps += 1
         if shapes[self.rank].busy:
             self.busy += 1
         else:

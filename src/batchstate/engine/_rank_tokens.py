@@ -81,31 +81,33 @@ class RankTokens:
 
     def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
         """Exchange an empty shape and, when any rank has tokens, join its shared layers."""
-        shapes = self._exchange(Phase.IDLE, batch.rows, 0)
-        if any(shape.tokens for shape in shapes):
-            forward_idle(self.model, batch, self._shared_mlp)
+        self._exchange(Phase.IDLE, batch.rows, 0)
+        self._join_empty(batch)
 
     def transfer(
         self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
     ) -> list[int]:
         """Exchange the prebuilt batch's shape, take its KV from the prefill server, then join
         the shared layers with no tokens: the batch runs no forward of its own this step."""
-        shapes = self._exchange(Phase.PREBUILT, batch.rows, 0)
+        self._exchange(Phase.PREBUILT, batch.rows, 0)
         firsts = self.local.transfer(batch, pools, prompts)
-        if any(shape.tokens for shape in shapes):
-            forward_idle(self.model, batch, self._shared_mlp)
+        self._join_empty(batch)
         return firsts
 
-    def _exchange(self, phase: Phase, rows: Rows[Sampling], tokens: int) -> tuple[StepShape, ...]:
+    def _exchange(self, phase: Phase, rows: Rows[Sampling], tokens: int) -> None:
         status = self.status
         shape = StepShape(
             phase, len(rows), tokens, rows.seq_lens_sum, status.busy, status.load, status.finished
         )
-        shapes = self.group.exchange(shape)
+        self.group.exchange(shape)
         if self.fault is not None and self.fault.step == self.steps:
             self.fault.strike()
         self.steps += 1
-        return shapes
+
+    def _join_empty(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
+        # This rank brings no tokens; when another rank brings some, join its shared layers.
+        if any(self.group.tokens):
+            forward_idle(self.model, batch, self._shared_mlp)
 
     def _shared_mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return self.group.shared_mlp(self.model, layer, x)
