@@ -44,6 +44,13 @@ READS: list[tuple[str, Read, str, ReadKind]] = [
     ("unique", torch.unique, "_unique2", ReadKind.SHAPE),
     ("masked_select", lambda t: t.masked_select(t > 1), "masked_select", ReadKind.SHAPE),
     ("bool_index", lambda t: t[t > 1], "index", ReadKind.SHAPE),
+    # A CPU scalar may sit beside device tensors: the device tensor after it is what is read.
+    (
+        "masked_select_cpu_scalar",
+        lambda t: torch.masked_select(torch.tensor(5), t > 1),
+        "masked_select",
+        ReadKind.SHAPE,
+    ),
     # meta does not raise for this one: only the audit sees it.
     ("bool_index_put", _index_put_mask, "index_put_", ReadKind.SHAPE),
     ("repeat_interleave", lambda t: t.repeat_interleave(t), "repeat_interleave", ReadKind.SHAPE),
@@ -60,6 +67,9 @@ NOT_READS: list[tuple[str, Read]] = [
     ("sized_repeat", lambda t: t.repeat_interleave(t, output_size=6)),
     ("nonzero_static", lambda t: torch.nonzero_static(t, size=4)),
     ("host_to_device", lambda t: torch.arange(4).to(t.device)),
+    ("dtype_cast", lambda t: t.to(torch.float64)),  # a `_to_copy` with no device: stays put
+    # A list of tensors in second place, one of them bool: only indexing ops read a mask.
+    ("bool_in_a_foreach", lambda t: torch._foreach_mul([t.float()], [t > 1])),
     ("shape", lambda t: (t.shape[0], len(t))),
 ]
 
@@ -72,7 +82,7 @@ def _meta_tensor() -> torch.Tensor:
 def test_forbid_names_each_read_before_it_runs(
     name: str, read: Read, op: str, kind: ReadKind
 ) -> None:
-    """In forbid mode each read raises DeviceReadError with its op, kind and this line."""
+    """In forbid mode each read raises DeviceReadError with its op, kind and device."""
     tensor = _meta_tensor()
     with device_reads(forbid=True) as log, pytest.raises(DeviceReadError) as caught:
         read(tensor)
@@ -80,9 +90,19 @@ def test_forbid_names_each_read_before_it_runs(
     assert found.op.split(".")[1] == op
     assert found.kind is kind
     assert found.device == "meta"
-    assert found.location.startswith("tests/test_audit.py:")
+    assert found.location == found.stack[0]
     assert found.permitted is None
     assert log.report().reads == (found,)
+
+
+@pytest.mark.parametrize(("name", "read", "op", "kind"), READS, ids=[r[0] for r in READS])
+def test_forbid_locates_each_read_in_the_calling_file(
+    name: str, read: Read, op: str, kind: ReadKind
+) -> None:
+    """The location a forbidden read names is this file, where the read was written."""
+    with pytest.raises(DeviceReadError) as caught, device_reads(forbid=True):
+        read(_meta_tensor())
+    assert caught.value.read.location.startswith("tests/test_audit.py:")
 
 
 @pytest.mark.parametrize(("name", "read", "op", "kind"), READS, ids=[r[0] for r in READS])
@@ -93,7 +113,7 @@ def test_count_mode_records_and_lets_the_read_run(
     tensor = _meta_tensor()
     with device_reads() as log, contextlib.suppress(RuntimeError, NotImplementedError):
         read(tensor)  # meta has no data to give: torch raises after the audit counted the read
-    assert [found.op.split(".")[1] for found in log.report().reads] == [op]
+    assert [(found.op.split(".")[1], found.kind) for found in log.report().reads] == [(op, kind)]
 
 
 @pytest.mark.parametrize(("name", "read", "op", "kind"), READS, ids=[r[0] for r in READS])
@@ -167,6 +187,10 @@ def test_report_renders_as_a_short_list() -> None:
     assert str(DeviceReadReport(())) == "no device reads"
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         report.reads = ()  # type: ignore[misc]  # frozen: the check is the point
-    error = DeviceReadError(read)
+    deep = attrs.evolve(read, stack=("engine/sched.py:42 in plan", "engine/loop.py:7 in step"))
+    error = DeviceReadError(deep)
     assert isinstance(error, RuntimeError)
-    assert str(error).splitlines()[0] == f"forbidden {read}"
+    assert error.read is deep
+    assert str(error) == (
+        f"forbidden {deep}\n  engine/sched.py:42 in plan\n  engine/loop.py:7 in step"
+    )
