@@ -76,15 +76,22 @@ def test_a_deep_limit_walks_to_the_bottom_of_the_stack() -> None:
     assert "<unknown>" not in read.stack
 
 
-def test_frames_of_torch_contextlib_and_the_audit_are_never_callers() -> None:
+@pytest.mark.parametrize("call", [_through, _entering], ids=["torch_python_code", "contextlib"])
+def test_frames_of_torch_contextlib_and_the_audit_are_never_callers(
+    call: Callable[[torch.Tensor], object],
+) -> None:
     """The frames between the read and the audit belong to torch, contextlib or the audit."""
-    for call in (_through, _entering):
-        read = _forbidden_read(call, stack_depth=1000)
-        assert not [
-            frame
-            for frame in read.stack
-            if frame.startswith(("torch/", "batchstate/audit.py")) or "contextlib.py:" in frame
-        ]
+    read = _forbidden_read(call, stack_depth=1000)
+    assert not [
+        frame
+        for frame in read.stack
+        if frame.startswith(("torch/", "batchstate/audit.py")) or "contextlib.py:" in frame
+    ]
+
+
+def test_a_read_on_entering_a_context_is_located_in_its_generator() -> None:
+    """A read in a `@contextmanager`'s set-up names the generator, then the `with`."""
+    read = _forbidden_read(_entering, stack_depth=1000)
     ours = [frame for frame in read.stack if frame.startswith(f"{THIS_FILE}:")]
     assert ours[:2] == [
         f"{THIS_FILE}:{_body_line(_reading_on_entry)} in _reading_on_entry",
