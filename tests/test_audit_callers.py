@@ -51,22 +51,25 @@ def _forbidden_read(call: Callable[[torch.Tensor], object], stack_depth: int) ->
     return read
 
 
-def _body_line(function: Callable[..., object]) -> int:
-    # The line after `def` (the helpers' bodies are one line before their return or yield).
+def _first_line(function: Callable[..., object]) -> str:
+    # How the audit names a helper's first body line (each helper reads there or calls on).
     lines, start = inspect.getsourcelines(function)
-    return start + next(i for i, line in enumerate(lines) if line.startswith("def ")) + 1
+    body = start + next(i for i, line in enumerate(lines) if line.startswith("def ")) + 1
+    return f"{THIS_FILE}:{body} in {function.__name__}"
+
+
+def _frames_here(call: Callable[[torch.Tensor], object]) -> list[str]:
+    # This file's frames among every caller of the read.
+    return [frame for frame in _forbidden_read(call, 1000).stack if frame.startswith(THIS_FILE)]
 
 
 def test_callers_are_kept_innermost_first_from_the_line_that_read() -> None:
     """This file's frames appear as `tests/file.py:line in function`, innermost first."""
-    read = _forbidden_read(_through, stack_depth=1000)
-    ours = [frame for frame in read.stack if frame.startswith(f"{THIS_FILE}:")]
-    assert ours[:2] == [
-        f"{THIS_FILE}:{_body_line(_unique_in)} in _unique_in",
-        f"{THIS_FILE}:{_body_line(_through)} in _through",
-    ]
+    ours = _frames_here(_through)
+    assert ours[:2] == [_first_line(_unique_in), _first_line(_through)]
     assert ours[2].endswith(" in _forbidden_read")
-    assert ours[3].endswith(" in test_callers_are_kept_innermost_first_from_the_line_that_read")
+    assert ours[3].endswith(" in _frames_here")
+    assert ours[4].endswith(" in test_callers_are_kept_innermost_first_from_the_line_that_read")
 
 
 def test_a_deep_limit_walks_to_the_bottom_of_the_stack() -> None:
@@ -91,12 +94,7 @@ def test_frames_of_torch_contextlib_and_the_audit_are_never_callers(
 
 def test_a_read_on_entering_a_context_is_located_in_its_generator() -> None:
     """A read in a `@contextmanager`'s set-up names the generator, then the `with`."""
-    read = _forbidden_read(_entering, stack_depth=1000)
-    ours = [frame for frame in read.stack if frame.startswith(f"{THIS_FILE}:")]
-    assert ours[:2] == [
-        f"{THIS_FILE}:{_body_line(_reading_on_entry)} in _reading_on_entry",
-        f"{THIS_FILE}:{_body_line(_entering)} in _entering",
-    ]
+    assert _frames_here(_entering)[:2] == [_first_line(_reading_on_entry), _first_line(_entering)]
 
 
 @pytest.mark.parametrize(("stack_depth", "kept"), [(0, 1), (1, 1), (2, 2), (3, 3)])
