@@ -60,12 +60,12 @@ def _pair(host: object, device: torch.Tensor) -> Mirrored:
 @pytest.mark.parametrize(
     "column",
     ["rids", "req_pool_indices.host", "req_pool_indices.device", "draft_lens", "seq_lens",
-     "out_cache_loc"],
+     "out_cache_loc.host", "out_cache_loc.device"],
 )  # fmt: skip
 def test_verifying_refuses_each_broken_column(column: str, how: str) -> None:
     """A wrong length, dtype or device on any column is a RecordShapeError naming it."""
     window = _window()
-    slots = window.req_pool_indices
+    slots, locs = window.req_pool_indices, window.out_cache_loc
     changes: dict[str, object]
     changes = {
         "rids": {"rids": _broken_host(window.rids, how)},
@@ -77,7 +77,8 @@ def test_verifying_refuses_each_broken_column(column: str, how: str) -> None:
         },
         "draft_lens": {"draft_lens": _broken_host(window.draft_lens, how)},
         "seq_lens": {"seq_lens": DeviceOnly(_broken(window.seq_lens.device, how))},
-        "out_cache_loc": {"out_cache_loc": DeviceOnly(_broken(window.out_cache_loc.device, how))},
+        "out_cache_loc.host": {"out_cache_loc": _pair(_broken_host(locs.host, how), locs.device)},
+        "out_cache_loc.device": {"out_cache_loc": _pair(locs.host, _broken(locs.device, how))},
     }[column]  # type: ignore[assignment]  # each entry is a dict of fields
     with pytest.raises(RecordShapeError, match=rf"Verifying\.{column}: expected .*int64"):
         attrs.evolve(window, **changes)  # type: ignore[arg-type]  # wrong fields on purpose

@@ -182,16 +182,48 @@ def test_sync_rejects_bad_accepted_counts(accepted: torch.Tensor, match: str) ->
     assert_unchanged(before, reserved)
 
 
-def test_sync_rejects_pools_from_before_verify() -> None:
-    """Pools that do not hold the drafts (not threaded through verify) raise DraftError."""
-    decoding, pools = _make_decoding(1, (3, 2))
-    verifying, _ = verify(decoding, [5, 5], pools).unwrap()
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize(
+    ("lengths", "drafts"),
+    [((3, 2), [5, 5]), ((3, 16, 9), [2, 0, 1]), ((3, 16, 9), [0, 0, 1])],
+    ids=["fewer_tokens_than_drafts", "more_tokens_than_drafts", "one_row_with_a_draft"],
+)
+def test_sync_rejects_pools_from_before_verify(
+    page_size: int, lengths: tuple[int, ...], drafts: list[int]
+) -> None:
+    """Pools not threaded through verify raise DraftError, whatever their slots hold; no change."""
+    decoding, pools = _make_decoding(page_size, lengths)
+    verifying, _ = verify(decoding, drafts, pools).unwrap()
+    accepted = torch.zeros(len(lengths), dtype=torch.int64)
+    before = snapshot((verifying, accepted, pools))
     with pytest.raises(DraftError, match="pass the pools verify returned"):
-        sync(verifying, torch.tensor([0, 0]), pools)
+        sync(verifying, accepted, pools)
+    assert_unchanged(before, (verifying, accepted, pools), "a refused sync")
+
+
+def test_sync_refuses_stale_pools_before_it_reads_the_device() -> None:
+    """Pools from before verify are refused from host values alone: on meta, no read is made."""
+    decoding, pools = _meta_decoding(16)
+    verifying, _ = verify(decoding, [2, 0, 1], pools).unwrap()
+    accepted = torch.zeros(3, dtype=torch.int64, device=META)
+    with device_reads(forbid=True) as log, pytest.raises(DraftError, match="verify returned"):
+        sync(verifying, accepted, pools)
+    assert log.count == 0
+
+
+def test_sync_takes_the_pools_from_before_a_verify_with_no_drafts() -> None:
+    """With no drafts verify reserves nothing: the pools before it are the pools after it."""
+    decoding, pools = _make_decoding(16)
+    verifying, reserved = verify(decoding, [0, 0, 0], pools).unwrap()
+    accepted = torch.zeros(3, dtype=torch.int64)
+    synced, after = sync(verifying, accepted, pools)
+    expected, _ = sync(verifying, accepted, reserved)
+    assert synced.rows.seq_lens.host.tolist() == expected.rows.seq_lens.host.tolist() == [4, 17, 10]
+    assert after.slot_tokens.tolist() == pools.slot_tokens.tolist()
 
 
 def test_verifying_has_no_host_lengths() -> None:
-    """The window's lengths are device-only: no Mirrored field, no rows, no seq_lens_sum."""
+    """The window's lengths are device-only: no host seq_lens, no rows, no seq_lens_sum."""
     decoding, pools = _make_decoding(1)
     verifying, _ = verify(decoding, [1, 1, 1], pools).unwrap()
     assert not hasattr(verifying, "rows")

@@ -287,6 +287,17 @@ class SpeculativeMachine(BatchMachine):
                 sync(window, torch.tensor(bad, dtype=torch.int64), pools)
             assert (snapshot(window), _host_state(pools)) == state, "a refused sync changed"
             _failures["DraftError"] = _failures.get("DraftError", 0) + 1
+        # Sometimes the pools from before verify: refused when any row has a draft.
+        stale_first: bool = data.draw(st.booleans(), label="pools from before verify first")
+        if any(drafts) and stale_first:
+            zeros = torch.zeros(len(rows), dtype=torch.int64)
+            inputs = (snapshot(window), _host_state(self.pools), _host_state(pools))
+            with pytest.raises(DraftError, match="pass the pools verify returned"):
+                sync(window, zeros, self.pools)
+            assert (snapshot(window), _host_state(self.pools), _host_state(pools)) == inputs, (
+                "a sync refused for stale pools changed"
+            )
+            _failures["DraftError"] = _failures.get("DraftError", 0) + 1
 
         accepted = [
             data.draw(st.integers(0, draft), label=f"accepted of {draft}") for draft in drafts

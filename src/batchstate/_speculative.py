@@ -46,7 +46,8 @@ class Verifying(Generic[C]):
     on the device, how many drafts each row accepts. `sync` reads those
     counts and returns a mirrored `Filtered`. Until then there is no host
     length to read, stale or otherwise: the host knows only what it
-    reserved (`draft_lens`, and the tokens each slot owns in the pools).
+    reserved (`draft_lens`, the locations in `out_cache_loc`, and the
+    tokens each slot owns in the pools).
 
     Row i's tokens in `out_cache_loc`, with `c` the length before drafts
     (the decode token included) and `d = draft_lens[i]`:
@@ -61,7 +62,7 @@ class Verifying(Generic[C]):
     req_pool_indices: Mirrored  # int64 [num_reqs], row -> request slot; speculation never moves it
     draft_lens: HostArray  # read-only int64 [num_reqs], row -> draft tokens with KV reserved
     seq_lens: DeviceOnly  # int64 [num_reqs], row -> KV tokens the verify forward attends over
-    out_cache_loc: DeviceOnly  # int64 [num_reqs + sum(draft_lens)], token -> KV location
+    out_cache_loc: Mirrored  # int64 [num_reqs + sum(draft_lens)], token -> KV location
     columns: C = NO_COLUMNS  # type: ignore[assignment]  # the default C is NoColumns
 
     def __attrs_post_init__(self) -> None:
@@ -73,10 +74,11 @@ class Verifying(Generic[C]):
         check_host("Verifying.draft_lens", self.draft_lens, np.int64, num_reqs)
         # Summed only once checked as a host array: a device draft_lens would be read.
         num_tokens = num_reqs + int(self.draft_lens.sum())
+        check_host("Verifying.out_cache_loc.host", self.out_cache_loc.host, np.int64, num_tokens)
         devices = (
             ("req_pool_indices.device", self.req_pool_indices.device, num_reqs),
             ("seq_lens", self.seq_lens.device, num_reqs),
-            ("out_cache_loc", self.out_cache_loc.device, num_tokens),
+            ("out_cache_loc.device", self.out_cache_loc.device, num_tokens),
         )
         for name, tensor, length in devices:
             check_device(f"Verifying.{name}", tensor, torch.int64, length, self.device)
@@ -175,7 +177,7 @@ def verify(
         rows.req_pool_indices,
         frozen(drafts),
         DeviceOnly(forward_lens),
-        DeviceOnly(forward_locs),
+        Mirrored._pair(frozen(out_cache_loc), forward_locs),
         rows.columns,
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
@@ -225,19 +227,20 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
             f"num_accepted: expected int64 [{num_reqs}] on {batch.device}, got"
             f" {num_accepted.dtype} {list(num_accepted.shape)} on {num_accepted.device}"
         )
+    drafts, slots = batch.draft_lens, batch.req_pool_indices.host
+    committed = pools.slot_tokens[slots] - drafts
+    # Counts alone would pass pools from before verify whose slots hold more tokens than
+    # their drafts: their cells from the decode token on must be the ones verify wrote.
+    if (committed < 1).any() or not _hold_window(pools, batch, committed):
+        raise DraftError(
+            "the pools do not hold this batch's drafts: pass the pools verify returned"
+        )
     with permitted_reads("speculative sync: accepted draft counts"):
         accepted = num_accepted.to("cpu").numpy()  # NOTE: the one device read; it waits
-    drafts = batch.draft_lens
     bad = (accepted < 0) | (accepted > drafts)
     if bad.any():
         row = int(bad.argmax())
         raise DraftError(f"row {row} accepted {int(accepted[row])} of {int(drafts[row])} drafts")
-    slots = batch.req_pool_indices.host
-    committed = pools.slot_tokens[slots] - drafts
-    if (committed < 1).any():
-        raise DraftError(
-            "the pools do not hold this batch's drafts: pass the pools verify returned"
-        )
     seq_lens = committed + accepted
     shrunk = pools.shrink(slots, seq_lens)
     if not isinstance(shrunk, Success):
@@ -254,6 +257,16 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
     )
     check_columns(rows)
     return Step(Filtered(rows), shrunk.unwrap())
+
+
+def _hold_window(pools: Pools, batch: Verifying[C], committed: HostArray) -> bool:
+    # Each row's table cells [c - 1, c + d) hold its decode token's and drafts' locations.
+    spans = batch.draft_lens + 1
+    row = np.repeat(np.arange(spans.shape[0]), spans)
+    first = np.cumsum(spans) - spans
+    positions = committed[row] - 1 + np.arange(row.shape[0]) - first[row]
+    cells = pools.table.host[batch.req_pool_indices.host[row], positions]
+    return bool(np.array_equal(cells, batch.out_cache_loc.host))
 
 
 def _draft_lens(draft_lens: Drafts, num_reqs: int) -> HostArray:
