@@ -194,7 +194,8 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
     that wrote `num_accepted`. It runs inside `permitted_reads`, so an
     audit counts it and does not forbid it. Row i's length becomes
     `c + num_accepted[i]`; KV pages holding only unaccepted drafts go back
-    to the pools.
+    to the pools. Pools that do not hold the window (those from before
+    `verify`) are refused before the read.
 
     Args:
         batch: the verify window.
