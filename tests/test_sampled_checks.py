@@ -11,6 +11,7 @@ import torch
 
 from batchstate import (
     BatchConflict,
+    DeviceOnly,
     Filtered,
     PhaseError,
     RecordShapeError,
@@ -53,6 +54,41 @@ def test_of_refuses_a_value_that_is_not_a_tensor() -> None:
 def test_of_refuses_tokens_of_another_shape_dtype_or_device(tokens: torch.Tensor, got: str) -> None:
     with _exactly(RecordShapeError, f"Sampled: expected int64 [3] on cpu, got {got}"):
         Sampled.of(_three_rows().rows, tokens)
+
+
+@pytest.mark.parametrize(
+    ("rids", "tokens", "message"),
+    [
+        (
+            np.array([0, 1], dtype=np.int64),
+            torch.zeros(3, dtype=torch.int64),
+            "Sampled.rids: expected a read-only int64 array [3], got a writable int64 array [2]",
+        ),
+        (
+            [0, 1, 2],
+            torch.zeros(3, dtype=torch.int64),
+            "Sampled.rids: expected a read-only int64 array [3], got list",
+        ),
+        (
+            None,
+            torch.zeros(3, dtype=torch.float32),
+            "Sampled.tokens: expected int64 [num_rows], got torch.float32 [3]",
+        ),
+        (
+            None,
+            torch.zeros(3, 1, dtype=torch.int64),
+            "Sampled.tokens: expected int64 [num_rows], got torch.int64 [3, 1]",
+        ),
+    ],
+    ids=["rids_too_short_and_writable", "rids_not_an_array", "float_tokens", "tokens_2d"],
+)
+def test_a_hand_built_sampled_needs_one_int64_rid_per_token(
+    rids: Any, tokens: torch.Tensor, message: str
+) -> None:
+    """Built without `of`, the rids and tokens are still checked against each other."""
+    rids = _three_rows().rows.rids if rids is None else rids
+    with _exactly(RecordShapeError, message):
+        Sampled(rids, DeviceOnly(tokens))
 
 
 def test_length_and_repr_name_the_rows_not_the_tokens() -> None:

@@ -20,7 +20,7 @@ from batchstate._columns import C
 from batchstate._errors import BatchConflict, PhaseError, RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray, describe, frozen, upload
 from batchstate._phases import Filtered
-from batchstate._rows import Rows
+from batchstate._rows import Rows, check_host
 from batchstate.audit import permitted_reads
 
 __all__ = ["Sampled", "follow", "read_sampled"]
@@ -37,6 +37,16 @@ class Sampled:
 
     rids: HostArray  # read-only int64 [num_rows], row -> request id
     tokens: DeviceOnly  # int64 [num_rows], row -> its sampled token
+
+    def __attrs_post_init__(self) -> None:
+        # One rid per token: `follow` gathers by position in `rids`.
+        tokens = self.tokens.device
+        if tokens.dim() != 1 or tokens.dtype != torch.int64:
+            raise RecordShapeError(
+                f"Sampled.tokens: expected int64 [num_rows], got {tokens.dtype}"
+                f" {list(tokens.shape)}"
+            )
+        check_host("Sampled.rids", self.rids, np.int64, tokens.shape[0])
 
     @classmethod
     def of(cls, rows: Rows[C], tokens: torch.Tensor) -> Sampled:
