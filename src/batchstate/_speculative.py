@@ -154,18 +154,12 @@ def verify(
     if not isinstance(allocation, Success):
         return Failure(allocation.failure())
     draft_locs, after = allocation.unwrap()
-    draft_rows = np.repeat(np.arange(len(rows)), drafts)
-    first_draft = np.cumsum(drafts) - drafts
-    draft_positions = (
-        committed[draft_rows] + np.arange(draft_rows.shape[0]) - first_draft[draft_rows]
-    )
+    window_rows, positions = _window(committed, drafts)
+    is_draft = positions >= committed[window_rows]  # the rest lead their rows: decode tokens
+    draft_rows, draft_positions = window_rows[is_draft], positions[is_draft]
+    out_cache_loc = np.empty(positions.shape[0], dtype=np.int64)
     # Position c - 1 is not among the cells the write below sets (drafts start at c).
-    decode_locs = after.table.host[slots, committed - 1].astype(np.int64)
-    leads = first_draft + np.arange(len(rows))  # each row's decode token
-    out_cache_loc = np.empty(len(rows) + draft_locs.shape[0], dtype=np.int64)
-    is_draft = np.ones(out_cache_loc.shape[0], dtype=np.bool_)
-    is_draft[leads] = False
-    out_cache_loc[leads] = decode_locs
+    out_cache_loc[~is_draft] = after.table.host[slots, committed - 1]
     out_cache_loc[is_draft] = draft_locs
     cells = (slots[draft_rows], draft_positions, draft_locs.astype(np.int32))
     # One host-to-device copy for the table write and what the forward reads.
@@ -260,13 +254,19 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
     return Step(Filtered(rows), shrunk.unwrap())
 
 
+def _window(committed: HostArray, drafts: HostArray) -> tuple[HostArray, HostArray]:
+    # Row and position of each token of the window, in `out_cache_loc` order: per row,
+    # its decode token at c - 1, then its drafts at [c, c + d).
+    spans = drafts + 1
+    rows = np.repeat(np.arange(spans.shape[0]), spans)
+    first = np.cumsum(spans) - spans
+    return rows, committed[rows] - 1 + np.arange(rows.shape[0]) - first[rows]
+
+
 def _hold_window(pools: Pools, batch: Verifying[C], committed: HostArray) -> bool:
     # Each row's table cells [c - 1, c + d) hold its decode token's and drafts' locations.
-    spans = batch.draft_lens + 1
-    row = np.repeat(np.arange(spans.shape[0]), spans)
-    first = np.cumsum(spans) - spans
-    positions = committed[row] - 1 + np.arange(row.shape[0]) - first[row]
-    cells = pools.table.host[batch.req_pool_indices.host[row], positions]
+    rows, positions = _window(committed, batch.draft_lens)
+    cells = pools.table.host[batch.req_pool_indices.host[rows], positions]
     return bool(np.array_equal(cells, batch.out_cache_loc.host))
 
 
