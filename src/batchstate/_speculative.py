@@ -154,7 +154,7 @@ def verify(
     if not isinstance(allocation, Success):
         return Failure(allocation.failure())
     draft_locs, after = allocation.unwrap()
-    window_rows, positions = _window(committed, drafts)
+    window_rows, positions = _window_layout(committed, drafts)
     is_draft = positions >= committed[window_rows]  # the rest lead their rows: decode tokens
     draft_rows, draft_positions = window_rows[is_draft], positions[is_draft]
     out_cache_loc = np.empty(positions.shape[0], dtype=np.int64)
@@ -254,7 +254,7 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
     return Step(Filtered(rows), shrunk.unwrap())
 
 
-def _window(committed: HostArray, drafts: HostArray) -> tuple[HostArray, HostArray]:
+def _window_layout(committed: HostArray, drafts: HostArray) -> tuple[HostArray, HostArray]:
     # Row and position of each token of the window, in `out_cache_loc` order: per row,
     # its decode token at c - 1, then its drafts at [c, c + d).
     spans = drafts + 1
@@ -265,7 +265,7 @@ def _window(committed: HostArray, drafts: HostArray) -> tuple[HostArray, HostArr
 
 def _hold_window(pools: Pools, batch: Verifying[C], committed: HostArray) -> bool:
     # Each row's table cells [c - 1, c + d) hold its decode token's and drafts' locations.
-    rows, positions = _window(committed, batch.draft_lens)
+    rows, positions = _window_layout(committed, batch.draft_lens)
     cells = pools.table.host[batch.req_pool_indices.host[rows], positions]
     return bool(np.array_equal(cells, batch.out_cache_loc.host))
 
