@@ -7,10 +7,6 @@ between chunks) and `Verifying` (speculation's window) beside them; every
 transition returns a new record (and new `Pools` where it allocates).
 """
 
-from batchstate._cached_extend import decode_cached, extend_cached
-from batchstate._cached_invariants import check_cached_pools
-from batchstate._cached_pools import CachedPools, CachedStep, cached_pools
-from batchstate._cached_release import release_cached
 from batchstate._chunked import Chunked
 from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
 from batchstate._decode import DecodeError, decode
@@ -35,7 +31,7 @@ from batchstate._errors import (
     StaleRecord,
     StillRunning,
 )
-from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
+from batchstate._extend import ExtendError, extend, idle, prebuilt
 from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
 from batchstate._free_list import FreeList
 from batchstate._invariants import check_batch, check_pools
@@ -45,11 +41,11 @@ from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._mix import MixError, decode_sampled, mix
 from batchstate._mixed import Mixed, MixStep, Settled, settle
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
-from batchstate._pools import Allocation, Pools, make_pools
+from batchstate._pools import Allocation, Pools, flush, make_pools
 from batchstate._prefix_cache import PrefixCache
 from batchstate._release import release
 from batchstate._rows import Req, Rows
-from batchstate._sampled import Sampled, follow, read_sampled
+from batchstate._sampled import Sampled, follow, join_sampled, read_sampled
 from batchstate._sampling import GREEDY, Sampling, SamplingParams
 from batchstate._speculative import Verifying, VerifyStep, sync, verify
 from batchstate._token_table import TokenTable
@@ -64,8 +60,6 @@ __all__ = [
     "Allocation",
     "Batch",
     "BatchConflict",
-    "CachedPools",
-    "CachedStep",
     "Chunked",
     "ColumnError",
     "Columns",
@@ -103,7 +97,6 @@ __all__ = [
     "RecordShapeError",
     "ReleaseError",
     "Req",
-    "Resumed",
     "Rows",
     "Running",
     "Sampled",
@@ -121,20 +114,18 @@ __all__ = [
     "Verifying",
     "__version__",
     "build_columns",
-    "cached_pools",
     "check_batch",
-    "check_cached_pools",
     "check_leaks",
     "check_pools",
     "decode",
-    "decode_cached",
     "decode_sampled",
     "extend",
-    "extend_cached",
     "filter_batch",
     "find_leaks",
+    "flush",
     "follow",
     "idle",
+    "join_sampled",
     "keep_indices",
     "make_pools",
     "merge",
@@ -142,7 +133,6 @@ __all__ = [
     "prebuilt",
     "read_sampled",
     "release",
-    "release_cached",
     "settle",
     "split",
     "sync",

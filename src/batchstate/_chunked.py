@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Generic, final
 
 import attrs
 
-from batchstate._columns import NO_COLUMNS, C
+from batchstate._columns import NO_COLUMNS, C, NoColumns, slice_columns
 from batchstate._rows import Req
 
-__all__ = ["Chunked"]
+__all__ = ["Chunked", "columns_in_order"]
 
 
 @final
@@ -19,8 +20,11 @@ class Chunked(Generic[C]):
 
     Made by `settle` for each row of a mixed forward whose prompt goes on in
     a later chunk. It can only be continued (handed to `mix` again, which
-    computes its next chunk and, on the last one, makes it a running row) or
-    released (`release(chunked, running, pools)`). It is not a batch: mypy
+    computes its next chunk and, on the last one, makes it a running row;
+    or to `extend`, which computes the rest of its prompt) or released
+    (`release(chunked, running, pools)`). With the prefix cache on, its
+    whole pages were published when its chunk ended: it keeps its slot and
+    reads them from the cache. It is not a batch: mypy
     rejects it where `decode`, `filter_batch` or `merge` want one, and
     `find_leaks` counts its slot as held.
 
@@ -37,3 +41,21 @@ class Chunked(Generic[C]):
     def remaining(self) -> int:
         """Prompt tokens still to compute."""
         return len(self.req.input_ids) - self.cached
+
+
+def columns_in_order(items: Sequence[Req | Chunked[C]], columns: C) -> list[C]:
+    """Each item's own row of columns, in order: a chunk's own, or the next `Req`'s of `columns`.
+
+    Views: the caller joins them in its one upload. Empty for `NoColumns`.
+    """
+    if type(columns) is NoColumns:
+        return []
+    parts: list[C] = []
+    next_new = 0
+    for item in items:
+        if isinstance(item, Chunked):
+            parts.append(item.columns)
+        else:
+            parts.append(slice_columns(columns, next_new, next_new + 1))
+            next_new += 1
+    return parts

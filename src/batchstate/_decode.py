@@ -16,7 +16,7 @@ from batchstate._errors import (
 )
 from batchstate._mirrored import DeviceOnly, Mirrored, frozen
 from batchstate._phases import Decoding, Extended, Filtered, Running, Step
-from batchstate._pools import Pools
+from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Rows, build_rows
 
 __all__ = ["DecodeError", "decode"]
@@ -28,8 +28,10 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
     """Make room for one more token per row: allocate its KV location, grow every length.
 
     Reads nothing from the device: lengths and page counts come from the
-    host mirrors. Writes the new locations into the request-to-token table
-    (both sides) after the allocation has succeeded.
+    host mirrors. With the prefix cache on, free pages that run short are
+    evicted from the cache (unlocked pages, least recently used first).
+    Writes the new locations into the request-to-token table (both sides)
+    after the allocation has succeeded.
 
     Returns:
         `Success(Step(Decoding, Pools))`; or `Failure(OutOfKVTokens)` or
@@ -43,6 +45,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
     """
     if not isinstance(batch, Extended | Decoding | Filtered):
         raise PhaseError(f"decode takes Extended, Decoding or Filtered, got {type(batch).__name__}")
+    expect_pools(pools)
     rows = batch.rows
     pools.table.expect_on(rows.device)
     if rows.max_seq_len >= pools.max_context_len:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import chain
-from typing import Any, Final, Generic, NamedTuple, TypeAlias, final, overload
+from typing import Any, Final, Generic, NamedTuple, TypeAlias, overload
 
-import attrs
 import numpy as np
 import torch
 from returns.result import Failure, Result, Success
 
-from batchstate._columns import NO_COLUMNS, C, NoColumns, check_column_set
+from batchstate._chunked import Chunked, columns_in_order
+from batchstate._columns import NO_COLUMNS, C, NoColumns, check_column_set, join_pending
 from batchstate._errors import (
     AllocError,
     BatchConflict,
@@ -20,33 +20,20 @@ from batchstate._errors import (
     ContextTooLong,
     EmptyExtend,
     EmptyPrompt,
-    NotOwned,
+    NotHeld,
     OutOfKVTokens,
     OutOfReqSlots,
     PhaseError,
 )
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
 from batchstate._phases import Extended, Filtered, Idle, Step
-from batchstate._pools import Pools
+from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, Rows, build_rows
+from batchstate._sharing import prefix_cells
 
-__all__ = ["ExtendError", "Resumed", "extend", "idle", "prebuilt"]
+__all__ = ["ExtendError", "extend", "idle", "prebuilt"]
 
-ExtendError: TypeAlias = AllocError | NotOwned
-
-
-@final
-@attrs.frozen(eq=False)
-class Resumed:
-    """A request whose first tokens already have KV in the slot it owns.
-
-    The prefix length is what the pools hold for `slot`; extend computes the
-    rest of `req.input_ids`. This is a chunked prefill between chunks: the
-    request was filtered out of its batch and kept its memory.
-    """
-
-    req: Req
-    slot: int
+ExtendError: TypeAlias = AllocError | NotHeld
 
 
 @overload
@@ -64,35 +51,43 @@ def idle(device: torch.device | str, columns: type[Any] = NoColumns) -> Idle[Any
 
 @overload
 def extend(
-    batch: Idle[NoColumns], reqs: Sequence[Req | Resumed], pools: Pools
+    batch: Idle[NoColumns], reqs: Sequence[Req | Chunked[NoColumns]], pools: Pools
 ) -> Result[Step[Extended[NoColumns]], ExtendError]: ...
 @overload
 def extend(
-    batch: Idle[C], reqs: Sequence[Req | Resumed], pools: Pools, columns: C
+    batch: Idle[C], reqs: Sequence[Req | Chunked[C]], pools: Pools, columns: C
 ) -> Result[Step[Extended[C]], ExtendError]: ...
 def extend(  # the overloads above are the API; Any stands for their column set here
     batch: Idle[Any],
-    reqs: Sequence[Req | Resumed],
+    reqs: Sequence[Req | Chunked[Any]],
     pools: Pools,
     columns: Any = NO_COLUMNS,
 ) -> Result[Step[Extended[Any]], ExtendError]:
     """Admit requests for an extend forward: allocate slots and KV, write the table.
 
     A `Req` gets a new request slot and computes all its input ids; a
-    `Resumed` keeps its slot and computes the input ids past its cached
-    prefix. Writes the request-to-token table (both sides) once every
-    allocation has succeeded.
+    `Chunked` keeps its slot and computes the input ids past what it holds.
+    With the prefix cache on, a `Req` first reads its longest cached prefix
+    (whole pages, leaving at least one token to compute) and computes only
+    the rest; free pages that run short are evicted from the cache; and
+    each row's whole pages are published to the cache, so that later
+    requests with the same prefix hit them (their KV is written by the
+    forward this record is for, which runs before any later one). Requests
+    of one extend that share an uncached prefix each compute it. Writes the
+    request-to-token table (both sides) once every allocation has succeeded.
 
     Returns:
         `Success(Step(Extended, Pools))`, or a `Failure` naming what ran out
-        or which request was bad; the pools given are unchanged either way.
+        or which request was bad (`NotHeld`: a chunk its slot no longer
+        holds); the pools given are unchanged either way.
 
     Args:
         batch: the empty batch, carrying the column set's type.
         reqs: the requests to admit, in row order.
         pools: the pools to allocate from.
-        columns: the admitted rows' own columns (one row per request), of
-            the set `batch` carries; omitted when it carries none.
+        columns: the new requests' own columns (one row per `Req`; a
+            `Chunked` carries its own row), of the set `batch` carries;
+            omitted when it carries none.
 
     Raises:
         PhaseError: `batch` is not `Idle`.
@@ -102,7 +97,7 @@ def extend(  # the overloads above are the API; Any stands for their column set 
             wrong length, dtype or device (nothing is allocated).
     """
     _expect_idle(batch, "extend")
-    admitted = _admit(batch, reqs, pools, columns)
+    admitted = _admit(batch, reqs, pools, columns, match=True)
     if not isinstance(admitted, _Admitted):
         return Failure(admitted)
     extended = Extended._trusted(
@@ -132,6 +127,8 @@ def prebuilt(  # the overloads above are the API; Any stands for their column se
     Allocates a slot and KV for every input id of each request and builds
     every mirror, like `extend`, but runs no forward: the caller fills the
     KV at `pools.table.device[slot, :seq_len]` for each row, then decodes.
+    With the prefix cache on nothing is read from it (the KV arrives
+    whole), and each row's whole pages are published as `extend` does.
 
     Raises:
         PhaseError: `batch` is not `Idle`.
@@ -140,7 +137,7 @@ def prebuilt(  # the overloads above are the API; Any stands for their column se
         ColumnError: as for `extend`.
     """
     _expect_idle(batch, "prebuilt")
-    admitted = _admit(batch, reqs, pools, columns)
+    admitted = _admit(batch, reqs, pools, columns, match=False)
     if not isinstance(admitted, _Admitted):
         return Failure(admitted)
     return Success(Step(Filtered(admitted.rows), admitted.pools))
@@ -160,34 +157,54 @@ _MAX_ROW_WRITES: Final = 8
 
 
 def _admit(
-    batch: Idle[C], inputs: Sequence[Req | Resumed], pools: Pools, columns: C
+    batch: Idle[C],
+    inputs: Sequence[Req | Chunked[C]],
+    pools: Pools,
+    columns: C,
+    *,
+    match: bool,
 ) -> _Admitted[C] | ExtendError:
+    expect_pools(pools)
     pools.table.expect_on(batch.device)
-    _expect_columns(batch, columns, len(inputs))
+    _expect_columns(batch, columns, inputs)
     if not inputs:
         return EmptyExtend()
-    if len(inputs) <= _MAX_ROW_WRITES and all(type(item) is Req for item in inputs):
+    fresh = all(type(item) is Req for item in inputs)
+    if fresh and len(inputs) <= _MAX_ROW_WRITES and not pools.cache.enabled:
         return _place_fresh(batch, inputs, pools, columns)  # type: ignore[arg-type]  # all Req
-    reqs = [item.req if isinstance(item, Resumed) else item for item in inputs]
+    reqs = [item.req if isinstance(item, Chunked) else item for item in inputs]
     _expect_unique([req.rid for req in reqs], "rid")
-    resumed_slots = [item.slot for item in inputs if isinstance(item, Resumed)]
-    _expect_unique(resumed_slots, "slot")
-    cached = [_cached_tokens(pools, item) for item in inputs]
-    prefix_lens = [prefix for prefix in cached if not isinstance(prefix, NotOwned)]
+    held = [item for item in inputs if isinstance(item, Chunked)]
+    _expect_unique([item.slot for item in held], "slot")
+    for item in held:
+        owned = int(pools.slot_tokens[item.slot]) if 1 <= item.slot <= pools.max_reqs else 0
+        if not owned or owned != item.cached:
+            return NotHeld(item.req.rid, item.slot, item.cached, owned)
+    cached = [item.cached if isinstance(item, Chunked) else 0 for item in inputs]
     problem = _first_problem(reqs, cached, pools.max_context_len)
     if problem is not None:
         return problem
-    allocated = pools._allocate_slots(len(inputs) - len(resumed_slots))
-    if isinstance(allocated, OutOfReqSlots):
-        return allocated
-    return _place(batch, inputs, reqs, prefix_lens, allocated, columns)
+    num_new = len(inputs) - len(held)
+    if num_new > pools.num_free_slots:
+        return OutOfReqSlots(num_new, pools.num_free_slots)
+    new_ids = [item.input_ids for item in inputs if not isinstance(item, Chunked)]
+    locked, matched, pages = pools._locked(new_ids) if match else (pools, [0] * num_new, [])
+    allocated = locked._allocate_slots(num_new)
+    assert not isinstance(allocated, OutOfReqSlots), "slots were counted above"
+    return _place(batch, inputs, reqs, cached, _Matched(matched, pages), allocated, columns)
+
+
+class _Matched(NamedTuple):
+    # The new requests' cached prefixes, locked: lengths and pages, in input order.
+    lengths: list[int]
+    pages: list[HostArray]
 
 
 def _place_fresh(
     batch: Idle[C], reqs: Sequence[Req], pools: Pools, columns: C
 ) -> _Admitted[C] | ExtendError:
-    # A few new requests, the common extend: every position from 0, so rows
-    # take whole pages in order and the table is written one slice per row.
+    # A few new requests with the cache off, the common extend: every position from 0,
+    # so rows take whole pages in order and the table is written one slice per row.
     rids = [req.rid for req in reqs]
     _expect_unique(rids, "rid")
     seq_lens = [len(req.input_ids) for req in reqs]
@@ -231,15 +248,22 @@ def _place_fresh(
 
 def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has them
     batch: Idle[C],
-    inputs: Sequence[Req | Resumed],
+    inputs: Sequence[Req | Chunked[C]],
     reqs: Sequence[Req],
-    prefix_lens: Sequence[int],
+    cached: Sequence[int],
+    matched: _Matched,
     allocated: tuple[HostArray, Pools],
     columns: C,
 ) -> _Admitted[C] | ExtendError:
     new_slots, pools = allocated
     new_slot_iter = iter(new_slots.tolist())
-    slots = [item.slot if isinstance(item, Resumed) else next(new_slot_iter) for item in inputs]
+    slots = [item.slot if isinstance(item, Chunked) else next(new_slot_iter) for item in inputs]
+    # Each row's prefix: what its chunk holds, or what it reads from the cache.
+    matched_iter = iter(matched.lengths)
+    prefix_lens = [
+        held if isinstance(item, Chunked) else next(matched_iter)
+        for item, held in zip(inputs, cached, strict=True)
+    ]
     seq_lens = [len(req.input_ids) for req in reqs]
     slots_host = host_int64(slots)
     prefix_host = host_int64(prefix_lens)
@@ -254,6 +278,15 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     positions = prefix_host[rows_of_tokens] + np.arange(locs.shape[0]) - first_token[rows_of_tokens]
     token_slots = slots_host[rows_of_tokens]
     locs32 = locs.astype(np.int32)
+    new_rows = [row for row, item in enumerate(inputs) if not isinstance(item, Chunked)]
+    if any(matched.lengths):
+        # Rows that read a cached prefix: their table cells there are the cache's pages.
+        prefix_rows = [
+            (slots[row], pages) for row, pages in zip(new_rows, matched.pages, strict=True)
+        ]
+        token_slots, positions, locs32 = prefix_cells(
+            prefix_rows, pools.page_size, (token_slots, positions, locs32)
+        )
     # One host-to-device copy for every column, the table write and the forward.
     rows, (input_ids, out_cache_loc, *cells) = build_rows(
         batch.device,
@@ -263,16 +296,8 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         seq_lens_host,
         sum(seq_lens),
         max(seq_lens),
-        columns,
+        join_pending(columns_in_order(inputs, columns) or [columns]),
         (_token_ids(reqs, prefix_lens), locs, token_slots, positions, locs32),
-    )
-    admitted = _Admitted(
-        rows,
-        DeviceOnly(input_ids),
-        DeviceOnly(out_cache_loc),
-        tuple(prefix_lens),
-        tuple(extend_lens.tolist()),
-        after,
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write(
@@ -281,7 +306,20 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
             for host, side in zip((token_slots, positions, locs32), cells, strict=True)
         )
     )
-    return admitted
+    if after.cache.enabled:  # after the write: publishing reads the rows' pages from it
+        after = after._reading(
+            [slots[row] for row in new_rows],
+            matched.lengths,
+            [reqs[row].input_ids for row in new_rows],
+        )._published(slots, [req.input_ids for req in reqs])
+    return _Admitted(
+        rows,
+        DeviceOnly(input_ids),
+        DeviceOnly(out_cache_loc),
+        tuple(prefix_lens),
+        tuple(extend_lens.tolist()),
+        after,
+    )
 
 
 def _token_ids(reqs: Sequence[Req], prefix_lens: Sequence[int]) -> HostArray:
@@ -299,23 +337,14 @@ def _token_ids(reqs: Sequence[Req], prefix_lens: Sequence[int]) -> HostArray:
 
 
 def _first_problem(
-    reqs: Sequence[Req], cached: Sequence[int | NotOwned], max_context_len: int
-) -> NotOwned | EmptyPrompt | ContextTooLong | None:
+    reqs: Sequence[Req], cached: Sequence[int], max_context_len: int
+) -> EmptyPrompt | ContextTooLong | None:
     for req, prefix_len in zip(reqs, cached, strict=True):
-        if isinstance(prefix_len, NotOwned):
-            return prefix_len
         if len(req.input_ids) <= prefix_len:
             return EmptyPrompt(req.rid, len(req.input_ids), prefix_len)
         if len(req.input_ids) > max_context_len:
             return ContextTooLong(req.rid, len(req.input_ids), max_context_len)
     return None
-
-
-def _cached_tokens(pools: Pools, item: Req | Resumed) -> int | NotOwned:
-    if not isinstance(item, Resumed):
-        return 0
-    owned = int(pools.slot_tokens[item.slot]) if 1 <= item.slot <= pools.max_reqs else 0
-    return owned or NotOwned((item.slot,))
 
 
 def _expect_unique(values: Sequence[int], what: str) -> None:
@@ -324,14 +353,23 @@ def _expect_unique(values: Sequence[int], what: str) -> None:
         raise BatchConflict(f"the same {what} appears twice among the requests: {repeated}")
 
 
-def _expect_columns(batch: Idle[C], columns: C, num_rows: int) -> None:
-    # Before any allocation: the admitted rows' columns are the batch's set, of their length.
-    if type(columns) is not type(batch.rows.columns):
+def _expect_columns(batch: Idle[C], columns: C, inputs: Sequence[Req | Chunked[C]]) -> None:
+    # Before any allocation: the new rows' columns are the batch's set, one row per
+    # `Req`, and each chunk's own row is of that set too.
+    kind = type(batch.rows.columns)
+    if type(columns) is not kind:
         raise ColumnError(
-            f"the batch carries {type(batch.rows.columns).__name__} columns,"
-            f" got {type(columns).__name__}"
+            f"the batch carries {kind.__name__} columns, got {type(columns).__name__}"
         )
-    check_column_set(columns, num_rows, batch.device, "columns")
+    held = [item for item in inputs if isinstance(item, Chunked)]
+    check_column_set(columns, len(inputs) - len(held), batch.device, "columns")
+    for item in held:
+        if type(item.columns) is not kind:
+            raise ColumnError(
+                f"request {item.req.rid}'s chunk carries {type(item.columns).__name__}"
+                f" columns, the batch {kind.__name__}"
+            )
+        check_column_set(item.columns, 1, batch.device, f"request {item.req.rid}'s chunk")
 
 
 def _expect_idle(batch: object, transition: str) -> None:

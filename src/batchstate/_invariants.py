@@ -12,6 +12,7 @@ from batchstate._mirrored import torch_dtype
 from batchstate._phases import Batch, Decoding, Extended
 from batchstate._pools import Pools
 from batchstate._rows import check_columns
+from batchstate._shared_invariants import check_shared_pools
 
 __all__ = ["check_batch", "check_pools"]
 
@@ -71,11 +72,16 @@ def check_pools(
     """Check conservation: free + owned = capacity, nothing owned twice.
 
     Every row of `batches` must own its slot with exactly `seq_len` tokens.
-    `compare_device` also compares the table's two sides (it syncs).
+    `compare_device` also compares the table's two sides (it syncs). With
+    the prefix cache on, free + cached + private = capacity instead, and
+    the cache's tree and locks are checked too (see `check_shared_pools`).
 
     Raises:
         InvariantViolation: naming the invariant and the numbers.
     """
+    if pools.cache.enabled:
+        check_shared_pools(pools, batches, compare_device=compare_device)
+        return
     max_reqs, page_size = pools.max_reqs, pools.page_size
     slot_tokens = pools.slot_tokens
     _expect(int(slot_tokens[0]) == 0, "padding slot 0 owns tokens")

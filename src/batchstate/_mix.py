@@ -14,17 +14,17 @@ from itertools import chain
 from typing import Any, NamedTuple, TypeAlias, overload
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from returns.result import Failure, Result, Success
 
-from batchstate._chunked import Chunked
+from batchstate._chunked import Chunked, columns_in_order
 from batchstate._columns import (
     NO_COLUMNS,
     C,
     NoColumns,
     check_column_set,
     join_pending,
-    slice_columns,
 )
 from batchstate._decode import DecodeError, _expect_current, _too_long
 from batchstate._errors import (
@@ -43,9 +43,10 @@ from batchstate._errors import (
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
 from batchstate._mixed import Mixed, MixStep
 from batchstate._phases import Filtered, Idle
-from batchstate._pools import Pools
+from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, Rows, build_rows
 from batchstate._sampled import Sampled
+from batchstate._sharing import prefix_cells
 
 __all__ = ["MixError", "Tokens", "decode_sampled", "mix"]
 
@@ -90,6 +91,13 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     written once every allocation has succeeded; one host-to-device copy
     carries every column (with `Sampled` tokens, a device `cat` appends them).
 
+    With the prefix cache on, a `Req` reads its longest cached prefix first
+    (as in `extend`; the budget counts only the tokens it computes), free
+    pages that run short are evicted from the cache, and each extend row's
+    whole pages are published when its chunk ends, its lock moving onto
+    them; a partly filled last page stays private until a later chunk
+    fills it.
+
     Args:
         running: the running batch (`Idle`: a chunked prefill alone).
         admit: held chunks and new requests, in the order they may go.
@@ -116,6 +124,7 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     """
     if not isinstance(running, Filtered | Idle):
         raise PhaseError(f"mix takes Filtered or Idle, got {type(running).__name__}")
+    expect_pools(pools)
     rows = running.rows
     pools.table.expect_on(rows.device)
     _expect_tokens(tokens, rows)
@@ -132,8 +141,10 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     if len(rows) and rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(running, pools.max_context_len))  # type: ignore[arg-type]
     _expect_current(rows, pools)
-    chunks = _fill(admit, budget)
-    built = _build(rows, chunks, pools, tokens, _extend_columns(admit, chunks, columns))
+    chunks = _fill(admit, budget, pools)
+    built = _build(
+        rows, chunks, pools, tokens, columns_in_order(admit[: len(chunks.reqs)], columns)
+    )
     return Failure(built) if isinstance(built, OutOfReqSlots | OutOfKVTokens) else Success(built)
 
 
@@ -154,6 +165,7 @@ def decode_sampled(
     """
     if not isinstance(batch, Filtered):
         raise PhaseError(f"decode_sampled takes Filtered, got {type(batch).__name__}")
+    expect_pools(pools)
     rows = batch.rows
     pools.table.expect_on(rows.device)
     _expect_tokens(sampled, rows)
@@ -168,20 +180,25 @@ class _Chunks(NamedTuple):
     # The admitted prefix of `admit`: requests, whether each is new, prefix and extend lengths.
     reqs: tuple[Req, ...]
     slots: list[int]  # 0 for a new request (a slot comes from the pools)
-    prefix_lens: list[int]
+    prefix_lens: list[int]  # a chunk's held tokens, or a new request's cached prefix
     extend_lens: list[int]
 
 
-def _fill(admit: Sequence[Req | Chunked[C]], budget: int) -> _Chunks:
+def _fill(admit: Sequence[Req | Chunked[C]], budget: int, pools: Pools) -> _Chunks:
     reqs: list[Req] = []
     slots, prefix_lens, extend_lens = [], [], []
     left = budget
+    cache = pools.cache
     for item in admit:
         if not left:
             break
-        req, slot, cached = (
-            (item.req, item.slot, item.cached) if isinstance(item, Chunked) else (item, 0, 0)
-        )
+        if isinstance(item, Chunked):
+            req, slot, cached = item.req, item.slot, item.cached
+        else:
+            req, slot = item, 0
+            # Leave the last token to compute, as `extend` matches.
+            usable = (len(req.input_ids) - 1) // cache.page_size * cache.page_size
+            cached = cache.match(req.input_ids[:usable])[0] if cache.enabled else 0
         take = min(len(req.input_ids) - cached, left)
         left -= take
         reqs.append(req)
@@ -195,15 +212,23 @@ def _build(
     rows: Rows[C], chunks: _Chunks, pools: Pools, tokens: Tokens, extend_columns: Sequence[C]
 ) -> MixStep[C] | OutOfReqSlots | OutOfKVTokens:
     num_new = chunks.slots.count(0)
-    new_slots = iter(())
+    new_slots: list[int] = []
+    new_ids = [
+        req.input_ids for req, slot in zip(chunks.reqs, chunks.slots, strict=True) if not slot
+    ]
+    matched: list[int] = []
+    prefix_pages: list[HostArray] = []
     if num_new:
+        if num_new > pools.num_free_slots:
+            return OutOfReqSlots(num_new, pools.num_free_slots)
+        pools, matched, prefix_pages = pools._locked(new_ids)
         allocated = pools._allocate_slots(num_new)
-        if isinstance(allocated, OutOfReqSlots):
-            return allocated
+        assert not isinstance(allocated, OutOfReqSlots), "slots were counted above"
         taken, pools = allocated
-        new_slots = iter(taken.tolist())
+        new_slots = taken.tolist()
     num_extend = len(chunks.reqs)
-    extend_slots = [slot or next(new_slots) for slot in chunks.slots]
+    next_new = iter(new_slots)
+    extend_slots = [slot or next(next_new) for slot in chunks.slots]
     decode_lens = rows.seq_lens.host
     slots = np.concatenate((host_int64(extend_slots), rows.req_pool_indices.host))
     prefix = np.concatenate((host_int64(chunks.prefix_lens), decode_lens))
@@ -220,7 +245,18 @@ def _build(
     first = np.cumsum(extend_lens) - extend_lens
     positions = prefix[token_rows] + np.arange(num_tokens) - first[token_rows]
     token_slots = slots[token_rows]
-    locs32 = locs.astype(np.int32)
+    cells: tuple[HostArray, HostArray, npt.NDArray[np.int32]] = (
+        token_slots,
+        positions,
+        locs.astype(np.int32),
+    )  # the table write's
+    # The table's position cells are the forward's positions, uploaded once, unless new
+    # rows read a cached prefix: their table cells there are the cache's pages.
+    shared = not any(matched)
+    if not shared:
+        cells = prefix_cells(
+            list(zip(new_slots, prefix_pages, strict=True)), pools.page_size, cells
+        )
     extend_ids = _prompt_ids(chunks)
     on_device = isinstance(tokens, Sampled)
     input_ids = (
@@ -230,7 +266,7 @@ def _build(
     )
     seq_lens_sum = rows.seq_lens_sum + len(rows) + sum(chunks.prefix_lens) + sum(chunks.extend_lens)
     keep_slots: Mirrored | HostArray = rows.req_pool_indices if not num_extend else slots
-    built, (ids_side, locs_side, positions_side, slots_side, cells_side) = build_rows(
+    built, (ids_side, locs_side, positions_side, *cell_sides) = build_rows(
         rows.device,
         chunks.reqs + rows.reqs,
         frozen(np.concatenate((host_int64([req.rid for req in chunks.reqs]), rows.rids))),
@@ -239,18 +275,29 @@ def _build(
         seq_lens_sum,
         int(seq_lens.max()) if seq_lens.shape[0] else 0,
         join_pending([*extend_columns, rows.columns]),  # the running rows' columns last
-        (input_ids, locs, positions, token_slots, locs32),
+        (input_ids, locs, positions, cells[0], cells[2])
+        if shared
+        else (input_ids, locs, positions, *cells),
     )
+    if shared:
+        cell_sides.insert(1, positions_side)
     if isinstance(tokens, Sampled):
         # The host does not know these tokens: append them on the device.
         sampled = tokens.tokens.device
         ids_side = torch.cat((ids_side, sampled)) if num_extend else sampled
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write(
-        Mirrored._pair(frozen(token_slots), slots_side),
-        Mirrored._pair(frozen(positions), positions_side),
-        Mirrored._pair(frozen(locs32), cells_side),
+        Mirrored._pair(frozen(cells[0]), cell_sides[0]),
+        Mirrored._pair(frozen(cells[1]), cell_sides[1]),
+        Mirrored._pair(frozen(cells[2]), cell_sides[2]),
     )
+    if after.cache.enabled and num_extend:
+        # Each chunk's end: its whole pages go into the cache and its lock moves to them.
+        ends = seq_lens[:num_extend].tolist()
+        after = after._reading(new_slots, matched, new_ids)._published(
+            extend_slots,
+            [req.input_ids[:end] for req, end in zip(chunks.reqs, ends, strict=True)],
+        )
     partial = tuple(
         row
         for row, (req, length) in enumerate(zip(chunks.reqs, seq_lens.tolist(), strict=False))
@@ -344,22 +391,6 @@ def _expect_columns(rows: Rows[C], admit: Sequence[Req | Chunked[C]], columns: C
                     f"request {item.req.rid}'s chunk carries {type(item.columns).__name__}"
                     f" columns, the batch {kind.__name__}"
                 )
-
-
-def _extend_columns(admit: Sequence[Req | Chunked[C]], chunks: _Chunks, columns: C) -> list[C]:
-    # The admitted rows' columns, in admit order: a chunk's own row, or the next
-    # new request's row of `columns`. Views: `_build` joins them in its one upload.
-    if type(columns) is NoColumns:
-        return []
-    parts: list[C] = []
-    next_new = 0
-    for item in admit[: len(chunks.reqs)]:
-        if isinstance(item, Chunked):
-            parts.append(item.columns)
-        else:
-            parts.append(slice_columns(columns, next_new, next_new + 1))
-            next_new += 1
-    return parts
 
 
 _new = object.__new__

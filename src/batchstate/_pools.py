@@ -1,9 +1,10 @@
-"""Free request slots and free KV pages, as an immutable value."""
+"""Request slots and KV pages (free, cached or in use), as an immutable value."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Final, NamedTuple, final
 
 import attrs
@@ -14,9 +15,11 @@ from returns.result import Failure, Result, Success
 from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots
 from batchstate._free_list import FreeList
 from batchstate._mirrored import HostArray, describe, frozen, host_int64
+from batchstate._prefix_cache import PrefixCache, Tokens
+from batchstate._sharing import give_back, lock_prefixes, publish
 from batchstate._token_table import TokenTable
 
-__all__ = ["Allocation", "Pools", "make_pools"]
+__all__ = ["Allocation", "Pools", "expect_pools", "flush", "make_pools"]
 
 
 class Allocation(NamedTuple):
@@ -29,14 +32,26 @@ class Allocation(NamedTuple):
 @final
 @attrs.frozen(eq=False, repr=False)
 class Pools:
-    """Request slots and KV pages, free and owned, as a value.
+    """Request slots and KV pages, free, cached or in use, as a value.
 
-    Allocating or freeing returns new `Pools`; the old value stays valid, so
-    a failed or abandoned transition leaks nothing. Everything here is on
-    the host: counting free memory never reads the device.
+    Allocating or freeing returns new `Pools`; a failed or abandoned
+    transition leaks nothing. Everything here is on the host: counting
+    free memory never reads the device.
 
-    Ownership is `slot_tokens`: a slot with tokens is owned, its pages are
-    `table[slot, 0:slot_tokens[slot]:page_size] // page_size`.
+    A slot with tokens is owned (`slot_tokens`); its pages are
+    `table[slot, 0:slot_tokens[slot]:page_size] // page_size`. With the
+    prefix cache on (`make_pools(..., prefix_cache=True)`) a KV page is in
+    exactly one state:
+
+    - **free**: in the free list;
+    - **cached**: held by `cache`, read by no live row (evictable);
+    - **in use**: private to one row (past its cached prefix), or held by
+      the cache and read (locked) by one or more rows.
+
+    A page's reference count is the rows that read it plus one while the
+    cache holds it (`ref_counts`). Allocation evicts unlocked cached pages,
+    least recently used first, when free pages run short. With the cache
+    off it never matches nor holds a page: every page is free or private.
 
     NOTE: pools are linear: thread the newest value through. Two
     transitions from the same `Pools` would hand out the same memory, and
@@ -51,6 +66,9 @@ class Pools:
     slot_list: FreeList  # free request slots, handed out from the front
     page_list: FreeList  # free KV pages, handed out from the front
     slot_tokens: HostArray  # read-only int64 [max_reqs + 1], slot -> KV tokens it owns
+    cache: PrefixCache  # disabled: never matches, never holds a page
+    # slot -> the cached prefix its row reads (whole pages), for slots that read one.
+    prefixes: Mapping[int, Tokens]
 
     @property
     def free_slots(self) -> HostArray:
@@ -76,7 +94,37 @@ class Pools:
 
     @property
     def num_free_tokens(self) -> int:
+        """KV tokens in free pages, not counting what eviction could add."""
         return len(self.page_list) * self.page_size
+
+    @property
+    def num_available_tokens(self) -> int:
+        """KV tokens an allocation may take: free pages plus evictable cached ones."""
+        return (len(self.page_list) + self.cache.num_evictable) * self.page_size
+
+    @property
+    def prefix_lens(self) -> HostArray:
+        """Read-only int64 `[max_reqs + 1]`: tokens each slot's row reads from the cache."""
+        lens = np.zeros_like(self.slot_tokens)
+        for slot, tokens in self.prefixes.items():
+            lens[slot] = len(tokens)
+        return frozen(lens)
+
+    def ref_counts(self) -> HostArray:
+        """Read-only int64 `[num_pages + 1]`: rows reading each page, plus one if cached.
+
+        0 for a free page, 1 for a private page or an evictable cached one.
+        Host work over every slot's row and the cache: for checks, not per step.
+        """
+        counts = np.zeros(self.num_pages + 1, dtype=np.int64)
+        for page, locks in self.cache.entries().values():
+            counts[page] += 1 + locks
+        page_size, table = self.page_size, self.table.host
+        for slot in self.slot_tokens.nonzero()[0].tolist():
+            start = len(self.prefixes.get(slot, ()))
+            private = table[slot, start : int(self.slot_tokens[slot]) : page_size] // page_size
+            counts[private.astype(np.int64)] += 1
+        return frozen(counts)
 
     @property
     def kv_cache_size(self) -> int:
@@ -93,9 +141,7 @@ class Pools:
         if num_slots > self.num_free_slots:
             return OutOfReqSlots(num_slots, self.num_free_slots)
         slots, rest = self.slot_list.take(num_slots)
-        return slots, Pools(
-            self.table, self.page_size, self.num_pages, rest, self.page_list, self.slot_tokens
-        )
+        return slots, self._evolve(slot_list=rest)
 
     def allocate_tokens(
         self, slots: HostArray, old_lens: HostArray, new_lens: HostArray
@@ -203,24 +249,44 @@ class Pools:
     def _take_pages(
         self, slots: HostArray, new_lens: HostArray, num_pages: int
     ) -> tuple[HostArray, Pools] | OutOfKVTokens:
-        # The first `num_pages` free pages, and pools where `slots` own `new_lens` tokens.
-        if num_pages > len(self.page_list):
-            return OutOfKVTokens(num_pages, len(self.page_list), self.page_size)
-        pages, rest = self.page_list.take(num_pages)
+        # The first `num_pages` free pages, evicting cached ones when free pages fall
+        # short, and pools where `slots` own `new_lens` tokens.
+        page_list, cache = self.page_list, self.cache
+        shortage = num_pages - len(page_list)
+        if shortage > 0:
+            if shortage > cache.num_evictable:
+                available = len(page_list) + cache.num_evictable
+                return OutOfKVTokens(num_pages, available, self.page_size)
+            cache, evicted = cache._evict(shortage)
+            page_list = page_list.give(np.array(evicted, dtype=np.int64))
+        pages, rest = page_list.take(num_pages)
         slot_tokens = self.slot_tokens.copy()
         slot_tokens[slots] = new_lens
         slot_tokens = frozen(slot_tokens)
-        pools = Pools(self.table, self.page_size, self.num_pages, self.slot_list, rest, slot_tokens)
-        return pages, pools
+        return pages, self._evolve(page_list=rest, slot_tokens=slot_tokens, cache=cache)
 
-    def free(self, slots: HostArray, seq_lens: HostArray | None = None) -> Result[Pools, NotOwned]:
-        """Give back request slots and every KV page they own.
+    def free(
+        self,
+        slots: HostArray,
+        seq_lens: HostArray | None = None,
+        tokens: Sequence[Tokens] | None = None,
+    ) -> Result[Pools, NotOwned]:
+        """Give back request slots and every KV page they own, caching what the cache takes.
+
+        With the cache on, each slot's tokens (`tokens`) go into the cache in
+        whole pages at the slot's pages, and the slot stops reading its
+        cached prefix. Pages whose tokens the cache holds already (another
+        row computed them too), and a partly filled last page, are freed.
+        With the cache off every page is freed.
 
         Args:
             slots: int64 `[num_slots]`, distinct owned request slots.
             seq_lens: int64 `[num_slots]`, the tokens the caller's rows
                 hold in those slots, if known: a slot holding a different
                 count belongs to someone else now (the rows are stale).
+            tokens: per slot, the tokens whose KV it holds from position 0
+                (only its first `slot_tokens` count); each must start with
+                the slot's cached prefix. Default: cache nothing new.
 
         Returns:
             `Success(Pools)`; `Failure(NotOwned)` naming the slots that are
@@ -232,6 +298,8 @@ class Pools:
             return Failure(owned)
         if not owned:
             return Success(self)  # nothing to give back
+        if self.cache.enabled:
+            return Success(self._give_back_shared(slots, owned, tokens))
         page_size, table = self.page_size, self.table.host
         if len(owned) <= _MAX_ROW_READS:
             # A few requests finishing, the common case: one strided row read each.
@@ -248,17 +316,60 @@ class Pools:
             pages = pages // page_size
         slot_tokens = self.slot_tokens.copy()
         slot_tokens[slots] = 0
-        slot_tokens = frozen(slot_tokens)
         return Success(
-            Pools(
-                self.table,
-                page_size,
-                self.num_pages,
-                self.slot_list.give(slots),
-                self.page_list.give(pages),
-                slot_tokens,
+            self._evolve(
+                slot_list=self.slot_list.give(slots),
+                page_list=self.page_list.give(pages),
+                slot_tokens=frozen(slot_tokens),
             )
         )
+
+    def _give_back_shared(
+        self, slots: HostArray, owned: list[tuple[int, int]], tokens: Sequence[Tokens] | None
+    ) -> Pools:
+        # `free` with the cache on: each slot's whole pages go into the cache.
+        cache, prefixes, freed = give_back(
+            self.cache, self.table.host, dict(self.prefixes), owned, tokens
+        )
+        slot_tokens = self.slot_tokens.copy()
+        slot_tokens[slots] = 0
+        return self._evolve(
+            slot_list=self.slot_list.give(slots),
+            page_list=self.page_list.give(freed),
+            slot_tokens=frozen(slot_tokens),
+            cache=cache,
+            prefixes=MappingProxyType(prefixes),
+        )
+
+    def _locked(self, token_lists: Sequence[Tokens]) -> tuple[Pools, list[int], list[HostArray]]:
+        # Each prompt's longest cached prefix that leaves a token to compute, locked:
+        # the pools whose cache holds the locks, the prefix lengths and their pages.
+        if not self.cache.enabled:
+            empty = _NO_PAGES
+            return self, [0] * len(token_lists), [empty] * len(token_lists)
+        cache, lengths, pages = lock_prefixes(self.cache, token_lists)
+        return self._evolve(cache=cache), lengths, pages
+
+    def _published(self, slots: Sequence[int], token_lists: Sequence[Tokens]) -> Pools:
+        # Each row's tokens with KV in its slot (whole pages) go into the cache, and the
+        # row reads them from there: a prefill or a chunk just ended. A row whose tokens
+        # another row cached first keeps its pages private until release.
+        if not self.cache.enabled:
+            return self
+        cache, prefixes = publish(
+            self.cache, self.table.host, dict(self.prefixes), slots, token_lists
+        )
+        return self._evolve(cache=cache, prefixes=MappingProxyType(prefixes))
+
+    def _reading(
+        self, slots: Sequence[int], lengths: Sequence[int], token_lists: Sequence[Tokens]
+    ) -> Pools:
+        # Newly owned `slots` read the first `lengths` tokens (locked already) from the cache.
+        prefixes = dict(self.prefixes)
+        for slot, length, tokens in zip(slots, lengths, token_lists, strict=True):
+            if length:
+                prefixes[slot] = tuple(tokens[:length])
+        return self._evolve(prefixes=MappingProxyType(prefixes))
 
     def shrink(self, slots: HostArray, new_lens: HostArray) -> Result[Pools, NotOwned]:
         """Keep the first `new_lens[i]` tokens of each slot `slots[i]`, free the pages past them.
@@ -269,24 +380,28 @@ class Pools:
 
         Args:
             slots: int64 `[num_slots]`, distinct owned request slots.
-            new_lens: int64 `[num_slots]`, in `[1, tokens the slot owns]`.
+            new_lens: int64 `[num_slots]`, in `[1, tokens the slot owns]`,
+                and no shorter than the slot's cached prefix.
 
         Returns:
             `Success(Pools)`; `Failure(NotOwned)` if a slot is not owned (or
             repeats). `self` is unchanged either way.
 
         Raises:
-            ValueError: a new length below 1 or above what the slot owns.
+            ValueError: a new length below 1 (or the cached prefix) or above
+                what the slot owns.
         """
         owned = self._owned_tokens(slots, None)
         if isinstance(owned, NotOwned):
             return Failure(owned)
         owned_tokens = self.slot_tokens[slots]
-        bad = (new_lens < 1) | (new_lens > owned_tokens)
+        floor = np.array([max(len(self.prefixes.get(slot, ())), 1) for slot, _ in owned])
+        bad = (new_lens < floor) | (new_lens > owned_tokens)
         if bad.any():
             at = int(bad.argmax())
             raise ValueError(
-                f"slot {int(slots[at])} owns {int(owned_tokens[at])} tokens,"
+                f"slot {int(slots[at])} owns {int(owned_tokens[at])} tokens"
+                f" ({int(floor[at])} of them needed: its cached prefix, or one),"
                 f" cannot shrink to {int(new_lens[at])}"
             )
         page_size = self.page_size
@@ -298,16 +413,8 @@ class Pools:
         pages = self.table.host[slots[rows], page_index * page_size].astype(np.int64) // page_size
         slot_tokens = self.slot_tokens.copy()
         slot_tokens[slots] = new_lens
-        slot_tokens = frozen(slot_tokens)
         return Success(
-            Pools(
-                self.table,
-                page_size,
-                self.num_pages,
-                self.slot_list,
-                self.page_list.give(pages),
-                slot_tokens,
-            )
+            self._evolve(page_list=self.page_list.give(pages), slot_tokens=frozen(slot_tokens))
         )
 
     def _owned_tokens(
@@ -332,15 +439,69 @@ class Pools:
                 unowned = values  # the same slot twice in one call
         return NotOwned(tuple(unowned))
 
+    def _evolve(
+        self,
+        *,
+        slot_list: FreeList | None = None,
+        page_list: FreeList | None = None,
+        slot_tokens: HostArray | None = None,
+        cache: PrefixCache | None = None,
+        prefixes: Mapping[int, Tokens] | None = None,
+    ) -> Pools:
+        # A copy with some fields replaced; attrs.evolve costs four times as much.
+        return Pools(
+            self.table,
+            self.page_size,
+            self.num_pages,
+            self.slot_list if slot_list is None else slot_list,
+            self.page_list if page_list is None else page_list,
+            self.slot_tokens if slot_tokens is None else slot_tokens,
+            self.cache if cache is None else cache,
+            self.prefixes if prefixes is None else prefixes,
+        )
+
     def __repr__(self) -> str:
+        cached = (
+            f" cached_pages={self.cache.num_pages} ({self.cache.num_locked} in use),"
+            if self.cache.enabled
+            else ""
+        )
         return (
             f"Pools(free_slots={self.num_free_slots}/{self.max_reqs},"
-            f" free_pages={len(self.page_list)}/{self.num_pages}, page_size={self.page_size},"
-            f" table={describe('TokenTable', self.table.device)})"
+            f" free_pages={len(self.page_list)}/{self.num_pages},{cached}"
+            f" page_size={self.page_size}, table={describe('TokenTable', self.table.device)})"
         )
 
 
+def expect_pools(pools: object) -> None:
+    """Raise `TypeError` unless `pools` is a `Pools` (arguments swapped, say)."""
+    if not isinstance(pools, Pools):
+        raise TypeError(f"expected Pools, got {type(pools).__name__}")
+
+
+def flush(pools: Pools) -> Pools:
+    """Evict every cached page no row reads: at shutdown, every page is free after it.
+
+    Pages that live rows read (their cached prefixes) stay cached. With
+    the cache off, `pools` itself. Host work only.
+
+    >>> pools = flush(make_pools(4, 32, 64, torch.device("cpu"), prefix_cache=True))
+    >>> pools.num_free_tokens, pools.cache.num_pages
+    (64, 0)
+    """
+    expect_pools(pools)
+    cache = pools.cache
+    if not cache.num_evictable:
+        return pools
+    cache, evicted = cache._evict(cache.num_evictable)
+    return pools._evolve(
+        page_list=pools.page_list.give(np.array(evicted, dtype=np.int64)), cache=cache
+    )
+
+
 _ONE: Final = np.int64(1)
+_NO_PAGES: Final = frozen(np.empty(0, dtype=np.int64))
+_NO_PREFIXES: Final[Mapping[int, Tokens]] = MappingProxyType({})
 # Up to this many slots freed at once, reading each one's row beats index tensors.
 _MAX_ROW_READS: Final = 8
 
@@ -357,8 +518,10 @@ def make_pools(
     num_kv_tokens: int,
     device: torch.device,
     page_size: int = 1,
+    *,
+    prefix_cache: bool = False,
 ) -> Pools:
-    """Empty pools: every slot and page free.
+    """Empty pools: every slot and page free, and an empty prefix cache (on or off).
 
     Args:
         max_reqs: request slots; the table gets one more row, row 0, for padding.
@@ -367,6 +530,8 @@ def make_pools(
             more page, page 0, is reserved for padding.
         device: where the table's device side lives.
         page_size: tokens per page, >= 1.
+        prefix_cache: whether finished prefills and released rows leave their
+            whole pages cached for later requests with the same prefix.
 
     Raises:
         ValueError: a size is not positive, or `num_kv_tokens % page_size`.
@@ -392,4 +557,6 @@ def make_pools(
         FreeList.of(np.arange(1, max_reqs + 1, dtype=np.int64)),
         FreeList.of(np.arange(1, num_pages + 1, dtype=np.int64)),
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
+        PrefixCache._empty(page_size, enabled=prefix_cache),
+        _NO_PREFIXES,
     )

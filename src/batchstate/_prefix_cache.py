@@ -47,20 +47,24 @@ class PrefixCache:
     pages are all locked or all unlocked. Only unlocked leaves are evicted,
     least recently used first: a page in use cannot be evicted.
 
-    Built empty by `cached_pools`, bound to that pools' token table;
-    changed only by the cached transitions.
+    Part of every `Pools` (`make_pools(..., prefix_cache=True)` turns it
+    on) and changed only by the transitions that take those pools. A
+    disabled cache (`enabled` false, the default) never matches and never
+    holds a page: every page a row computes stays private to it and is
+    freed on release.
     """
 
     page_size: int
-    owner: object  # the TokenTable of the pools this cache's pages come from
+    enabled: bool
     _root: _Node
     clock: int  # bumped by every match that locks and every insert
     num_pages: int  # pages the cache holds
     num_locked: int  # of which, pages that live rows read
+    num_evicted: int  # pages evicted since the cache was made: a running total, for reports
 
     @classmethod
-    def _empty(cls, page_size: int, owner: object) -> PrefixCache:
-        return cls(page_size, owner, _ROOT, 0, 0, 0)
+    def _empty(cls, page_size: int, *, enabled: bool = True) -> PrefixCache:
+        return cls(page_size, enabled, _ROOT, 0, 0, 0, 0)
 
     @property
     def num_evictable(self) -> int:
@@ -78,12 +82,12 @@ class PrefixCache:
         Reads only: the cache is unchanged. Costs O(len(tokens)) token
         compares, done a node at a time at C speed.
 
-        >>> cache = PrefixCache._empty(2, None)
+        >>> cache = PrefixCache._empty(2)
         >>> cache.match((1, 2, 3))[0]
         0
         """
         ids = tuple(tokens)
-        length, pages = self._walk(ids, len(ids))
+        length, pages = self._walk(ids, len(ids)) if self.enabled else (0, [])
         return length, frozen(np.array(pages, dtype=np.int64))
 
     def entries(self) -> dict[Tokens, tuple[int, int]]:
@@ -104,6 +108,8 @@ class PrefixCache:
         return sum(1 for _ in self._nodes())
 
     def __repr__(self) -> str:
+        if not self.enabled:
+            return f"PrefixCache(disabled, page_size={self.page_size})"
         return (
             f"PrefixCache(pages={self.num_pages}, locked={self.num_locked},"
             f" page_size={self.page_size})"
@@ -116,15 +122,17 @@ class PrefixCache:
         clock = self.clock + 1
         root, newly = _update(self._root, tokens, length, self.page_size, 1, clock)
         return PrefixCache(
-            self.page_size, self.owner, root, clock, self.num_pages, self.num_locked + newly
-        )
+            self.page_size, self.enabled, root, clock, self.num_pages, self.num_locked + newly,
+            self.num_evicted,
+        )  # fmt: skip
 
     def _unlock(self, tokens: Tokens, length: int) -> PrefixCache:
         # A row that read `tokens[:length]` left.
         root, freed = _update(self._root, tokens, length, self.page_size, -1, self.clock)
         return PrefixCache(
-            self.page_size, self.owner, root, self.clock, self.num_pages, self.num_locked - freed
-        )
+            self.page_size, self.enabled, root, self.clock, self.num_pages, self.num_locked - freed,
+            self.num_evicted,
+        )  # fmt: skip
 
     def _insert(self, tokens: Tokens, pages: Sequence[int]) -> tuple[PrefixCache, int]:
         # Cache `tokens` (whole pages) at `pages`; returns the new cache and how many
@@ -133,8 +141,9 @@ class PrefixCache:
         root, present = _insert(self._root, tokens, pages, self.page_size, clock)
         added = (len(tokens) - present) // self.page_size
         cache = PrefixCache(
-            self.page_size, self.owner, root, clock, self.num_pages + added, self.num_locked
-        )
+            self.page_size, self.enabled, root, clock, self.num_pages + added, self.num_locked,
+            self.num_evicted,
+        )  # fmt: skip
         return cache, present
 
     def _evict(self, num_pages: int) -> tuple[PrefixCache, list[int]]:
@@ -155,8 +164,8 @@ class PrefixCache:
             if parent.tokens and not parent.children and not parent.locks:
                 heapq.heappush(heap, (parent.used, prefix[: -len(node.tokens)], parent))
         cache = PrefixCache(
-            self.page_size, self.owner, root, self.clock, self.num_pages - len(freed),
-            self.num_locked,
+            self.page_size, self.enabled, root, self.clock, self.num_pages - len(freed),
+            self.num_locked, self.num_evicted + len(freed),
         )  # fmt: skip
         return cache, freed
 

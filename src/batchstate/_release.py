@@ -2,55 +2,103 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from returns.result import Failure, Result
 
 from batchstate._chunked import Chunked
 from batchstate._columns import C, D
-from batchstate._errors import PhaseError, ReleaseError, StillRunning
+from batchstate._errors import NotOwned, PhaseError, ReleaseError, StillRunning
 from batchstate._filter import Departed
-from batchstate._mirrored import host_int64, overlap
+from batchstate._mirrored import HostArray, host_int64, overlap
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle
-from batchstate._pools import Pools
+from batchstate._pools import Pools, expect_pools
+from batchstate._rows import Req
+from batchstate._speculative import Verifying, window_lens
 
 __all__ = ["release"]
 
 
 def release(
-    left: Departed | Batch[C] | Chunked[C], running: Batch[D], pools: Pools
+    left: Departed | Batch[C] | Chunked[C] | Verifying[C],
+    running: Batch[D],
+    pools: Pools,
+    tokens: Sequence[Sequence[int]] | None = None,
 ) -> Result[Pools, ReleaseError]:
-    """Free the request slots and KV tokens of every row of `left`.
+    """Free the request slots and KV pages of every row of `left`.
+
+    With the prefix cache on, each row's tokens, in whole pages, go into the
+    cache at the row's pages instead (and the row stops reading its cached
+    prefix); pages whose tokens the cache holds already, and a partly
+    filled last page, are freed. A retracted row's computed prefix stays
+    cached, so admitting it again hits it.
 
     Args:
         left: the rows that left: `split(batch, keep).left`, or a batch whose
-            rows all leave (a retracted or abandoned one), or a `Chunked`
-            request given up between chunks.
+            rows all leave (a retracted or abandoned one), a `Chunked`
+            request given up between chunks, or a `Verifying` window given
+            up before `sync`.
         running: the batch that goes on; none of `left`'s slots may be in it.
         pools: the pools that own `left`'s memory.
+        tokens: per row of `left`, the tokens whose KV its slot holds, from
+            position 0: the prompt followed by generated tokens (only the
+            first tokens the slot holds count). Default: each row's
+            `input_ids`. Used only with the cache on.
 
     Returns:
-        `Success(Pools)` with the memory free; `Failure(StillRunning)` if a
-        slot is still in `running`; `Failure(NotOwned)` if a slot was already
-        released, or now holds another count of tokens (`left` is stale).
-        `pools` is unchanged either way. Reads nothing from the device.
+        `Success(Pools)` with the memory free (or cached); `Failure(StillRunning)`
+        if a slot is still in `running`; `Failure(NotOwned)` if a slot was
+        already released, or now holds another count of tokens (`left` is
+        stale). `pools` is unchanged either way. Reads nothing from the device.
 
     Raises:
         PhaseError: `left` or `running` is not a batch (arguments swapped, say).
+        TypeError: `pools` is not `Pools`.
+        ValueError: `tokens` has another number of rows, or a row's tokens
+            do not start with its `input_ids`.
     """
-    if not isinstance(left, Departed | Idle | Extended | Decoding | Filtered | Chunked):
+    if not isinstance(left, Departed | Idle | Extended | Decoding | Filtered | Chunked | Verifying):
         raise PhaseError(
-            f"release takes Departed, Chunked or a batch as left, got {type(left).__name__}"
+            "release takes Departed, Chunked, Verifying or a batch as left,"
+            f" got {type(left).__name__}"
         )
     if not isinstance(running, Idle | Extended | Decoding | Filtered):
         raise PhaseError(f"release takes a batch as running, got {type(running).__name__}")
-    if isinstance(left, Departed):
-        slots, seq_lens = left.slots, left.seq_lens
-    elif isinstance(left, Chunked):
-        slots, seq_lens = host_int64([left.slot]), host_int64([left.cached])
-    else:
-        slots, seq_lens = left.rows.req_pool_indices.host, left.rows.seq_lens.host
+    expect_pools(pools)
+    reqs, slots, seq_lens = _held(left, pools)
+    if tokens is not None:
+        _expect_tokens(reqs, tokens)
     # Rows that stayed in the same split as `left` cannot share its slots.
     if not (isinstance(left, Departed) and left.stayed is running.rows):
         still = overlap(slots, running.rows.req_pool_indices.host)
         if still.shape[0]:
             return Failure(StillRunning(tuple(still.tolist())))
-    return pools.free(slots, seq_lens)
+    if seq_lens is None:
+        return Failure(NotOwned(tuple(slots.tolist())))
+    if not pools.cache.enabled:
+        return pools.free(slots, seq_lens)
+    row_tokens = [req.input_ids for req in reqs] if tokens is None else [tuple(t) for t in tokens]
+    return pools.free(slots, seq_lens, row_tokens)
+
+
+def _held(
+    left: Departed | Batch[C] | Chunked[C] | Verifying[C], pools: Pools
+) -> tuple[tuple[Req, ...], HostArray, HostArray | None]:
+    # The rows' requests, slots, and the tokens each holds (None: pools without the window).
+    if isinstance(left, Departed):
+        return left.reqs, left.slots, left.seq_lens
+    if isinstance(left, Chunked):
+        return (left.req,), host_int64([left.slot]), host_int64([left.cached])
+    if isinstance(left, Verifying):
+        slots = left.req_pool_indices.host
+        return left.reqs, slots, window_lens(pools, left)
+    rows = left.rows
+    return rows.reqs, rows.req_pool_indices.host, rows.seq_lens.host
+
+
+def _expect_tokens(reqs: Sequence[Req], tokens: Sequence[Sequence[int]]) -> None:
+    if len(tokens) != len(reqs):
+        raise ValueError(f"tokens for {len(tokens)} rows, {len(reqs)} rows left")
+    for req, ids in zip(reqs, tokens, strict=True):
+        if tuple(ids[: len(req.input_ids)]) != req.input_ids:
+            raise ValueError(f"request {req.rid}: its tokens do not start with its input_ids")

@@ -23,7 +23,7 @@ from batchstate._phases import Filtered
 from batchstate._rows import Rows, check_host
 from batchstate.audit import permitted_reads
 
-__all__ = ["Sampled", "follow", "read_sampled"]
+__all__ = ["Sampled", "follow", "join_sampled", "read_sampled"]
 
 
 @final
@@ -94,6 +94,31 @@ def follow(sampled: Sampled, batch: Filtered[C]) -> Sampled:
     index = _positions(sampled.rids, wanted)
     (device_index,) = upload((index,), batch.rows.device)
     return Sampled(wanted, DeviceOnly(sampled.tokens.device.index_select(0, device_index)))
+
+
+def join_sampled(first: Sampled, second: Sampled) -> Sampled:
+    """The tokens of two forwards' rows together, `first`'s then `second`'s: one device `cat`.
+
+    For batches that are merged before their next step (the running rows
+    and the rows a prefill step just admitted); `follow` then orders them
+    as the merged batch's rows. Reads nothing.
+
+    Raises:
+        BatchConflict: a request has a token in both, or they live on
+            different devices.
+    """
+    if not len(first):
+        return second
+    if not len(second):
+        return first
+    left, right = first.tokens.device, second.tokens.device
+    if left.device != right.device:
+        raise BatchConflict(f"sampled tokens on {left.device} and on {right.device}")
+    rids = np.concatenate((first.rids, second.rids))
+    if np.unique(rids).shape[0] != rids.shape[0]:
+        both = sorted(set(first.rids.tolist()) & set(second.rids.tolist()))
+        raise BatchConflict(f"requests {both} have sampled tokens in both")
+    return Sampled(frozen(rids), DeviceOnly(torch.cat((left, right))))
 
 
 def read_sampled(sampled: Sampled) -> HostArray:

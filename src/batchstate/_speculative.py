@@ -26,11 +26,11 @@ from batchstate._decode import DecodeError
 from batchstate._errors import ColumnError, ContextTooLong, DraftError, PhaseError, RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate._phases import Decoding, Filtered, Step
-from batchstate._pools import Pools
+from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, build_rows, check_columns, check_device, check_host
 from batchstate.audit import permitted_reads
 
-__all__ = ["Drafts", "VerifyStep", "Verifying", "sync", "verify"]
+__all__ = ["Drafts", "VerifyStep", "Verifying", "sync", "verify", "window_lens"]
 
 # Draft tokens per row: Python ints, or a 1-D integer numpy array or CPU tensor.
 Drafts: TypeAlias = Sequence[int] | npt.NDArray[np.integer] | torch.Tensor
@@ -138,6 +138,7 @@ def verify(
     """
     if not isinstance(batch, Decoding):
         raise PhaseError(f"verify takes Decoding, got {type(batch).__name__}")
+    expect_pools(pools)
     rows = batch.rows
     pools.table.expect_on(rows.device)
     drafts = _draft_lens(draft_lens, len(rows))
@@ -222,14 +223,14 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
             f"num_accepted: expected int64 [{num_reqs}] on {batch.device}, got"
             f" {num_accepted.dtype} {list(num_accepted.shape)} on {num_accepted.device}"
         )
+    expect_pools(pools)
     drafts, slots = batch.draft_lens, batch.req_pool_indices.host
-    committed = pools.slot_tokens[slots] - drafts
-    # Counts alone would pass pools from before verify whose slots hold more tokens than
-    # their drafts: their cells from the decode token on must be the ones verify wrote.
-    if (committed < 1).any() or not _hold_window(pools, batch, committed):
+    held = window_lens(pools, batch)
+    if held is None:
         raise DraftError(
             "the pools do not hold this batch's drafts: pass the pools verify returned"
         )
+    committed = held - drafts
     with permitted_reads("speculative sync: accepted draft counts"):
         accepted = num_accepted.to("cpu").numpy()  # NOTE: the one device read; it waits
     bad = (accepted < 0) | (accepted > drafts)
@@ -263,11 +264,25 @@ def _window_layout(committed: HostArray, drafts: HostArray) -> tuple[HostArray, 
     return rows, committed[rows] - 1 + np.arange(rows.shape[0]) - first[rows]
 
 
-def _hold_window(pools: Pools, batch: Verifying[C], committed: HostArray) -> bool:
+def window_lens(pools: Pools, batch: Verifying[C]) -> HostArray | None:
+    """The tokens each row's slot holds (drafts included), if `pools` hold `batch`'s window.
+
+    None for pools that do not: a slot out of range, or one whose table
+    cells from the decode token on are not the locations `verify` wrote
+    (counts alone would pass pools from before `verify` whose slots hold
+    more tokens than their drafts). Host work only.
+    """
+    slots = batch.req_pool_indices.host
+    if slots.shape[0] and not (int(slots.min()) >= 1 and int(slots.max()) <= pools.max_reqs):
+        return None
+    held = pools.slot_tokens[slots]
+    committed = held - batch.draft_lens
+    if (committed < 1).any():
+        return None
     # Each row's table cells [c - 1, c + d) hold its decode token's and drafts' locations.
     rows, positions = _window_layout(committed, batch.draft_lens)
-    cells = pools.table.host[batch.req_pool_indices.host[rows], positions]
-    return bool(np.array_equal(cells, batch.out_cache_loc.host))
+    cells = pools.table.host[slots[rows], positions]
+    return held if np.array_equal(cells, batch.out_cache_loc.host) else None
 
 
 def _draft_lens(draft_lens: Drafts, num_reqs: int) -> HostArray:

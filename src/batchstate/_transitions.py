@@ -7,7 +7,6 @@ from typing import Final, TypeAlias, final
 
 import attrs
 
-from batchstate._cached_extend import decode_cached, extend_cached
 from batchstate._chunked import Chunked
 from batchstate._decode import decode
 from batchstate._errors import (
@@ -19,7 +18,6 @@ from batchstate._errors import (
     KeepIndicesError,
     NoChunkBudget,
     NotHeld,
-    NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
     StaleRecord,
@@ -62,7 +60,7 @@ _ADMIT_FAILURES: Final = (
     ContextTooLong,
     EmptyExtend,
     EmptyPrompt,
-    NotOwned,
+    NotHeld,
 )
 _RUNNING: Final = (Extended, Decoding, Filtered)
 _MIX_FAILURES: Final = (
@@ -108,24 +106,6 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         raises=(DraftError, BatchConflict),
     ),
     Transition(Verifying, sync, Filtered, raises=(DraftError,)),
-    # Prefix caching, on `CachedPools`: eviction is part of allocating.
-    Transition(
-        Idle,
-        extend_cached,
-        Extended,
-        failures=(OutOfReqSlots, OutOfKVTokens, ContextTooLong, EmptyExtend, EmptyPrompt),
-        raises=(BatchConflict,),
-    ),
-    *(
-        Transition(
-            source,
-            decode_cached,
-            Decoding,
-            failures=(OutOfKVTokens, ContextTooLong),
-            raises=(BatchConflict, StaleRecord),
-        )
-        for source in _RUNNING
-    ),
     # Chunked prefill and mixed forwards: new requests (no operand) or a held chunk.
     *(
         Transition(

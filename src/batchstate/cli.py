@@ -431,15 +431,17 @@ def _add_engine_options(add: _Add) -> None:
         help="prompt tokens per step; longer prompts are prefilled in chunks; 0: whole prompts",
     )
     add(
-        "--no-mixed",
-        dest="mixed",
-        action="store_false",
-        help="run prompt chunks in forwards of their own, not beside the running decode rows",
+        "--mixed",
+        action="store_true",
+        help="run prompt chunks beside the running decode rows, in one forward"
+        " (default: prefill steps of their own, as SGLang's default)",
     )
     add(
-        "--overlap",
-        action="store_true",
-        help="keep sampled tokens on the device and check finishes one step late (needs --mixed)",
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="read each step's sampled tokens before building the next (default: keep them"
+        " on the device and check finishes one step late)",
     )
 
 

@@ -31,45 +31,37 @@ import torch
 from returns.result import Result
 
 from batchstate import (
-    AllocError,
-    CachedPools,
-    CachedStep,
     Chunked,
-    DecodeError,
     Decoding,
     Departed,
     Extended,
+    ExtendError,
     Filtered,
     Idle,
     InvariantViolation,
     Mixed,
     MixError,
     MixStep,
-    NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
     Pools,
-    ReleaseError,
     Req,
     Sampled,
     Sampling,
     Step,
     check_batch,
-    check_cached_pools,
     check_leaks,
     check_pools,
     decode,
-    decode_cached,
     decode_sampled,
     extend,
-    extend_cached,
     follow,
     idle,
+    join_sampled,
     merge,
     mix,
     prebuilt,
     release,
-    release_cached,
     settle,
     split,
 )
@@ -124,8 +116,9 @@ class Engine:
 
     Args:
         specs: the workload, in arrival order.
-        pools: empty pools for the run; `CachedPools` runs with a prefix cache
-            (finished requests' KV is cached, extends read cached prefixes).
+        pools: empty pools for the run; with their prefix cache on, prefills
+            read cached prefixes and publish their pages, and finished
+            requests' KV stays cached.
         tokens: runs the forwards (a model) or draws tokens (meta).
         counter: counts device reads on audited steps; None counts none.
     """
@@ -134,7 +127,7 @@ class Engine:
         self,
         config: EngineConfig,
         specs: Sequence[RequestSpec],
-        pools: Pools | CachedPools,
+        pools: Pools,
         tokens: TokenSource,
         counter: ReadCounter | None = None,
     ) -> None:
@@ -155,6 +148,8 @@ class Engine:
         # Overlap: the last forward's tokens, not yet read, and whose rows to record.
         self.unread: Sampled | None = None
         self.unread_rids: set[int] = set()
+        # Overlap: every running row's last token on the device (it may hold finished rows').
+        self.device_tokens: Sampled | None = None
         self._parked: _Running | None = None  # running rows sitting out a prefill step
 
     def run(self, on_step: Callable[[int], None] | None = None) -> None:
@@ -195,7 +190,10 @@ class Engine:
         while self.pending and self.pending[0].arrival_step <= self.clock:
             spec = self.pending[0]
             if spec.follows is not None and spec.follows not in self.outputs:
-                if not self.waiting and not len(self.running.rows):
+                # Waiting, held between chunks, running or unread: its answer will come.
+                if spec.follows not in self.live and all(
+                    later.rid != spec.follows for later in self.pending
+                ):
                     raise EngineError(f"request {spec.rid} follows one that never ran")
                 break  # a follow-up turn waits for the conversation's last answer
             self.pending.popleft()
@@ -237,6 +235,7 @@ class Engine:
 
     def _advance(self) -> None:
         self.clock += 1
+        self.trace.evicted_pages = self.pools.cache.num_evicted
         every = self.config.check_every
         if every and len(self.trace) % every == 0:
             self.check()
@@ -249,11 +248,8 @@ class Engine:
         """
         try:
             check_batch(self.running)
-            if isinstance(self.pools, CachedPools):
-                check_cached_pools(self.pools, [self.running])
-            else:
-                check_pools(self.pools, [self.running])
-                check_leaks(self.pools, [self.running, *self.held])
+            check_pools(self.pools, [self.running])
+            check_leaks(self.pools, [self.running, *self.held])
         except InvariantViolation as error:
             raise InvariantViolation(f"after step {len(self.trace)}: {error}") from error
         self.trace.num_checks += 1
@@ -294,7 +290,7 @@ class Engine:
         pools, running = self.pools, self.running.rows
         budget = Budget(
             min(self.config.max_running - len(running), pools.num_free_slots),
-            pools.num_available_tokens if isinstance(pools, CachedPools) else pools.num_free_tokens,
+            pools.num_available_tokens,
             reserve(
                 map(self._remaining, running.rids.tolist()),
                 pools.page_size,
@@ -314,7 +310,6 @@ class Engine:
             result = self._timed(lambda: self._extend(reqs, pools), audit=False)
             step = result.value_or(None)
             if step is not None:
-                self._count_cache(pools, step.pools)
                 self.pools = step.pools
                 for _ in reqs:
                     self.waiting.popleft()
@@ -333,36 +328,21 @@ class Engine:
         return None
 
     def _extend(
-        self, reqs: list[Req], pools: Pools | CachedPools
-    ) -> Result[Step[Extended[Sampling]] | CachedStep[Extended[Sampling]], AllocError | NotOwned]:
+        self, reqs: list[Req], pools: Pools
+    ) -> Result[Step[Extended[Sampling]], ExtendError]:
         device = self.running.device
         # The admitted rows' own sampling parameters, in row order, in one upload.
         columns = Sampling.of([self.sampling[req.rid] for req in reqs], device)
-        if isinstance(pools, CachedPools):
-            return extend_cached(idle(device, Sampling), reqs, pools, columns)
         return extend(idle(device, Sampling), reqs, pools, columns)
-
-    def _count_cache(self, before: Pools | CachedPools, after: Pools | CachedPools) -> None:
-        # An allocation only takes pages out of the cache: what it lost was evicted.
-        if isinstance(before, CachedPools) and isinstance(after, CachedPools):
-            self.trace.evicted_pages += before.cache.num_pages - after.cache.num_pages
 
     def _decode(self) -> Decoding[Sampling]:
         while True:
             running = self.running
             if isinstance(running, Idle):
                 raise EngineError("decode with nothing running")
-            pools = self.pools
-            result: Result[
-                Step[Decoding[Sampling]] | CachedStep[Decoding[Sampling]], DecodeError
-            ] = (
-                self._timed(partial(decode_cached, running, pools))
-                if isinstance(pools, CachedPools)
-                else self._timed(partial(decode, running, pools))
-            )
+            result = self._timed(partial(decode, running, self.pools))
             step = result.value_or(None)
             if step is not None:
-                self._count_cache(pools, step.pools)
                 self.pools = step.pools
                 return step.batch
             failure = result.failure()
@@ -379,8 +359,6 @@ class Engine:
         if not arrivals:
             return False
         pools = self.pools
-        if self.config.overlap or not isinstance(pools, Pools):
-            raise EngineError("prebuilt requests run on plain pools, without overlap")
         reqs = arrivals[: self._choose_prebuilt(arrivals, pools)]
         step = self._place_prebuilt(reqs, pools)
         if step is None:
@@ -451,7 +429,7 @@ class Engine:
 
     def _prebuilt(
         self, reqs: list[Req], pools: Pools
-    ) -> Result[Step[Filtered[Sampling]], AllocError | NotOwned]:
+    ) -> Result[Step[Filtered[Sampling]], ExtendError]:
         device = self.running.device
         columns = Sampling.of([self.sampling[req.rid] for req in reqs], device)
         return prebuilt(idle(device, Sampling), reqs, pools, columns)
@@ -461,16 +439,15 @@ class Engine:
         kept, left = split(batch, keep)
         if len(keep) < len(batch.rows):
             self.pools = self._release(left, kept)
+        if self.config.overlap and len(kept.rows):
+            # Their first tokens, known on the host, join the running rows' on the device.
+            firsts = [self.live[rid].generated[-1] for rid in kept.rows.rids.tolist()]
+            device = kept.rows.device
+            tokens = Sampled.of(kept.rows, torch.tensor(firsts, dtype=torch.int64, device=device))
+            self.device_tokens = self._joined(self.running, tokens)
         self.running = merge(self.running, kept)
 
     # ---- chunked, mixed and overlapped steps ----------------------------------------------
-
-    @property
-    def _plain(self) -> Pools:
-        # Mixed steps run without a prefix cache (SimulationConfig.engine_config sees to it).
-        if not isinstance(self.pools, Pools):
-            raise EngineError("chunked and mixed steps do not run over a prefix cache")
-        return self.pools
 
     def _mixed_step(self, start: float) -> None:
         batch = self._mix() or self._decode_mixed()
@@ -480,7 +457,7 @@ class Engine:
         if batch is None and self.unread is None:
             raise EngineError(f"nothing can run: {len(self.waiting)} waiting, none fits")
         sampled = (
-            self.tokens.after_mixed(batch, self._plain, self._sampling_of(batch))
+            self.tokens.after_mixed(batch, self.pools, self._sampling_of(batch))
             if batch is not None
             else None
         )
@@ -495,6 +472,8 @@ class Engine:
             )  # fmt: skip
             return
         assert sampled is not None
+        if self.config.overlap:
+            self.device_tokens = self._tokens_after(sampled)
         settled = self._timed(lambda: settle(batch))
         self.held.extend(settled.held)
         running = settled.running
@@ -503,7 +482,7 @@ class Engine:
             done = self._record_tokens((rid, by_rid[rid]) for rid in running.rows.rids.tolist())
         keep = [row for row, rid in enumerate(running.rows.rids.tolist()) if rid not in done]
         self.trace.overshoot_tokens += len(running.rows) - len(keep) if self.config.overlap else 0
-        self._timed(lambda: self._retire_mixed(running, keep))
+        self._timed(lambda: self._retire_mixed(running, keep, done))
         if self.config.overlap:
             self.unread = sampled
             partial = {batch.rows.reqs[row].rid for row in batch.partial}
@@ -523,7 +502,7 @@ class Engine:
         # Held chunks first, then waiting requests that fit (chosen as for extend).
         if not self.held and not self.waiting:
             return None
-        config, pools, running = self.config, self._plain, self.running
+        config, pools, running = self.config, self.pools, self.running
         held = list(self.held)
         room = config.max_running - len(running.rows) - len(held)
         chosen = self._choose(max(room, 0), len(held)) if room > 0 else 0
@@ -546,6 +525,11 @@ class Engine:
     def _admitted(self, batch: Mixed[Sampling], pools: Pools, num_held: int) -> Mixed[Sampling]:
         self.pools = pools
         taken = batch.num_extend_rows
+        # Rows past the held chunks are new requests: their prefix is what they read cached.
+        cached = batch.prefix_lens[min(taken, num_held) : taken]
+        self.trace.prefill_cached += int(cached.sum())
+        self.trace.cache_hits += int((cached > 0).sum())
+        self.trace.extended_requests += max(taken - num_held, 0)
         for _ in range(min(taken, num_held)):
             self.held.popleft()
         for _ in range(max(taken - num_held, 0)):
@@ -563,10 +547,10 @@ class Engine:
             tokens = self._tokens_for(running)
             result: Result[MixStep[Sampling], MixError]
             if isinstance(tokens, Sampled):
-                result = self._timed(partial(decode_sampled, running, tokens, self._plain))
+                result = self._timed(partial(decode_sampled, running, tokens, self.pools))
             else:
                 no_rows = self._columns_of((), running.rows.device)
-                result = self._timed(partial(_mix, running, (), 1, self._plain, tokens, no_rows))
+                result = self._timed(partial(_mix, running, (), 1, self.pools, tokens, no_rows))
             step = result.value_or(None)
             if step is not None:
                 self.pools = step.pools
@@ -600,8 +584,8 @@ class Engine:
         # Each running row's input token: the last one the host knows, or the device's.
         if isinstance(running, Idle):
             return []
-        if self.config.overlap and self.unread is not None:
-            return self._timed(partial(follow, self.unread, running))
+        if self.config.overlap and self.unread is not None and self.device_tokens is not None:
+            return self._timed(partial(follow, self.device_tokens, running))
         return [self.live[rid].generated[-1] for rid in running.rows.rids.tolist()]
 
     def _read_unread(self) -> set[int]:
@@ -627,18 +611,39 @@ class Engine:
                 del self.live[rid]
         return done
 
-    def _retire_mixed(self, running: Filtered[Sampling], keep: list[int]) -> None:
+    def _retire_mixed(self, running: Filtered[Sampling], keep: list[int], done: set[int]) -> None:
         kept, left = split(running, keep)
         if len(keep) < len(running.rows):
             self.pools = self._release(left, kept)
         parked = self._parked
         self._parked = None
-        self.running = kept if parked is None else merge(parked, kept)
+        if parked is None:
+            self.running = kept
+            return
+        if done and isinstance(parked, Filtered):
+            # Overlap: rows that sat out this prefill step may have finished one step late.
+            stay = [row for row, rid in enumerate(parked.rows.rids.tolist()) if rid not in done]
+            parked, gone = split(parked, stay)
+            if gone.reqs:
+                self.pools = self._release(gone, parked)
+        self.running = merge(parked, kept)
+
+    def _tokens_after(self, sampled: Sampled) -> Sampled:
+        # Overlap: each running row's last token after this forward. A prefill step's
+        # rows join the parked rows, whose tokens are still the last forward's.
+        parked = self._parked
+        return sampled if parked is None else self._joined(parked, sampled)
+
+    def _joined(self, running: _Running, new: Sampled) -> Sampled:
+        # The device tokens of `running`'s rows, then `new`'s.
+        if not isinstance(running, Filtered) or self.device_tokens is None:
+            return new
+        return join_sampled(follow(self.device_tokens, running), new)
 
     def _retract_held(self) -> None:
         # The newest held chunk gives its KV back and waits for a fresh prefill.
         chunk = self.held.pop()
-        result = release(chunk, self.running, self._plain)
+        result = release(chunk, self.running, self.pools)
         pools = result.value_or(None)
         if pools is None:
             raise EngineError(f"release failed: {result.failure()}")
@@ -670,10 +675,7 @@ class Engine:
     def _used(self) -> int:
         pools = self.pools
         # Cached but evictable pages count as free.
-        free = (
-            pools.num_available_tokens if isinstance(pools, CachedPools) else pools.num_free_tokens
-        )
-        return pools.num_pages * pools.page_size - free
+        return pools.num_pages * pools.page_size - pools.num_available_tokens
 
     def _retract(self, running: Filtered[Sampling]) -> None:
         # The newest row goes back to the front of the queue, to re-prefill its
@@ -715,15 +717,13 @@ class Engine:
             self.pools = self._release(left, kept)
         self.running = merge(self.running, kept) if isinstance(batch, Extended) else kept
 
-    def _release(self, left: Departed, running: Filtered[Sampling]) -> Pools | CachedPools:
-        result: Result[Pools, ReleaseError] | Result[CachedPools, ReleaseError]
-        if isinstance(self.pools, CachedPools):
+    def _release(self, left: Departed, running: Filtered[Sampling]) -> Pools:
+        tokens = None
+        if self.pools.cache.enabled:
             # The KV holds each row's prompt and all it generated but the last token.
             tokens = [self.prompts[req.rid] + self._generated(req.rid) for req in left.reqs]
-            result = release_cached(left, running, self.pools, tokens)
-        else:
-            result = release(left, running, self.pools)
-        pools: Pools | CachedPools | None = result.value_or(None)
+        result = release(left, running, self.pools, tokens)
+        pools = result.value_or(None)
         if pools is None:
             raise EngineError(f"release failed: {result.failure()}")
         return pools

@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 import torch
 
-from batchstate import CachedPools, Decoding, Extended, Filtered, Idle, Mixed, Pools, Rows, Sampling
+from batchstate import Decoding, Extended, Filtered, Idle, Mixed, Pools, Rows, Sampling
 from batchstate.engine._model import FeedForward, TinyModel
 
 __all__ = [
@@ -43,7 +43,7 @@ class KVCache:
     v: torch.Tensor  # the same
 
 
-def make_kv_cache(model: TinyModel, pools: Pools | CachedPools) -> KVCache:
+def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
     """A zeroed cache with `pools.kv_cache_size` rows per layer, on the model's device."""
     config = model.config
     shape = (config.num_layers, pools.kv_cache_size, config.num_heads, config.head_dim)
@@ -57,7 +57,7 @@ def sample_extend(
     model: TinyModel,
     cache: KVCache,
     batch: Extended[Any],
-    pools: Pools | CachedPools,
+    pools: Pools,
     *,
     feed_forward: FeedForward | None = None,
 ) -> torch.Tensor:
@@ -98,7 +98,7 @@ def sample_decode(
     model: TinyModel,
     cache: KVCache,
     batch: Decoding[Any],
-    pools: Pools | CachedPools,
+    pools: Pools,
     input_ids: torch.Tensor,
     *,
     feed_forward: FeedForward | None = None,

@@ -9,7 +9,6 @@ import attrs
 import torch
 
 from batchstate import (
-    CachedPools,
     Decoding,
     Extended,
     Filtered,
@@ -56,13 +55,13 @@ class RankTokens:
         self.status = RankStatus(busy=False, load=0, finished=0)  # set before each step
         self.local = ModelTokens(model, cache, self._shared_mlp)
 
-    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
+    def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         """Exchange the extend's shape, then run it with the shared MLPs."""
         self._exchange(Phase.EXTEND, batch.rows, batch.extend_num_tokens)
         return self.local.after_extend(batch, pools)
 
     def after_decode(
-        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools, last_tokens: Sequence[int]
     ) -> list[int]:
         """Exchange the decode's shape (one token per row), then run it."""
         self._exchange(Phase.DECODE, batch.rows, len(batch.rows))

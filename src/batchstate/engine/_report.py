@@ -44,7 +44,7 @@ class Summary:
     oracle_passed: bool | None  # None: the oracle did not run
     oracle_s: float | None  # None: the oracle did not run
     prefix_cache: bool = False
-    prefix_cache_switched_off: bool = False  # by --no-prefix-cache (else: no shared prefixes)
+    shares_prefixes: bool = False  # the workload has shared prefixes or follow-up turns
     prefill_computed: int = 0  # input ids the extends computed
     prefill_cached: int = 0  # input ids read from the prefix cache instead
     cache_hits: int = 0  # extended requests that read a cached prefix
@@ -105,8 +105,8 @@ def summarize(run: Simulation) -> Summary:
         oracle=oracle,
         oracle_passed=None if run.oracle is None else run.oracle.passed,
         oracle_s=run.oracle_s,
-        prefix_cache=run.config.uses_prefix_cache,
-        prefix_cache_switched_off=not run.config.prefix_cache,
+        prefix_cache=run.config.prefix_cache,
+        shares_prefixes=bool(run.config.workload.shared_prefixes or run.config.workload.follow_ups),
         prefill_computed=trace.prefill_computed,
         prefill_cached=trace.prefill_cached,
         cache_hits=trace.cache_hits,
@@ -197,16 +197,15 @@ def render_summary(summary: Summary) -> str:
 
 def _cache_line(s: Summary) -> str:
     if not s.prefix_cache:
-        return (
-            "off (--no-prefix-cache)"
-            if s.prefix_cache_switched_off
-            else "off (the workload shares no prefix: see --shared-prefix)"
-        )
+        return "off (--no-prefix-cache)"
     rate = 100 * s.cache_hits / max(s.extended_requests, 1)
-    return (
-        f"on: {s.cache_hits}/{s.extended_requests} extends hit ({rate:.0f}%),"
+    line = (
+        f"on: {s.cache_hits}/{s.extended_requests} prefills hit ({rate:.0f}%),"
         f" {s.evicted_pages} pages evicted"
     )
+    if not s.shares_prefixes:
+        line += " (no effect: the workload shares no prefix; see --shared-prefix)"
+    return line
 
 
 def _prefill_line(s: Summary) -> str:

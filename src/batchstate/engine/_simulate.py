@@ -9,7 +9,7 @@ from typing import final
 import attrs
 import torch
 
-from batchstate import CachedPools, Pools, cached_pools, make_pools
+from batchstate import Pools, make_pools
 from batchstate.engine._engine import Engine, EngineConfig
 from batchstate.engine._model import ModelConfig, TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
@@ -50,21 +50,8 @@ class SimulationConfig:
     prefix_cache: bool = True  # share KV of common prefixes, when the workload has any
 
     @property
-    def uses_prefix_cache(self) -> bool:
-        """The cache runs when the workload shares prefixes (and it is not switched off).
-
-        The cached path admits whole prompts with `extend_cached` and decodes
-        with `decode_cached`: prompt chunks and mixed steps are not modelled
-        over a prefix cache, so such a run ignores `--chunk-size` and `--mixed`.
-        """
-        workload = self.workload
-        return self.prefix_cache and bool(workload.shared_prefixes or workload.follow_ups)
-
-    @property
     def engine_config(self) -> EngineConfig:
-        """The engine's settings for this run (whole prompts when the cache runs)."""
-        if self.uses_prefix_cache:
-            return attrs.evolve(self.engine, chunk_size=0, mixed=False)
+        """The engine's settings for this run."""
         return self.engine
 
     @property
@@ -76,12 +63,16 @@ class SimulationConfig:
         longest = self.workload.longest_prompt + self.workload.output_len[1]
         return longest if self.max_context_len is None else self.max_context_len
 
-    def make_pools(self, device: torch.device) -> Pools | CachedPools:
-        """Empty pools of this run's sizes on `device` (with a prefix cache when it runs)."""
-        plain = make_pools(
-            self.num_slots, self.context_len, self.num_kv_tokens, device, self.page_size
+    def make_pools(self, device: torch.device) -> Pools:
+        """Empty pools of this run's sizes on `device`, with the prefix cache on or off."""
+        return make_pools(
+            self.num_slots,
+            self.context_len,
+            self.num_kv_tokens,
+            device,
+            self.page_size,
+            prefix_cache=self.prefix_cache,
         )
-        return cached_pools(plain) if self.uses_prefix_cache else plain
 
     def validate(self) -> None:
         """Raise `ValueError` with a one-line message for a run that cannot work.
@@ -120,7 +111,6 @@ class SimulationConfig:
         ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
-        _check_modes(engine, cached=self.uses_prefix_cache, prebuilt=bool(self.workload.prebuilt))
         if self.num_kv_tokens < 0 or self.num_kv_tokens % self.page_size:
             raise ValueError(
                 f"--kv-tokens must be a non-negative multiple of --page-size={self.page_size},"
@@ -153,7 +143,7 @@ class Simulation:
     outputs: dict[int, tuple[int, ...]]
     trace: Trace
     wall_s: float
-    pools: Pools | CachedPools  # after the run: everything free again (or cached)
+    pools: Pools  # after the run: everything free again (or cached)
     prompts: dict[int, tuple[int, ...]]  # rid -> the prompt it ran with (follow-ups' history)
     oracle: OracleResult | None  # None: not run (meta, or switched off)
     oracle_s: float | None  # None: the oracle did not run
@@ -164,19 +154,19 @@ class Simulation:
         return pools_conserved(self.pools)
 
 
-def pools_conserved(pools: Pools | CachedPools) -> bool:
+def pools_conserved(pools: Pools) -> bool:
     """Every slot free and every KV token free (or cached, so evictable): nothing leaked."""
-    free = pools.num_available_tokens if isinstance(pools, CachedPools) else pools.num_free_tokens
+    free = pools.num_available_tokens
     return pools.num_free_slots == pools.max_reqs and free == pools.num_pages * pools.page_size
 
 
-def describe_pools(pools: Pools | CachedPools) -> str:
+def describe_pools(pools: Pools) -> str:
     """What is free in `pools`, in one line (cached tokens counted apart)."""
     line = (
         f"{pools.num_free_slots}/{pools.max_reqs} slots,"
         f" {pools.num_free_tokens}/{pools.num_pages * pools.page_size} KV tokens free"
     )
-    if isinstance(pools, CachedPools):
+    if pools.cache.enabled:
         line += f" + {pools.cache.num_tokens} cached (evictable)"
     return line
 
@@ -241,24 +231,6 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
         oracle_s,
         engine.trace.num_audited > 0,
     )
-
-
-def _check_modes(engine: EngineConfig, *, cached: bool, prebuilt: bool) -> None:
-    # Overlap feeds every running row the device's token: every forward must hold them all.
-    if engine.overlap and not engine.mixed:
-        raise ValueError("--overlap needs --mixed: the decode rows ride in every forward")
-    if engine.overlap and cached:
-        raise ValueError(
-            "--overlap needs mixed steps, which do not run over a prefix cache:"
-            " add --no-prefix-cache"
-        )
-    # `prebuilt` allocates from plain pools, and its rows have no device token to follow.
-    if prebuilt and engine.overlap:
-        raise ValueError("--prebuilt does not run with --overlap: leave one of them out")
-    if prebuilt and cached:
-        raise ValueError(
-            "--prebuilt admits into plain pools, not a prefix cache: add --no-prefix-cache"
-        )
 
 
 def _quiet(phase: str, done: int, total: int) -> None:

@@ -9,7 +9,6 @@ from typing import Protocol, final
 import torch
 
 from batchstate import (
-    CachedPools,
     Decoding,
     Extended,
     Filtered,
@@ -42,12 +41,12 @@ class TokenSource(Protocol):
     (on the mixed path passed as `sampling`, None when every row is greedy).
     """
 
-    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
+    def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         """The token after each row's last input id, in row order."""
         ...
 
     def after_decode(
-        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools, last_tokens: Sequence[int]
     ) -> list[int]:
         """The token after each row's `last_tokens[row]`, in row order."""
         ...
@@ -96,7 +95,7 @@ class ModelTokens:
         self.cache = cache
         self.feed_forward = feed_forward  # runs each layer's MLP; None: the model's own
 
-    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
+    def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         """Run the extend forward (writes the cache) and read the sampled tokens."""
         tokens: list[int] = sample_extend(
             self.model, self.cache, batch, pools, feed_forward=self.feed_forward
@@ -104,7 +103,7 @@ class ModelTokens:
         return tokens
 
     def after_decode(
-        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools, last_tokens: Sequence[int]
     ) -> list[int]:
         """Run the decode forward (writes the cache) and read the sampled tokens."""
         input_ids = torch.tensor(last_tokens, dtype=torch.int64).to(self.model.device)
@@ -161,12 +160,12 @@ class RandomTokens:
         self.vocab_size = vocab_size
         self.rng = random.Random(seed)
 
-    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
+    def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         """One random token per row (sampling parameters play no part)."""
         return self._draw(len(batch.rows))
 
     def after_decode(
-        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools, last_tokens: Sequence[int]
     ) -> list[int]:
         """One random token per row."""
         return self._draw(len(batch.rows))

@@ -1,4 +1,4 @@
-"""The invariants of cached pools: every page free, cached or in use, counted exactly."""
+"""The invariants of pools with the prefix cache on: every page free, cached or in use."""
 
 from __future__ import annotations
 
@@ -6,36 +6,37 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from batchstate._cached_pools import CachedPools
 from batchstate._columns import C
 from batchstate._errors import InvariantViolation
 from batchstate._phases import Batch
+from batchstate._pools import Pools
 
-__all__ = ["check_cached_pools"]
+__all__ = ["check_shared_pools"]
 
 
-def check_cached_pools(
-    pools: CachedPools, batches: Iterable[Batch[C]] = (), *, compare_device: bool = False
+def check_shared_pools(
+    pools: Pools, batches: Iterable[Batch[C]] = (), *, compare_device: bool = False
 ) -> None:
     """Check that every KV page is exactly one of free, cached or in use, and counted right.
 
     - free + cached + private (in use by one row, past its prefix) = capacity,
       no page in two of them, page 0 in none, every cached page and every
       page a row reads in 1..num_pages;
-    - each slot's cached prefix is whole pages, shorter than its row, and its
-      pages are cached; each cached page is locked by exactly the rows that
-      read it (its reference count is those rows plus the cache's one);
+    - each slot's cached prefix is whole pages, no longer than its row, and
+      its pages are the cache's pages for its tokens; each cached page is
+      locked by exactly the rows that read it (its reference count is those
+      rows plus the cache's one);
     - the tree is well formed: edges of whole pages, keys their first page,
       a child locked no more than its parent, page totals as counted;
     - slots, and every row of `batches`, as `check_pools` checks them, and a
-      row's cached prefix is what the cache matches for its `input_ids`.
+      row's cached prefix is the start of its `input_ids`.
 
     Raises:
         InvariantViolation: naming the invariant and the numbers.
     """
-    inner, cache, page_size = pools._pools, pools.cache, pools.page_size
+    cache, page_size = pools.cache, pools.page_size
     batches = list(batches)
-    _expect(cache.owner is inner.table, "the cache belongs to another table")
+    _expect(cache.page_size == page_size, f"the cache has pages of {cache.page_size}")
     _check_tree(pools)
     entries = cache.entries()
     cached = np.array([page for page, _ in entries.values()], dtype=np.int64)
@@ -44,16 +45,15 @@ def check_cached_pools(
         bool(((cached >= 1) & (cached <= pools.num_pages)).all()),
         f"the cache holds a KV page outside 1..{pools.num_pages}",
     )
-    table, slot_tokens, prefix_lens = inner.table.host, inner.slot_tokens, pools.prefix_lens
+    table, slot_tokens, prefix_lens = pools.table.host, pools.slot_tokens, pools.prefix_lens
     _expect(int(prefix_lens[0]) == 0, "padding slot 0 reads a cached prefix")
     readers = np.zeros(pools.num_pages + 1, dtype=np.int64)
     private = []
     for slot in range(1, pools.max_reqs + 1):
         tokens, prefix = int(slot_tokens[slot]), int(prefix_lens[slot])
         _expect(
-            prefix % page_size == 0 and (prefix < tokens or prefix == tokens == 0),
-            f"slot {slot}: cached prefix {prefix} of {tokens} tokens is not whole pages before"
-            " its last token",
+            prefix % page_size == 0 and prefix <= tokens and (tokens > 0 or not prefix),
+            f"slot {slot}: cached prefix {prefix} of {tokens} tokens is not whole pages of its row",
         )
         pages = table[slot, :tokens:page_size].astype(np.int64) // page_size
         _expect(
@@ -69,28 +69,33 @@ def check_cached_pools(
             int(readers[page]) == count,
             f"page {page}: locked by {count} rows, read by {int(readers[page])}",
         )
-    every = np.concatenate((inner.free_pages, cached, *private))
+    every = np.concatenate((pools.free_pages, cached, *private))
     uses = np.bincount(every, minlength=pools.num_pages + 1)
     _expect(
         uses.shape[0] == pools.num_pages + 1 and int(uses[0]) == 0 and bool((uses[1:] == 1).all()),
-        f"KV pages: {inner.free_pages.shape[0]} free + {cached.shape[0]} cached"
-        f" + {every.shape[0] - inner.free_pages.shape[0] - cached.shape[0]} private"
+        f"KV pages: {pools.free_pages.shape[0]} free + {cached.shape[0]} cached"
+        f" + {every.shape[0] - pools.free_pages.shape[0] - cached.shape[0]} private"
         f" != {pools.num_pages}, or a page is in two states or none",
     )
     _check_slots(pools, batches, compare_device=compare_device)
+    for slot, prefix_ids in pools.prefixes.items():
+        length, pages = cache.match(prefix_ids)
+        row_pages = table[slot, : len(prefix_ids) : page_size].astype(np.int64) // page_size
+        _expect(
+            length == len(prefix_ids) and np.array_equal(pages, row_pages),
+            f"slot {slot}: its cached prefix is not the cache's pages for its tokens",
+        )
     for batch in batches:
         slots = batch.rows.req_pool_indices.host.tolist()
         for req, slot in zip(batch.rows.reqs, slots, strict=True):
-            prefix = int(prefix_lens[slot])
-            length, pages = cache.match(req.input_ids[:prefix])
-            row_pages = table[slot, :prefix:page_size].astype(np.int64) // page_size
+            read = pools.prefixes.get(slot, ())
             _expect(
-                length == prefix and np.array_equal(pages, row_pages),
-                f"slot {slot}: its cached prefix is not the cache's pages for its tokens",
+                req.input_ids[: len(read)] == read,
+                f"slot {slot}: its cached prefix is not the start of request {req.rid}'s input",
             )
 
 
-def _check_slots(pools: CachedPools, batches: list[Batch[C]], *, compare_device: bool) -> None:
+def _check_slots(pools: Pools, batches: list[Batch[C]], *, compare_device: bool) -> None:
     # As `check_pools` for slots: each free or owned once, rows laid out in whole
     # pages, every row of `batches` owning its slot at its length.
     max_reqs, page_size, table = pools.max_reqs, pools.page_size, pools.table.host
@@ -125,7 +130,7 @@ def _check_slots(pools: CachedPools, batches: list[Batch[C]], *, compare_device:
         _expect(np.array_equal(table, device_table), "table: host != device")
 
 
-def _check_tree(pools: CachedPools) -> None:
+def _check_tree(pools: Pools) -> None:
     cache, page_size = pools.cache, pools.page_size
     total = locked = 0
     for prefix, node in cache._nodes():

@@ -1,0 +1,143 @@
+"""How rows share KV pages through the prefix cache: lock a prefix, publish pages, give back.
+
+The pools call these with the cache on; each takes the cache and the
+host table and returns a new cache, never changing what it was given.
+A row's cached prefix (`prefixes[slot]`, whole pages) is what it reads
+from the cache and keeps locked; its pages past it are private to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from batchstate._mirrored import HostArray, frozen
+from batchstate._prefix_cache import PrefixCache, Tokens
+
+__all__ = ["give_back", "lock_prefixes", "prefix_cells", "publish"]
+
+
+def lock_prefixes(
+    cache: PrefixCache, token_lists: Sequence[Tokens]
+) -> tuple[PrefixCache, list[int], list[HostArray]]:
+    """Each prompt's longest cached prefix that leaves a token to compute, locked.
+
+    Every prompt is matched against `cache` as given: prompts of one
+    transition do not share the pages they compute (they are not cached
+    until it returns).
+    """
+    page_size = cache.page_size
+    lengths: list[int] = []
+    pages: list[HostArray] = []
+    locked = cache
+    for tokens in token_lists:
+        # Leave the last token to compute: the forward samples after it.
+        usable = (len(tokens) - 1) // page_size * page_size
+        length, found = cache.match(tokens[:usable])
+        if length:
+            locked = locked._lock(tuple(tokens), length)
+        lengths.append(length)
+        pages.append(found)
+    return locked, lengths, pages
+
+
+def publish(
+    cache: PrefixCache,
+    table: npt.NDArray[np.int32],
+    prefixes: dict[int, Tokens],
+    slots: Sequence[int],
+    token_lists: Sequence[Tokens],
+) -> tuple[PrefixCache, dict[int, Tokens]]:
+    """Cache each slot's whole pages of `token_lists[i]` and move its lock to them.
+
+    `prefixes` is updated in place (the caller's copy). A slot whose tokens
+    the cache already holds past its own prefix (another row computed and
+    published them first) keeps its pages private: its table row points at
+    its own pages, so its lock cannot move onto the other row's.
+    """
+    page_size = cache.page_size
+    for slot, tokens in zip(slots, token_lists, strict=True):
+        full = len(tokens) // page_size * page_size
+        old = prefixes.get(slot, ())
+        if full <= len(old):
+            continue
+        ids = tuple(tokens[:full])
+        if cache.match(ids)[0] != len(old):
+            continue  # cached past its prefix by another row: stays private
+        pages = table[slot, :full:page_size].astype(np.int64) // page_size
+        cache, present = cache._insert(ids, pages.tolist())
+        assert present == len(old), "the match above ended at the row's prefix"
+        cache = cache._lock(ids, full)
+        if old:
+            cache = cache._unlock(old, len(old))
+        prefixes[slot] = ids
+    return cache, prefixes
+
+
+def give_back(
+    cache: PrefixCache,
+    table: npt.NDArray[np.int32],
+    prefixes: dict[int, Tokens],
+    owned: Sequence[tuple[int, int]],
+    token_lists: Sequence[Tokens] | None,
+) -> tuple[PrefixCache, dict[int, Tokens], HostArray]:
+    """Release `owned` (slot, tokens) rows: unlock, cache their whole pages, list the rest.
+
+    Returns the cache, `prefixes` without the slots (updated in place), and
+    the pages to free: those whose tokens the cache held already past the
+    row's own prefix, and each row's partly filled last page.
+
+    Raises:
+        ValueError: `token_lists` has another number of rows, or a row's
+            tokens do not start with its cached prefix.
+    """
+    if token_lists is not None and len(token_lists) != len(owned):
+        raise ValueError(f"tokens for {len(token_lists)} rows, {len(owned)} rows left")
+    page_size = cache.page_size
+    rows: list[tuple[Tokens, Tokens]] = []
+    for index, (slot, _) in enumerate(owned):
+        prefix = prefixes.get(slot, ())
+        tokens = prefix if token_lists is None else tuple(token_lists[index])
+        if tokens[: len(prefix)] != prefix:
+            raise ValueError(f"slot {slot}: its tokens do not start with its cached prefix")
+        rows.append((prefix, tokens))
+    freed: list[HostArray] = []
+    for (slot, num_tokens), (prefix, tokens) in zip(owned, rows, strict=True):
+        pages = table[slot, :num_tokens:page_size].astype(np.int64) // page_size
+        if prefix:
+            cache = cache._unlock(prefix, len(prefix))
+            del prefixes[slot]
+        full = min(len(tokens), num_tokens) // page_size * page_size
+        cache, present = cache._insert(tokens[:full], pages[: full // page_size].tolist())
+        # Pages the cache holds already past the row's own prefix: computed twice, free one.
+        freed += [
+            pages[len(prefix) // page_size : present // page_size],
+            pages[full // page_size :],
+        ]
+    return cache, prefixes, frozen(np.concatenate(freed))
+
+
+def prefix_cells(
+    prefix_rows: Sequence[tuple[int, HostArray]],
+    page_size: int,
+    cells: tuple[HostArray, HostArray, npt.NDArray[np.int32]],
+) -> tuple[HostArray, HostArray, npt.NDArray[np.int32]]:
+    """The table cells (slot, position, location) of each row's cached prefix, then `cells`.
+
+    `prefix_rows` holds (slot, the cached pages the row reads) per row.
+    """
+    lanes = np.arange(page_size, dtype=np.int64)
+    slot_parts, position_parts, loc_parts = [], [], []
+    for slot, pages in prefix_rows:
+        locs = (pages[:, None] * page_size + lanes).ravel()
+        slot_parts.append(np.full(locs.shape[0], slot, dtype=np.int64))
+        position_parts.append(np.arange(locs.shape[0], dtype=np.int64))
+        loc_parts.append(locs.astype(np.int32))
+    token_slots, positions, locs32 = cells
+    return (
+        np.concatenate((*slot_parts, token_slots)),
+        np.concatenate((*position_parts, positions)),
+        np.concatenate((*loc_parts, locs32)),
+    )
