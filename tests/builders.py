@@ -44,9 +44,12 @@ def make_test_pools(
     max_context_len: int = 64,
     num_kv_tokens: int = 512,
     device: torch.device = CPU,
+    prefix_cache: bool = False,
 ) -> Pools:
-    """Roomy pools for a few short requests."""
-    return make_pools(max_reqs, max_context_len, num_kv_tokens, device, page_size)
+    """Roomy pools for a few short requests (the prefix cache off unless asked)."""
+    return make_pools(
+        max_reqs, max_context_len, num_kv_tokens, device, page_size, prefix_cache=prefix_cache
+    )
 
 
 def make_reqs(lengths: Sequence[int], first_rid: int = 0) -> list[Req]:

@@ -8,7 +8,6 @@ from functools import cache
 import attrs
 
 from batchstate import (
-    CachedPools,
     Decoding,
     Extended,
     Filtered,
@@ -54,11 +53,11 @@ class PassThrough:
 
     inner: TokenSource
 
-    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
+    def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         return self.inner.after_extend(batch, pools)
 
     def after_decode(
-        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools, last_tokens: Sequence[int]
     ) -> list[int]:
         return self.inner.after_decode(batch, pools, last_tokens)
 

@@ -12,7 +12,6 @@ import torch
 
 from batchstate import (
     GREEDY,
-    CachedPools,
     Decoding,
     Pools,
     Sampling,
@@ -62,7 +61,7 @@ class _Corrupting(PassThrough):
     corrupt: Callable[[Decoding[Sampling]], Decoding[Sampling]]
 
     def after_decode(
-        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools, last_tokens: Sequence[int]
     ) -> list[int]:
         return self.inner.after_decode(self.corrupt(batch), pools, last_tokens)
 
@@ -242,12 +241,12 @@ def test_sampled_mix_matches_oracle(
 
 
 def test_sampled_mix_over_the_prefix_cache_matches_oracle() -> None:
-    """extend_cached admits the rows' Sampling columns; follow-ups and shared prefixes too."""
+    """Prefills over the cache admit the rows' Sampling columns; follow-ups and shared prefixes."""
     workload = attrs.evolve(
         SAMPLED, num_requests=80, shared_prefixes=3, shared_fraction=0.6, follow_ups=0.3
     )
     run = simulate(SimulationConfig(workload=workload, num_kv_tokens=1024, page_size=16))
-    assert run.config.uses_prefix_cache and run.trace.cache_hits > 0
+    assert run.pools.cache.enabled and run.trace.cache_hits > 0
     assert run.oracle is not None and run.oracle.passed and run.oracle.num_checked == 80
 
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from batchstate import (
-    CachedPools,
     Decoding,
     Extended,
     Filtered,
@@ -259,12 +258,12 @@ class _Recording(PassThrough):
 
     calls: list[tuple[str, tuple[int, ...]]]
 
-    def after_extend(self, batch: Extended[Sampling], pools: Pools | CachedPools) -> list[int]:
+    def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         self.calls.append(("extend", tuple(batch.rows.rids.tolist())))
         return self.inner.after_extend(batch, pools)
 
     def after_decode(
-        self, batch: Decoding[Sampling], pools: Pools | CachedPools, last_tokens: Sequence[int]
+        self, batch: Decoding[Sampling], pools: Pools, last_tokens: Sequence[int]
     ) -> list[int]:
         self.calls.append(("decode", tuple(batch.rows.rids.tolist())))
         return self.inner.after_decode(batch, pools, last_tokens)

@@ -28,7 +28,6 @@ REJECTED: Final = {
     "reject_filter_verifying": ("filter_batch(verifying, [0])", "[arg-type]"),
     "reject_merge_into_verifying": ("merge(verifying, filtered)", "[arg-type]"),
     "reject_merge_verifying_in": ("merge(filtered, verifying)", "[arg-type]"),
-    "reject_release_verifying": ("release(verifying, filtered, pools)", "[arg-type]"),
     "reject_check_batch_verifying": ("check_batch(verifying)", "[arg-type]"),
     "reject_verifying_as_batch": ("batch: Batch = verifying", "[assignment]"),
     # No host length to read, stale or otherwise.
@@ -55,6 +54,11 @@ ACCEPTED: Final = {
         total: int = running.rows.seq_lens_sum
         step, pools = decode(running, pools).unwrap()
         check_batch(step)
+    """,
+    # A window given up before sync is released like any holder of slots.
+    "accept_release_verifying": """\
+        pools = release(verifying, filtered, pools).unwrap()
+        check_pools(pools, [filtered])
     """,
     "accept_audited_sync": """\
         with device_reads(forbid=True) as log:

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from batchstate import (
     TRANSITIONS,
     Batch,
-    CachedPools,
     Chunked,
     Decoding,
     Extended,
@@ -26,15 +25,11 @@ from batchstate import (
     Sampled,
     Transition,
     Verifying,
-    cached_pools,
     check_batch,
-    check_cached_pools,
     check_pools,
     decode,
-    decode_cached,
     decode_sampled,
     extend,
-    extend_cached,
     filter_batch,
     find_leaks,
     idle,
@@ -42,7 +37,6 @@ from batchstate import (
     mix,
     prebuilt,
     release,
-    release_cached,
     settle,
     split,
     sync,
@@ -58,9 +52,7 @@ from tests.builders import (
     make_test_pools,
 )
 
-Caller = Callable[
-    [Batch | None, Batch | None, Pools], tuple[Batch, Pools | CachedPools, list[Batch]]
-]
+Caller = Callable[[Batch | None, Batch | None, Pools], tuple[Batch, Pools, list[Batch]]]
 # The chunked and mixed rows take and return records outside Batch.
 Source = Batch | Chunked | None
 
@@ -85,9 +77,31 @@ def _call_idle(
 def _call_extend(
     source: Batch | None, operand: Batch | None, pools: Pools
 ) -> tuple[Batch, Pools, list[Batch]]:
+    if pools.cache.enabled:
+        return _call_extend_shared(source, pools)
     extra = _columns_for(source, [50, 51])
     batch, pools = extend(source, make_reqs([2, 9], first_rid=50), pools, *extra).unwrap()  # type: ignore[arg-type]  # table rows type sources loosely
     return batch, pools, [batch]
+
+
+def _call_extend_shared(source: Batch | None, pools: Pools) -> tuple[Batch, Pools, list[Batch]]:
+    # With the cache on: a first request computes a shared header, published when its
+    # prefill is built; the second reads the header's whole pages while the first runs.
+    header = tuple(range(7, 40))
+    first, pools = extend(
+        source,  # type: ignore[arg-type]  # as above
+        [Req(50, (*header, 1))],
+        pools,
+        *_columns_for(source, [50]),
+    ).unwrap()
+    batch, pools = extend(
+        source,  # type: ignore[arg-type]  # as above
+        [Req(51, (*header, 2, 3))],
+        pools,
+        *_columns_for(source, [51]),
+    ).unwrap()
+    assert batch.prefix_lens[0] == len(header) // pools.page_size * pools.page_size
+    return batch, pools, [first, batch]
 
 
 def _call_prebuilt(
@@ -150,37 +164,6 @@ def _call_sync(
     return synced, pools, [synced]
 
 
-def _call_extend_cached(
-    source: Batch | None, operand: Batch | None, pools: Pools
-) -> tuple[Batch, CachedPools, list[Batch]]:
-    # A first request computes a shared header and is released into the cache;
-    # the second reads the header's whole pages from it.
-    shared = cached_pools(pools)
-    header = tuple(range(7, 40))
-    first, shared = extend_cached(
-        source,  # type: ignore[arg-type]  # as above
-        [Req(50, (*header, 1))],
-        shared,
-        *_columns_for(source, [50]),
-    ).unwrap()
-    shared = release_cached(first, idle(CPU), shared).unwrap()
-    batch, shared = extend_cached(
-        source,  # type: ignore[arg-type]  # as above
-        [Req(51, (*header, 2, 3))],
-        shared,
-        *_columns_for(source, [51]),
-    ).unwrap()
-    assert batch.prefix_lens[0] == len(header) // shared.page_size * shared.page_size
-    return batch, shared, [batch]
-
-
-def _call_decode_cached(
-    source: Batch | None, operand: Batch | None, pools: Pools
-) -> tuple[Batch, CachedPools, list[Batch]]:
-    batch, shared = decode_cached(source, cached_pools(pools)).unwrap()  # type: ignore[arg-type]  # as above
-    return batch, shared, [batch]
-
-
 def _call_mix(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
     # Idle or Filtered source; the operand is a held Chunked, or None for new requests only.
     assert isinstance(source, Idle | Filtered)
@@ -237,8 +220,6 @@ CALLERS: dict[Callable[..., object], Caller] = {
     merge: _call_merge,
     verify: _call_verify,
     sync: _call_sync,
-    extend_cached: _call_extend_cached,
-    decode_cached: _call_decode_cached,
     mix: _call_mix,  # type: ignore[dict-item]  # its records are not all Batch
     decode_sampled: _call_decode_sampled,  # type: ignore[dict-item]  # as above
 }
@@ -265,25 +246,28 @@ def _row_id(row: Transition) -> str:
 _LENGTHS = st.lists(st.integers(1, 40), min_size=1, max_size=5)
 
 
+@pytest.mark.parametrize("cache", [False, True], ids=["cache-off", "cache-on"])
 @pytest.mark.parametrize("probe", [False, True], ids=["no-columns", "columns"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("row", TRANSITIONS, ids=_row_id)
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(source_lengths=_LENGTHS, operand_lengths=_LENGTHS)
-def test_transition_row(
+def test_transition_row(  # noqa: PLR0917  # pytest passes every parameter by name
     row: Transition,
     page_size: int,
     probe: bool,
+    cache: bool,
     source_lengths: list[int],
     operand_lengths: list[int],
 ) -> None:
     """Each legal transition yields its target phase, and every invariant holds after it.
 
     With `probe`, every record carries a column set with one column of each
-    kind, and every column of every output is checked on both sides.
+    kind, and every column of every output is checked on both sides. With
+    `cache`, the pools share pages through their prefix cache.
     """
     _PROBE[0] = probe
-    pools = make_test_pools(page_size)
+    pools = make_test_pools(page_size, prefix_cache=cache)
     # make_phase builds mirrored phases only: sync's caller opens its window from a Decoding,
     # settle's mixes one from a Filtered.
     windows = {Verifying: Decoding, Mixed: Filtered}
@@ -313,14 +297,11 @@ def test_transition_row(
     batches = [batch for batch in live if isinstance(batch, Idle | Extended | Decoding | Filtered)]
     for batch in batches:
         check_batch(batch, compare_device=True)
-    if isinstance(after, CachedPools):
-        check_cached_pools(after, batches, compare_device=True)
-    else:
-        check_pools(after, batches, compare_device=True)
-        # Every slot the transition's inputs held is held by its outputs: nothing leaked.
-        leaks = find_leaks(after, live)
-        assert set(leaks.unheld) <= unheld_before, leaks
-        assert not leaks.held_twice and not leaks.wrong_length, leaks
+    check_pools(after, batches, compare_device=True)
+    # Every slot the transition's inputs held is held by its outputs: nothing leaked.
+    leaks = find_leaks(after, live)
+    assert set(leaks.unheld) <= unheld_before, leaks
+    assert not leaks.held_twice and not leaks.wrong_length, leaks
     if row.function is merge and source is not None and isinstance(operand, Filtered | Extended):
         assert len(result.rows) == len(source.rows) + len(operand.rows)
         assert result.rows.seq_lens_sum == source.rows.seq_lens_sum + operand.rows.seq_lens_sum

@@ -30,7 +30,7 @@ def snippet(
     pools: Pools, reqs: list[Req], tensor: torch.Tensor, pair: Mirrored, device_only: DeviceOnly,
     with_sampling: Decoding[Sampling], sampling_idle: Idle[Sampling], lora: Filtered[Lora],
     sampling: Sampling,
-    chunked: Chunked, mixed: Mixed, sampled: Sampled, shared: CachedPools,
+    chunked: Chunked, mixed: Mixed, sampled: Sampled,
 ) -> None:
 """
 
@@ -95,11 +95,11 @@ REJECTED: Final = {
         "plain(decode(with_sampling, pools).unwrap().batch)"
     ),
     "reject_extend_without_columns": "extend(sampling_idle, reqs, pools)",
-    # A prefix cache shares pages: its pools go only through the cached transitions.
-    "reject_extend_cached_with_plain_pools": "extend_cached(idle_, reqs, pools)",
-    "reject_release_with_cached_pools": "release(filtered, idle_, shared)",
-    "reject_decode_with_cached_pools": "decode(filtered, shared)",
-    "reject_cached_result_used_as_step": "print(decode_cached(filtered, shared).batch)",
+    # One pools type: a batch or a held chunk where the pools go is refused.
+    "reject_decode_with_batch_as_pools": "decode(filtered, filtered)",
+    "reject_flush_a_batch": "flush(filtered)",
+    "reject_release_tokens_of_ints": "release(filtered, idle_, pools, [1, 2])",
+    "reject_result_used_as_step": "print(decode(filtered, pools).batch)",
     # A held chunk is not a batch: it can only be mixed again or released.
     "reject_decode_from_chunked": "decode(chunked, pools)",
     "reject_merge_chunked_into_filtered": "merge(filtered, chunked)",
@@ -149,13 +149,15 @@ ACCEPTED: Final = {
         print(temperature.host.tolist())
     """,
     "accept_cached_loop": """\
-        step = extend_cached(idle_, reqs, shared).unwrap()
-        decoded, shared = decode_cached(step.batch, step.pools).unwrap()
+        shared = make_pools(4, 64, 256, torch.device("cpu"), 16, prefix_cache=True)
+        step = extend(idle_, reqs, shared).unwrap()
+        decoded, shared = decode(step.batch, step.pools).unwrap()
         kept, left = split(decoded, [0])
-        shared = release_cached(left, kept, shared).unwrap()
-        check_cached_pools(shared, [kept])
+        shared = release(left, kept, shared, [req.input_ids for req in left.reqs]).unwrap()
+        check_pools(shared, [kept])
         hit: int = step.batch.prefix_lens[0]
-        print(hit, shared.cache.num_pages)
+        shared = flush(shared)
+        print(hit, shared.cache.num_pages, shared.num_available_tokens)
     """,
     "accept_overlap_loop": """\
         step = mix(filtered, [chunked, *reqs], 64, pools, sampled).unwrap()
@@ -203,8 +205,8 @@ def test_illegal_pairs_are_the_complement_of_the_table() -> None:
 # (extend and prebuilt, overloaded on whether the batch carries columns: [call-overload]).
 _REASON: Final = {
     "reject_undeclared_column": "[attr-defined]",
-    "reject_cached_result_used_as_step": "[attr-defined]",
-    "reject_extend_cached_with_plain_pools": "[call-overload]",
+    "reject_result_used_as_step": "[attr-defined]",
+    "reject_release_tokens_of_ints": "[list-item]",
     "reject_merge_different_columns": "Cannot infer value of type parameter",
     "reject_extend_without_columns": "[arg-type]",
     "reject_mirror_from_one_side": "[call-arg]",
@@ -215,6 +217,7 @@ _REASON: Final = {
     "reject_prefix_lens_on_decoding": "[attr-defined]",
     "reject_input_ids_on_filtered": "[attr-defined]",
     "reject_result_used_as_step": "[attr-defined]",
+    "reject_release_tokens_of_ints": "[list-item]",
     "reject_chunked_rows": "[attr-defined]",
 }
 
