@@ -8,6 +8,7 @@ import io
 import re
 import subprocess
 import typing
+from collections import Counter
 from pathlib import Path
 from typing import Final
 
@@ -16,10 +17,17 @@ import pytest
 
 import batchstate
 import batchstate.audit
+import batchstate.cli
+import batchstate.engine
 from batchstate._render import render_transitions
 
 DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
 README: Final = DOCS.parent / "README.md"
+REFERENCE: Final = DOCS / "reference"
+# The modules whose `__all__` the API reference documents.
+PUBLIC_MODULES: Final = (batchstate, batchstate.audit, batchstate.engine, batchstate.cli)
+# A mkdocstrings directive: `::: batchstate.extend` on a line of its own.
+DIRECTIVE: Final = re.compile(r"^::: (\S+)$", re.M)
 
 
 def test_readme_example_runs_and_prints_what_it_says() -> None:
@@ -55,6 +63,42 @@ def test_transitions_doc_is_rendered_from_the_table() -> None:
     block = re.search(r"<!-- transitions:begin -->\n(.*?)<!-- transitions:end -->", text, re.S)
     assert block is not None
     assert block.group(1) == render_transitions()
+
+
+def test_reference_pages_document_every_public_name_once() -> None:
+    """Each name in a public module's `__all__` has one `::: module.name` directive across
+    docs/reference/*.md, and no directive names anything else (a private module's object,
+    a name since removed)."""
+    directives = Counter(
+        path for page in REFERENCE.glob("*.md") for path in DIRECTIVE.findall(page.read_text())
+    )
+    public = [f"{module.__name__}.{name}" for module in PUBLIC_MODULES for name in module.__all__]
+    assert [path for path in public if path not in directives] == []
+    assert sorted(path for path, count in directives.items() if count > 1) == []
+    assert sorted(set(directives) - set(public)) == []
+
+
+def test_reference_pages_are_in_the_sidebar() -> None:
+    """mkdocs.yml's nav lists every page of docs/reference/, so the sidebar reaches each."""
+    nav = (DOCS.parent / "mkdocs.yml").read_text()
+    pages = sorted(page.name for page in REFERENCE.glob("*.md"))
+    assert len(pages) > 1
+    assert [page for page in pages if f" reference/{page}\n" not in nav] == []
+
+
+def test_api_map_links_every_name_to_its_reference_entry() -> None:
+    """docs/api.md's entry for each name of `batchstate` and `batchstate.audit` links to the
+    object's reference entry (`[**`name...`**][batchstate.name]`); the strict docs build
+    fails if a link does not resolve."""
+    text = (DOCS / "api.md").read_text()
+    unlinked = []
+    for module in (batchstate, batchstate.audit):
+        for name in module.__all__:
+            path = f"{module.__name__}.{name}"
+            entry = rf"\[\*\*`{re.escape(name)}\b[^`]*`\*\*\]\[{re.escape(path)}\]"
+            if re.search(entry, text) is None:
+                unlinked.append(path)
+    assert unlinked == []
 
 
 def test_api_doc_names_every_public_name() -> None:
