@@ -1,13 +1,15 @@
-"""The docs say what the code does: the README example runs, the table and API are current."""
+"""The docs say what the code does: the table and the API pages are current.
+
+That every python block of README.md and docs/ runs is tests/test_doc_blocks.py's job.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import io
 import re
 import subprocess
 import typing
+from collections import Counter
 from pathlib import Path
 from typing import Final
 
@@ -16,34 +18,17 @@ import pytest
 
 import batchstate
 import batchstate.audit
+import batchstate.cli
+import batchstate.engine
 from batchstate._render import render_transitions
 
 DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
 README: Final = DOCS.parent / "README.md"
-
-
-def test_readme_example_runs_and_prints_what_it_says() -> None:
-    """The README's example executes, and its last line prints the failure its comment shows."""
-    text = README.read_text()
-    example = re.search(r"## Example\n\n```python\n(.*?)```", text, re.S)
-    assert example is not None
-    code = example.group(1)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(compile(code, "README.md", "exec"), {})
-    promised = re.search(r"# (<Failure: .*>)\n", code)
-    assert promised is not None
-    assert printed.getvalue().strip() == promised.group(1)
-
-
-def test_design_columns_example_runs() -> None:
-    """The worked column-set example in docs/design.md executes, its assert included."""
-    text = (DOCS / "design.md").read_text()
-    example = re.search(r"### Columns\n.*?```python\n(.*?)```", text, re.S)
-    assert example is not None
-    namespace: dict[str, object] = {"__name__": "design_example"}
-    exec(compile(example.group(1), "docs/design.md", "exec"), namespace)
-    assert "kept" in namespace
+REFERENCE: Final = DOCS / "reference"
+# The modules whose `__all__` the API reference documents.
+PUBLIC_MODULES: Final = (batchstate, batchstate.audit, batchstate.engine, batchstate.cli)
+# A mkdocstrings directive: `::: batchstate.extend` on a line of its own.
+DIRECTIVE: Final = re.compile(r"^::: (\S+)$", re.M)
 
 
 def test_transitions_doc_is_rendered_from_the_table() -> None:
@@ -55,6 +40,42 @@ def test_transitions_doc_is_rendered_from_the_table() -> None:
     block = re.search(r"<!-- transitions:begin -->\n(.*?)<!-- transitions:end -->", text, re.S)
     assert block is not None
     assert block.group(1) == render_transitions()
+
+
+def test_reference_pages_document_every_public_name_once() -> None:
+    """Each name in a public module's `__all__` has one `::: module.name` directive across
+    docs/reference/*.md, and no directive names anything else (a private module's object,
+    a name since removed)."""
+    directives = Counter(
+        path for page in REFERENCE.glob("*.md") for path in DIRECTIVE.findall(page.read_text())
+    )
+    public = [f"{module.__name__}.{name}" for module in PUBLIC_MODULES for name in module.__all__]
+    assert [path for path in public if path not in directives] == []
+    assert sorted(path for path, count in directives.items() if count > 1) == []
+    assert sorted(set(directives) - set(public)) == []
+
+
+def test_reference_pages_are_in_the_sidebar() -> None:
+    """mkdocs.yml's nav lists every page of docs/reference/, so the sidebar reaches each."""
+    nav = (DOCS.parent / "mkdocs.yml").read_text()
+    pages = sorted(page.name for page in REFERENCE.glob("*.md"))
+    assert len(pages) > 1
+    assert [page for page in pages if f" reference/{page}\n" not in nav] == []
+
+
+def test_api_map_links_every_name_to_its_reference_entry() -> None:
+    """docs/api.md's entry for each name of `batchstate` and `batchstate.audit` links to the
+    object's reference entry (`[**`name...`**][batchstate.name]`); the strict docs build
+    fails if a link does not resolve."""
+    text = (DOCS / "api.md").read_text()
+    unlinked = []
+    for module in (batchstate, batchstate.audit):
+        for name in module.__all__:
+            path = f"{module.__name__}.{name}"
+            entry = rf"\[\*\*`{re.escape(name)}\b[^`]*`\*\*\]\[{re.escape(path)}\]"
+            if re.search(entry, text) is None:
+                unlinked.append(path)
+    assert unlinked == []
 
 
 def test_api_doc_names_every_public_name() -> None:
@@ -158,6 +179,25 @@ def _tracked_text_files() -> list[Path]:
     return files
 
 
+# A Markdown link up a folder, `[Device reads](../syncs.md)`: the target's path.
+PARENT_LINK: Final = re.compile(r"\]\((\.\./[^)#\s]*)")
+
+
+def _without_links_inside(path: Path, line: str) -> str:
+    """`line` with each Markdown link up a folder that lands inside the repository
+    (docs/reference/'s pages link `../syncs.md`) written from the root instead; a link
+    that leaves it stays as it is."""
+    root = DOCS.parent.resolve()
+
+    def inside(link: re.Match[str]) -> str:
+        target = (path.parent / link.group(1)).resolve()
+        if not target.is_relative_to(root):
+            return link.group(0)
+        return "](" + target.relative_to(root).as_posix()
+
+    return PARENT_LINK.sub(inside, line)
+
+
 def test_tracked_text_files_stand_on_their_own() -> None:
     """No tracked text file cites an issue number or a path outside the repository."""
     files = _tracked_text_files()
@@ -166,9 +206,16 @@ def test_tracked_text_files_stand_on_their_own() -> None:
         f"{path.relative_to(DOCS.parent)}:{number}: {line.strip()}"
         for path in files
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if OUTSIDE_REFERENCES.search(line)
+        if OUTSIDE_REFERENCES.search(_without_links_inside(path, line))
     ]
     assert cited == []
+
+
+def test_a_link_up_a_folder_counts_only_when_it_leaves_the_repository() -> None:
+    page = DOCS / "reference" / "checks.md"
+    assert _without_links_inside(page, "see [reads](../syncs.md).") == "see [reads](docs/syncs.md)."
+    outside = "see [notes](../../../notes.md)."
+    assert OUTSIDE_REFERENCES.search(_without_links_inside(page, outside))
 
 
 # Each kind of outside reference, put together from parts: the examples are
