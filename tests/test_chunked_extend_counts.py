@@ -1,20 +1,20 @@
-"""An extend that resumes a request counts only the tokens it computes, not the cached prefix."""
+"""Continuing a chunked prefill, extend counts only the tokens it computes, not the held ones."""
 
 from __future__ import annotations
 
 import torch
 
-from batchstate import Req, Resumed, check_batch, extend, idle, make_pools
+from batchstate import Chunked, Req, check_batch, extend, idle, make_pools
 
 CPU = torch.device("cpu")
 
 
-def test_extend_num_tokens_leaves_out_the_resumed_prefix() -> None:
+def test_extend_num_tokens_leaves_out_the_held_prefix() -> None:
     pools = make_pools(4, 32, 64, CPU)
     first, pools = extend(idle(CPU), [Req(7, (1, 2, 3, 4))], pools).unwrap()
     slot = int(first.rows.req_pool_indices.host[0])  # request 7 keeps 4 cached tokens
     batch, _ = extend(
-        idle(CPU), [Resumed(Req(7, (1, 2, 3, 4, 5, 6)), slot), Req(8, (9, 9, 9))], pools
+        idle(CPU), [Chunked(Req(7, (1, 2, 3, 4, 5, 6)), slot, 4), Req(8, (9, 9, 9))], pools
     ).unwrap()
     assert batch.prefix_lens == (4, 0)
     assert batch.extend_lens == (2, 3)

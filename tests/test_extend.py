@@ -1,4 +1,4 @@
-"""Extend and prebuilt: where admitted tokens land, and resumed (chunked) prefixes."""
+"""Extend and prebuilt: where admitted tokens land, and chunked prefills continued."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from returns.result import Failure
 
 from batchstate import (
     BatchConflict,
+    Chunked,
     ContextTooLong,
     EmptyExtend,
     EmptyPrompt,
-    NotOwned,
+    NotHeld,
     OutOfKVTokens,
     OutOfReqSlots,
     PhaseError,
     Req,
-    Resumed,
     check_batch,
     check_pools,
     decode,
@@ -44,7 +44,7 @@ def test_extend_lays_tokens_out_back_to_back() -> None:
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_resumed_request_continues_in_its_own_slot(page_size: int) -> None:
+def test_chunked_request_continues_in_its_own_slot(page_size: int) -> None:
     """A chunked prefill: the second chunk fills the partly used page, then takes new ones."""
     pools = make_test_pools(page_size)
     full = make_reqs([21])[0]
@@ -52,7 +52,7 @@ def test_resumed_request_continues_in_its_own_slot(page_size: int) -> None:
     chunk, pools = extend(idle(CPU), [first], pools).unwrap()
     slot = int(chunk.rows.req_pool_indices.host[0])
     held = filter_batch(chunk, [])  # out of the batch, memory kept
-    second, pools = extend(idle(CPU), [Resumed(full, slot)], pools).unwrap()
+    second, pools = extend(idle(CPU), [Chunked(full, slot, 5)], pools).unwrap()
     assert second.prefix_lens == (5,)
     assert second.extend_lens == (16,)
     assert second.input_ids.device.tolist() == list(full.input_ids[5:])
@@ -71,13 +71,13 @@ def test_resumed_request_continues_in_its_own_slot(page_size: int) -> None:
         ([], EmptyExtend()),  # nothing to admit
         ([Req(7, ())], EmptyPrompt(7, 0, 0)),  # a request with no tokens
         ([Req(8, tuple(range(65)))], ContextTooLong(8, 65, 64)),  # longer than the table
-        ([Resumed(Req(9, (1, 2)), 3)], NotOwned((3,))),  # resuming a slot nobody owns
+        ([Chunked(Req(9, (1, 2)), 3, 1)], NotHeld(9, 3, 1, 0)),  # continuing a slot nobody holds
         (make_reqs([1] * 17), OutOfReqSlots(17, 16)),  # one more than the slots
         (make_reqs([64] * 9), OutOfKVTokens(576, 512, 1)),  # more tokens than the pool
     ],
-    ids=["empty", "empty-prompt", "too-long", "resume-unowned", "slots", "tokens"],
+    ids=["empty", "empty-prompt", "too-long", "chunk-not-held", "slots", "tokens"],
 )
-def test_extend_failures_change_nothing(inputs: list[Req | Resumed], expected: object) -> None:
+def test_extend_failures_change_nothing(inputs: list[Req | Chunked], expected: object) -> None:
     """Each bad or too-large admission is its Failure, and the pools and table are untouched."""
     pools = make_test_pools()
     before = snapshot(pools)

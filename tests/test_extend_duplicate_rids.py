@@ -1,7 +1,7 @@
 """extend refuses two requests with one rid, naming the rid, on each of its admission paths.
 
 A few fresh requests take the row-slice path; many requests, or any
-resumed one, take the general path. Each checks rids on its own.
+chunked one, take the general path. Each checks rids on its own.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchstate import BatchConflict, Req, Resumed, extend, idle, make_pools
+from batchstate import BatchConflict, Chunked, Req, extend, idle, make_pools
 from batchstate._extend import _MAX_ROW_WRITES
 
 CPU = torch.device("cpu")
@@ -30,9 +30,9 @@ def test_many_fresh_requests_with_one_rid() -> None:
         extend(idle(CPU), reqs, pools)
 
 
-def test_a_resumed_request_and_a_fresh_one_with_its_rid() -> None:
+def test_a_chunked_request_and_a_fresh_one_with_its_rid() -> None:
     pools = make_pools(4, 32, 64, CPU)
     first, pools = extend(idle(CPU), [Req(7, (1, 2))], pools).unwrap()
     slot = int(first.rows.req_pool_indices.host[0])
     with pytest.raises(BatchConflict, match=MESSAGE):
-        extend(idle(CPU), [Resumed(Req(7, (1, 2, 3)), slot), Req(7, (4,))], pools)
+        extend(idle(CPU), [Chunked(Req(7, (1, 2, 3)), slot, 2), Req(7, (4,))], pools)

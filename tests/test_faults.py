@@ -32,6 +32,7 @@ import batchstate._extend
 import batchstate._mirrored
 import batchstate._rows
 from batchstate import (
+    Chunked,
     Decoding,
     Filtered,
     Mirrored,
@@ -39,7 +40,6 @@ from batchstate import (
     OutOfReqSlots,
     Pools,
     Req,
-    Resumed,
     TokenTable,
     check_batch,
     check_pools,
@@ -135,7 +135,7 @@ def _seams(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Injector]:
         yield injector
 
 
-def _make_resumable(page_size: int) -> tuple[Pools, int]:
+def _make_chunked(page_size: int) -> tuple[Pools, int]:
     """Pools where request 7 owns a slot holding 5 cached tokens, out of any batch."""
     pools = make_test_pools(page_size)
     batch, pools = extend(idle(CPU), [Req(7, tuple(range(5)))], pools).unwrap()
@@ -143,9 +143,9 @@ def _make_resumable(page_size: int) -> tuple[Pools, int]:
 
 
 def _extend_mixed(page_size: int) -> Setup:
-    pools, slot = _make_resumable(page_size)
-    items: list[Req | Resumed] = [*make_reqs([3, 20], first_rid=10)]
-    items.append(Resumed(Req(7, tuple(range(22))), slot))
+    pools, slot = _make_chunked(page_size)
+    items: list[Req | Chunked] = [*make_reqs([3, 20], first_rid=10)]
+    items.append(Chunked(Req(7, tuple(range(22))), slot, 5))
     return (lambda: extend(idle(CPU), items, pools)), (pools, items)
 
 
@@ -205,7 +205,7 @@ def _sync(page_size: int) -> Setup:
 
 
 _TRANSITIONS: Final[dict[str, Callable[[int], Setup]]] = {
-    "extend-new-and-resumed": _extend_mixed,  # three allocations and the table write
+    "extend-new-and-chunked": _extend_mixed,  # three allocations and the table write
     "prebuilt": _prebuilt,  # the same admission without a forward
     "decode": _decode,  # the per-step hot path: allocate_next, copy, table write
     "filter": _filter,  # gathers on both sides
@@ -293,7 +293,7 @@ def test_reliability_doc_states_the_number_of_faults_injected(
 
 
 class _AllocFault(NamedTuple):
-    lengths: tuple[int, ...]  # fresh requests, admitted with request 7 resumed
+    lengths: tuple[int, ...]  # fresh requests, admitted with request 7's chunk continued
     max_reqs: int
     num_pages: int
     expected: type
@@ -313,10 +313,10 @@ class _AllocFault(NamedTuple):
 def test_allocation_fails_midway(fault: _AllocFault) -> None:
     """A multi-request extend that runs out partway leaves pools and the table as they were."""
     pools = make_test_pools(16, max_reqs=fault.max_reqs, num_kv_tokens=16 * fault.num_pages)
-    resumed, pools = extend(idle(CPU), [Req(7, tuple(range(5)))], pools).unwrap()
-    slot = int(resumed.rows.req_pool_indices.host[0])
-    items: list[Req | Resumed] = [*make_reqs(fault.lengths, first_rid=10)]
-    items.append(Resumed(Req(7, tuple(range(30))), slot))
+    first, pools = extend(idle(CPU), [Req(7, tuple(range(5)))], pools).unwrap()
+    slot = int(first.rows.req_pool_indices.host[0])
+    items: list[Req | Chunked] = [*make_reqs(fault.lengths, first_rid=10)]
+    items.append(Chunked(Req(7, tuple(range(30))), slot, 5))
     before = snapshot((pools, items))
     result = extend(idle(CPU), items, pools)
     assert isinstance(result, Failure)

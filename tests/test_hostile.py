@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -22,6 +23,7 @@ from returns.result import Failure
 from batchstate import (
     Batch,
     BatchConflict,
+    Chunked,
     ContextTooLong,
     Decoding,
     Departed,
@@ -36,6 +38,7 @@ from batchstate import (
     KeepIndicesError,
     Mirrored,
     NoColumns,
+    NotHeld,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
@@ -43,7 +46,6 @@ from batchstate import (
     Pools,
     RecordShapeError,
     Req,
-    Resumed,
     Rows,
     StillRunning,
     check_batch,
@@ -173,7 +175,7 @@ def _keep_indices(keep: object, num_rows: int = 3) -> Callable[[], Setup]:
 
 
 def _admit(
-    inputs: Callable[[Pools], Sequence[Req | Resumed]],
+    inputs: Callable[[Pools], Sequence[Req | Chunked]],
     pools: Callable[[], Pools] = make_test_pools,
     function: Callable[..., object] = extend,
 ) -> Callable[[], Setup]:
@@ -184,24 +186,26 @@ def _admit(
     return setup
 
 
-def _with_resumable(pools: Pools) -> tuple[Pools, int]:
+def _with_chunk(pools: Pools) -> tuple[Pools, int]:
     """Pools where request 7 owns a slot with 4 cached tokens, out of any batch."""
     batch, pools = extend(idle(CPU), [Req(7, (1, 2, 3, 4))], pools).unwrap()
     return pools, int(batch.rows.req_pool_indices.host[0])
 
 
-def _resume(input_ids: tuple[int, ...], slot: int | None = None) -> Callable[[], Setup]:
+def _continue(
+    input_ids: tuple[int, ...], slot: int | None = None, cached: int = 4
+) -> Callable[[], Setup]:
     def setup() -> Setup:
-        pools, owned = _with_resumable(make_test_pools())
-        item = Resumed(Req(7, input_ids), owned if slot is None else slot)
+        pools, owned = _with_chunk(make_test_pools())
+        item = Chunked(Req(7, input_ids), owned if slot is None else slot, cached)
         return _call(extend, idle(CPU), [item], pools)
 
     return setup
 
 
-def _resume_twice() -> Setup:
-    pools, owned = _with_resumable(make_test_pools())
-    items = [Resumed(Req(7, (1,) * 6), owned), Resumed(Req(8, (1,) * 6), owned)]
+def _continue_twice() -> Setup:
+    pools, owned = _with_chunk(make_test_pools())
+    items = [Chunked(Req(7, (1,) * 6), owned, 4), Chunked(Req(8, (1,) * 6), owned, 4)]
     return _call(extend, idle(CPU), items, pools)
 
 
@@ -327,14 +331,7 @@ def _pools_sharing_a_page() -> tuple[object, ...]:
     batch, pools = _make_running()
     free_pages = np.concatenate((pools.free_pages, pools.table.host[1, :1].astype(np.int64)))
     return (
-        Pools(
-            pools.table,
-            pools.page_size,
-            pools.num_pages,
-            pools.slot_list,
-            FreeList.of(free_pages),
-            pools.slot_tokens,
-        ),
+        attrs.evolve(pools, page_list=FreeList.of(free_pages)),
         [batch],
     )
 
@@ -464,28 +461,33 @@ HOSTILE: Final = {
         BatchConflict,
         r"the same rid appears twice among the requests: \[3\]",
     ),  # two requests with one id
-    "resume-nothing-new": Case(
-        _resume((1, 2, 3, 4)),
+    "chunk-nothing-new": Case(
+        _continue((1, 2, 3, 4)),
         EmptyPrompt,
         r"request 7 has nothing to extend: 4 input ids, 4 already",
     ),  # a chunk continuation with no new tokens
-    "resume-shorter-than-cache": Case(
-        _resume((1, 2)), EmptyPrompt, r"2 input ids, 4 already cached"
+    "chunk-shorter-than-cache": Case(
+        _continue((1, 2)), EmptyPrompt, r"2 input ids, 4 already cached"
     ),  # a continuation that forgot its prefix
-    "resume-free-slot": Case(
-        _resume((1,) * 6, slot=5), NotOwned, r"request slots \[5\] are not owned"
+    "chunk-free-slot": Case(
+        _continue((1,) * 6, slot=5),
+        NotHeld,
+        r"^request 7 is not held in slot 5: the chunk says 4 cached tokens, the pools hold 0$",
     ),  # a slot nobody owns
-    "resume-padding-slot": Case(
-        _resume((1,) * 6, slot=0), NotOwned, r"\[0\] are not owned"
+    "chunk-padding-slot": Case(
+        _continue((1,) * 6, slot=0), NotHeld, r"in slot 0: .* the pools hold 0$"
     ),  # row 0 of the table is padding
-    "resume-negative-slot": Case(
-        _resume((1,) * 6, slot=-1), NotOwned, r"\[-1\] are not owned"
+    "chunk-negative-slot": Case(
+        _continue((1,) * 6, slot=-1), NotHeld, r"in slot -1: .* the pools hold 0$"
     ),  # Python's negative indexing must not reach slot_tokens[-1]
-    "resume-past-max-slot": Case(
-        _resume((1,) * 6, slot=17), NotOwned, r"\[17\] are not owned"
+    "chunk-past-max-slot": Case(
+        _continue((1,) * 6, slot=17), NotHeld, r"in slot 17: .* the pools hold 0$"
     ),  # one past max_reqs
-    "resume-slot-twice": Case(
-        _resume_twice, BatchConflict, r"the same slot appears twice among the requests: \[1\]"
+    "chunk-held-at-another-count": Case(
+        _continue((1,) * 6, cached=3), NotHeld, r"says 3 cached tokens, the pools hold 4$"
+    ),  # a stale chunk: its slot holds more than it says
+    "chunk-slot-twice": Case(
+        _continue_twice, BatchConflict, r"the same slot appears twice among the requests: \[1\]"
     ),  # two continuations into one slot
     "extend-zero-kv-pool": Case(
         _admit(lambda pools: make_reqs([3]), lambda: make_pools(2, 32, 0, CPU, 16)),

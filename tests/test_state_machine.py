@@ -47,12 +47,12 @@ from batchstate import (
     Idle,
     Mixed,
     NoChunkBudget,
+    NotHeld,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
     Pools,
     Req,
-    Resumed,
     StillRunning,
     check_batch,
     check_leaks,
@@ -84,7 +84,7 @@ from tests.strategies import (
 MAX_EXAMPLES: Final = 5000 if LONG else 40 if FAST else 200
 STEP_COUNT: Final = 100 if LONG else 40
 
-_counts: dict[str, int] = {"examples": 0, "steps": 0, "resumed": 0, "mixed": 0, "chunks": 0}
+_counts: dict[str, int] = {"examples": 0, "steps": 0, "continued": 0, "mixed": 0, "chunks": 0}
 _failures: dict[str, int] = {}  # Failure type -> how often the machine predicted and saw it
 
 
@@ -122,10 +122,11 @@ class BatchMachine(RuleBasedStateMachine):
         self.running: Batch = idle(CPU)
         self.model_running: list[_Row] = []
         self.model_free_slots: list[int] = []
-        self.held: list[_Row] = []  # out of the batch, memory kept: resumed later
+        self.held: list[_Row] = []  # out of the batch, memory kept: continued later
         self.finished: list[tuple[Filtered, list[_Row]]] = []  # filtered out, not released
         # Released records, for doubles, with their rows (slot, length) as they were then.
         self.released: list[tuple[Departed | Filtered, list[_Row]]] = []
+        self.spent: list[Chunked] = []  # chunks already continued: stale, never held again
         self.next_rid = 0
         self.locs: dict[int, list[int]] = {}  # rid -> KV locations seen so far
 
@@ -141,6 +142,11 @@ class BatchMachine(RuleBasedStateMachine):
     def _fresh_rid(self) -> int:
         self.next_rid += 1
         return self.next_rid
+
+    def _spend(self, rows: Sequence[_Row]) -> None:
+        # Rows just continued from a held chunk: their chunks, as they were, go stale.
+        self.spent += [Chunked(row.req, row.slot, row.seq_len) for row in rows]
+        del self.spent[:-8]  # a few suffice; older ones add nothing
 
     def _assert_failed(
         self, result: object, expected: type, before: object, value: object = None
@@ -198,7 +204,7 @@ class BatchMachine(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         num_new=st.integers(0, 4),
-        resume_picks=st.lists(st.integers(0, 7), max_size=3, unique=True),
+        continue_picks=st.lists(st.integers(0, 7), max_size=3, unique=True),
         via_prebuilt=st.booleans(),
         hold=keep_patterns(),
         replace_idle=st.booleans(),
@@ -208,27 +214,28 @@ class BatchMachine(RuleBasedStateMachine):
         *,
         data: st.DataObject,
         num_new: int,
-        resume_picks: list[int],
+        continue_picks: list[int],
         via_prebuilt: bool,
         hold: tuple[bool, ...],
         replace_idle: bool,
     ) -> None:
-        """Extend (or prebuild) new and resumed requests; merge them in or hold some out."""
+        """Extend (or prebuild) new requests and held chunks; merge them in or hold some out."""
         shape = self.shape
-        picks = sorted({pick % len(self.held) for pick in resume_picks}) if self.held else []
-        resumed_rows = [] if via_prebuilt else [self.held[pick] for pick in picks]
-        items: list[Req | Resumed] = []
+        picks = sorted({pick % len(self.held) for pick in continue_picks}) if self.held else []
+        continued_rows = [] if via_prebuilt else [self.held[pick] for pick in picks]
+        items: list[Req | Chunked] = []
         new_lens: list[int] = []
         for _ in range(num_new):
             length = data.draw(prompt_lengths(shape.max_context_len), label="prompt")
             rid = self._fresh_rid()
             items.append(Req(rid, _make_ids(rid, length)))
             new_lens.append(length)
-        resumed_lens: list[int] = []
-        for row in resumed_rows:
-            length = data.draw(prompt_lengths(shape.max_context_len, row.seq_len), label="resume")
-            items.append(Resumed(Req(row.req.rid, _make_ids(row.req.rid, length)), row.slot))
-            resumed_lens.append(length)
+        continued_lens: list[int] = []
+        for row in continued_rows:
+            length = data.draw(prompt_lengths(shape.max_context_len, row.seq_len), label="continue")
+            req = Req(row.req.rid, _make_ids(row.req.rid, length))
+            items.append(Chunked(req, row.slot, row.seq_len))
+            continued_lens.append(length)
         before = snapshot((self.pools, self.running))
         before_pools = snapshot(_pools_but_table(self.pools))
         reqs_only = [item for item in items if isinstance(item, Req)]
@@ -238,8 +245,8 @@ class BatchMachine(RuleBasedStateMachine):
             else extend(idle(CPU), items, self.pools)
         )
 
-        prefixes = [0] * num_new + [row.seq_len for row in resumed_rows]
-        lengths = new_lens + resumed_lens
+        prefixes = [0] * num_new + [row.seq_len for row in continued_rows]
+        lengths = new_lens + continued_lens
         expected = self._predict_admit(num_new, lengths, prefixes)
         if expected is not None:
             self._assert_failed(result, expected, before)
@@ -251,13 +258,14 @@ class BatchMachine(RuleBasedStateMachine):
         new_slots = self.model_free_slots[:num_new]
         self.model_free_slots = self.model_free_slots[num_new:]
         rows = [
-            _Row(item.req if isinstance(item, Resumed) else item, slot, length)
+            _Row(item.req if isinstance(item, Chunked) else item, slot, length)
             for item, slot, length in zip(
-                items, new_slots + [row.slot for row in resumed_rows], lengths, strict=True
+                items, new_slots + [row.slot for row in continued_rows], lengths, strict=True
             )
         ]
-        self.held = [row for row in self.held if row not in resumed_rows]
-        _counts["resumed"] += len(resumed_rows)
+        self.held = [row for row in self.held if row not in continued_rows]
+        self._spend(continued_rows)
+        _counts["continued"] += len(continued_rows)
         self._assert_rows(batch, rows)
         if isinstance(batch, Extended):
             self._assert_extended(batch, pools, rows, prefixes)
@@ -308,7 +316,7 @@ class BatchMachine(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         num_new=st.integers(0, 3),
-        resume_picks=st.lists(st.integers(0, 7), max_size=2, unique=True),
+        continue_picks=st.lists(st.integers(0, 7), max_size=2, unique=True),
         budget=st.sampled_from([0, 1, 3, 8, 16, 40]),
         with_running=st.booleans(),
     )
@@ -317,7 +325,7 @@ class BatchMachine(RuleBasedStateMachine):
         *,
         data: st.DataObject,
         num_new: int,
-        resume_picks: list[int],
+        continue_picks: list[int],
         budget: int,
         with_running: bool,
     ) -> None:
@@ -328,12 +336,12 @@ class BatchMachine(RuleBasedStateMachine):
             running = filter_batch(running, list(range(len(self.model_running))))
         base = running if with_running else idle(CPU)
         decode_rows = self.model_running if with_running else []
-        picks = sorted({pick % len(self.held) for pick in resume_picks}) if self.held else []
+        picks = sorted({pick % len(self.held) for pick in continue_picks}) if self.held else []
         admit: list[Req | Chunked] = []
         wanted: list[tuple[_Row | None, Req]] = []
         for pick in picks:
             row = self.held[pick]
-            length = data.draw(prompt_lengths(shape.max_context_len, row.seq_len), label="resume")
+            length = data.draw(prompt_lengths(shape.max_context_len, row.seq_len), label="continue")
             req = Req(row.req.rid, _make_ids(row.req.rid, length))
             admit.append(Chunked(req, row.slot, row.seq_len))
             wanted.append((row, req))
@@ -379,6 +387,7 @@ class BatchMachine(RuleBasedStateMachine):
         self.model_free_slots = self.model_free_slots[sum(r is None for r, _ in wanted[:taken]) :]
         done_held = [row for row, _ in wanted[:taken] if row is not None]
         self.held = [row for row in self.held if row not in done_held]
+        self._spend(done_held)
         for row in decode_rows:
             row.seq_len += 1
         cut = [row for row in extend_rows if row.seq_len < len(row.req.input_ids)]
@@ -413,6 +422,20 @@ class BatchMachine(RuleBasedStateMachine):
         if any(row.seq_len >= shape.max_context_len for row in decode_rows):
             return ContextTooLong
         return None
+
+    @precondition(lambda self: bool(self.spent))
+    @rule(pick=st.integers(0, 7))
+    def continue_spent(self, pick: int) -> None:
+        """Extend a chunk already continued: NotHeld, naming what its slot holds now."""
+        chunk = self.spent[pick % len(self.spent)]
+        owned = {row.slot: row.seq_len for row in self._owners()}.get(chunk.slot, 0)
+        if owned == chunk.cached:
+            return  # the slot holds that count again: indistinguishable from the chunk's own
+        more = Req(chunk.req.rid, _make_ids(chunk.req.rid, chunk.cached + 1))
+        before = snapshot((self.pools, self.running))
+        result = extend(idle(CPU), [attrs.evolve(chunk, req=more)], self.pools)
+        expected = NotHeld(chunk.req.rid, chunk.slot, chunk.cached, owned)
+        self._assert_failed(result, NotHeld, before, expected)
 
     @rule(pattern=keep_patterns(), destination=st.sampled_from(["release", "later", "hold"]))
     def finish(self, pattern: tuple[bool, ...], destination: str) -> None:
@@ -612,12 +635,12 @@ def run_timed(machine: type[RuleBasedStateMachine], max_examples: int) -> float:
 
 def test_state_machine() -> None:
     """No sequence of public transitions breaks an invariant or disagrees with the model."""
-    _counts.update(examples=0, steps=0, resumed=0, mixed=0, chunks=0)
+    _counts.update(examples=0, steps=0, continued=0, mixed=0, chunks=0)
     _failures.clear()
     elapsed = run_timed(BatchMachine, MAX_EXAMPLES)
     print(
         f"\nstate machine: {_counts['examples']} runs, {_counts['steps']} checked states,"
-        f" {_counts['resumed']} chunked-prefill resumes, {_counts['mixed']} mixed steps"
+        f" {_counts['continued']} chunked-prefill continuations, {_counts['mixed']} mixed steps"
         f" ({_counts['chunks']} chunks held)"
         f" in {elapsed:.1f} s ({'long' if LONG else 'CI'} profile); failures seen: {_failures}"
     )
@@ -625,7 +648,14 @@ def test_state_machine() -> None:
     if FAST:
         return  # the mutation profile's budget is too small to reach every failure
     # The budget must reach full pools and every admission failure, or it proves little.
-    expected = {"OutOfReqSlots", "OutOfKVTokens", "ContextTooLong", "EmptyPrompt", "StillRunning"}
+    expected = {
+        "OutOfReqSlots",
+        "OutOfKVTokens",
+        "ContextTooLong",
+        "EmptyPrompt",
+        "StillRunning",
+        "NotHeld",
+    }
     assert expected <= set(_failures), f"never reached: {expected - set(_failures)}"
-    assert _counts["resumed"], "no chunked-prefill continuation was ever admitted"
+    assert _counts["continued"], "no chunked-prefill continuation was ever admitted"
     assert _counts["mixed"] and _counts["chunks"], "no mixed step or held chunk was ever made"

@@ -330,7 +330,7 @@ class SpeculativeMachine(BatchMachine):
 
 def test_speculative_state_machine() -> None:
     """No sequence with split, Departed releases, verify and sync disagrees with the model."""
-    _counts.update(examples=0, steps=0, resumed=0, synced=0)
+    _counts.update(examples=0, steps=0, continued=0, synced=0)
     _failures.clear()
     elapsed = run_timed(SpeculativeMachine, MAX_EXAMPLES)
     print(

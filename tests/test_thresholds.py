@@ -22,12 +22,12 @@ import batchstate._pools
 import batchstate._rows
 from batchstate import (
     BatchConflict,
+    Chunked,
     Extended,
     FreeList,
     KeepIndicesError,
     Pools,
     Req,
-    Resumed,
     check_batch,
     check_pools,
     decode,
@@ -160,22 +160,22 @@ def test_merge_of_large_batches(num_rows: int) -> None:
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("num_reqs", [1, ROW_WRITES, ROW_WRITES + 1])
-@pytest.mark.parametrize("resumed", [False, True])
-def test_extend_places_rows_as_python_would(page_size: int, num_reqs: int, resumed: bool) -> None:
-    """Fresh rows take whole pages in order, resumed ones fill their last page first."""
+@pytest.mark.parametrize("chunked", [False, True])
+def test_extend_places_rows_as_python_would(page_size: int, num_reqs: int, chunked: bool) -> None:
+    """Fresh rows take whole pages in order, a continued chunk fills its last page first."""
     pools = make_pools(num_reqs + 2, 64, 1024, CPU, page_size)
     cached = 5
-    items: list[Req | Resumed] = []
+    items: list[Req | Chunked] = []
     prefixes = [0] * num_reqs
-    held_slot, held_row = 0, []  # a resumed request's slot and its cached locations
-    if resumed:
+    held_slot, held_row = 0, []  # a chunked request's slot and its cached locations
+    if chunked:
         held, pools = extend(idle(CPU), [Req(999, tuple(range(cached)))], pools).unwrap()
         held_slot = held.rows.req_pool_indices.host.tolist()[0]
         held_row = pools.table.host.tolist()[held_slot][:cached]
     lengths = _lengths(num_reqs, page_size)
     items += make_reqs(lengths)
-    if resumed:
-        items.append(Resumed(Req(999, tuple(range(cached + 9))), held_slot))
+    if chunked:
+        items.append(Chunked(Req(999, tuple(range(cached + 9))), held_slot, cached))
         lengths.append(cached + 9)
         prefixes.append(cached)
     free_slots, free_pages = pools.free_slots.tolist(), pools.free_pages.tolist()
@@ -184,12 +184,12 @@ def test_extend_places_rows_as_python_would(page_size: int, num_reqs: int, resum
 
     assert isinstance(batch, Extended)
     new_slots = free_slots[:num_reqs]
-    slots = new_slots + ([held_slot] if resumed else [])
+    slots = new_slots + ([held_slot] if chunked else [])
     assert batch.rows.req_pool_indices.host.tolist() == slots
     assert batch.rows.seq_lens.host.tolist() == lengths
     assert batch.prefix_lens == tuple(prefixes)
     assert batch.extend_lens == tuple(n - p for n, p in zip(lengths, prefixes, strict=True))
-    # The model: new pages from the front of the free list, row by row; a resumed
+    # The model: new pages from the front of the free list, row by row; a chunked
     # row continues in its partly filled last page.
     pages = iter(free_pages)
     table = after.table.host.tolist()
@@ -211,8 +211,8 @@ def test_extend_places_rows_as_python_would(page_size: int, num_reqs: int, resum
     check_pools(after, [batch], compare_device=True)
 
 
-def _req(item: Req | Resumed) -> Req:
-    return item.req if isinstance(item, Resumed) else item
+def _req(item: Req | Chunked) -> Req:
+    return item.req if isinstance(item, Chunked) else item
 
 
 # ---- keep indices: checked in Python, or with tensor ops -------------------------------------

@@ -2,9 +2,9 @@
 
 A small continuous-batching loop written against the public API alone (no
 engine): requests arrive, are admitted by `extend` (long prompts in chunks:
-the request is filtered out, keeps its memory, and comes back as
-`Resumed`), merged into the running batch, decoded until they finish,
-filtered out and released. When decode runs out of KV tokens the newest
+the request is filtered out, keeps its memory, and comes back as a
+`Chunked` holding what it cached), merged into the running batch, decoded
+until they finish, filtered out and released. When decode runs out of KV tokens the newest
 row is retracted (released, its request queued again from scratch).
 
 Device tensors live on `meta`, where any read of data raises, so the whole
@@ -32,12 +32,12 @@ from returns.result import Success
 
 from batchstate import (
     Batch,
+    Chunked,
     Extended,
     Idle,
     OutOfKVTokens,
     Pools,
     Req,
-    Resumed,
     check_batch,
     check_pools,
     decode,
@@ -92,7 +92,7 @@ class _Loop:
 
     def admit(self) -> None:
         """Extend chunk continuations first, then waiting requests, within the prefill budget."""
-        items: list[Req | Resumed] = []
+        items: list[Req | Chunked] = []
         admitted: list[_Request] = []
         targets: list[int] = []  # prompt tokens cached once this extend has run
         budget = self.args.max_prefill_tokens
@@ -104,7 +104,7 @@ class _Loop:
                 break  # held requests come first; waiting ones need a slot
             chunk = min(len(request.prompt) - request.cached, budget)
             req = Req(request.rid, request.prompt[: request.cached + chunk])
-            items.append(Resumed(req, request.slot) if request.cached else req)
+            items.append(Chunked(req, request.slot, request.cached) if request.cached else req)
             free_slots -= not request.cached
             admitted.append(request)
             targets.append(request.cached + chunk)
