@@ -94,7 +94,7 @@ def test_bad_arguments_get_one_line(
         ([], "greedy: 24 greedy, 0 sampled"),
         (["--sampling", "mixed"], "mixed: 4 greedy, 20 sampled (temperature 0.6-1.2, "),
         (
-            ["--sampling", "fixed", "--temperature", "0.8", "--top-p", "0.9", "--no-mixed"],
+            ["--sampling", "fixed", "--temperature", "0.8", "--top-p", "0.9", "--mixed"],
             "fixed: 0 greedy, 24 sampled (temperature 0.8, top-p 0.9, top-k 0, min-p 0.0)",
         ),
         (["--sampling", "mixed", "--no-prefix-cache", "--chunk-size", "0"], "20 sampled"),

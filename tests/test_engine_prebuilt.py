@@ -182,13 +182,18 @@ def test_random_tokens_draw_one_first_token_per_row() -> None:
     assert kind == "transfer" and len(rids) == 4
 
 
-def test_the_engine_refuses_prebuilt_arrivals_with_overlap() -> None:
-    workload = attrs.evolve(SHAPE, num_requests=4, arrival="all", prebuilt=1.0)
-    pools = make_pools(4, LONGEST, 512, torch.device("meta"), 16)
-    config = EngineConfig(chunk_size=16, mixed=True, overlap=True)
-    engine = Engine(config, make_workload(workload), pools, RandomTokens(96, 0))
-    with pytest.raises(EngineError, match="prebuilt requests run on plain pools, without overlap"):
-        engine.run()
+@pytest.mark.parametrize("mixed", [False, True], ids=["prefill-steps", "mixed"])
+def test_prebuilt_arrivals_run_with_overlap_and_the_cache(mixed: bool) -> None:
+    """A transferred row's first token joins the device tokens; its pages are published."""
+    workload = attrs.evolve(SHAPE, num_requests=12, prebuilt=0.5, shared_prefixes=2)
+    specs = make_workload(workload)
+    pools = make_pools(12, LONGEST + 16, 512, torch.device("meta"), 16, prefix_cache=True)
+    config = EngineConfig(chunk_size=16, mixed=mixed, overlap=True, check_every=1)
+    engine = Engine(config, specs, pools, RandomTokens(96, 0))
+    engine.run()
+    assert len(engine.outputs) == len(specs)
+    assert engine.trace.prebuilt_requests > 0 and engine.trace.overshoot_tokens > 0
+    assert engine.pools.num_free_slots == engine.pools.max_reqs
 
 
 def test_the_workload_marks_first_turns_only_and_keeps_its_draws() -> None:
@@ -220,11 +225,6 @@ CLI: Final = ["simulate", "--requests", "24", "--no-progress", "--kv-tokens", "5
         (["--prebuilt", "-1"], "--prebuilt must be in [0, 1], got -1.0"),
         (["--prebuilt", "nan"], "--prebuilt must be in [0, 1], got nan"),
         (["--prebuilt", "x"], "argument --prebuilt: invalid float value: 'x'"),
-        (["--prebuilt", "0.5", "--overlap"], "--prebuilt does not run with --overlap"),
-        (
-            ["--prebuilt", "0.5", "--follow-ups", "0.2"],
-            "--prebuilt admits into plain pools, not a prefix cache: add --no-prefix-cache",
-        ),
     ],
 )
 def test_bad_prebuilt_options_get_one_line(
@@ -236,7 +236,10 @@ def test_bad_prebuilt_options_get_one_line(
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("mode", [[], ["--chunk-size", "0", "--no-mixed"]])
+@pytest.mark.parametrize(
+    "mode",
+    [[], ["--chunk-size", "0", "--no-overlap"], ["--mixed", "--shared-prefix", "2", "16", "0.5"]],
+)
 def test_cli_runs_prebuilt_arrivals_and_reports_them(
     mode: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -433,15 +433,15 @@ def _add_engine_options(add: _Add) -> None:
     add(
         "--mixed",
         action="store_true",
-        help="run prompt chunks beside the running decode rows, in one forward"
-        " (default: prefill steps of their own, as SGLang's default)",
+        help="run prompt chunks beside the running decode rows, in one forward; without it a"
+        " step with chunks is a prefill step of its own, as in SGLang",
     )
     add(
         "--no-overlap",
         dest="overlap",
         action="store_false",
-        help="read each step's sampled tokens before building the next (default: keep them"
-        " on the device and check finishes one step late)",
+        help="read each step's sampled tokens before building the next; without it they"
+        " stay on the device and finishes are checked one step late",
     )
 
 
