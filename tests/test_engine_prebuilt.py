@@ -30,7 +30,6 @@ from batchstate.cli import main
 from batchstate.engine import (
     Engine,
     EngineConfig,
-    EngineError,
     ModelTokens,
     RandomTokens,
     SimulationConfig,
