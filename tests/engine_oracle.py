@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from functools import cache
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 
 from batchstate import (
     Decoding,
@@ -16,12 +18,14 @@ from batchstate import (
     Pools,
     Sampled,
     Sampling,
+    Verifying,
 )
 from batchstate.engine import (
     END_TOKEN,
     ModelConfig,
     TinyModel,
     TokenSource,
+    Verified,
     WorkloadConfig,
     generate_alone,
     make_model,
@@ -76,3 +80,15 @@ class PassThrough:
 
     def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
         self.inner.after_idle(batch)
+
+    def draft(self, histories: Sequence[Sequence[int]], counts: Sequence[int]) -> list[list[int]]:
+        return self.inner.draft(histories, counts)
+
+    def after_verify(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> Verified:
+        return self.inner.after_verify(window, pools, committed, tokens)

@@ -182,7 +182,9 @@ def verify(
     return Success(VerifyStep(verifying, after))
 
 
-def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[Filtered[C]]:
+def sync(
+    batch: Verifying[C], num_accepted: torch.Tensor | npt.NDArray[np.integer], pools: Pools
+) -> Step[Filtered[C]]:
     """Read each row's accepted drafts from the device, free the rest, mirror the lengths again.
 
     The one device read of the decode path: it waits for the verify forward
@@ -190,12 +192,15 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
     audit counts it and does not forbid it. Row i's length becomes
     `c + num_accepted[i]`; KV pages holding only unaccepted drafts go back
     to the pools. Pools that do not hold the window (those from before
-    `verify`) are refused before the read.
+    `verify`) are refused before the read. Counts the host has already (a
+    numpy integer array: an engine that read them itself, or one that
+    verifies on the host) are taken as they are, with no read.
 
     Args:
         batch: the verify window.
         num_accepted: int64 `[num_reqs]` on `batch.device`, each in
-            `[0, draft_lens[i]]`, written by the verify forward.
+            `[0, draft_lens[i]]`, written by the verify forward; or the same
+            counts as a 1-D numpy integer array.
         pools: the pools `verify` returned, or their successors.
 
     Returns:
@@ -209,12 +214,18 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
     if not isinstance(batch, Verifying):
         raise PhaseError(f"sync takes Verifying, got {type(batch).__name__}")
     num_reqs = len(batch.reqs)
-    if not isinstance(num_accepted, torch.Tensor):
+    if isinstance(num_accepted, np.ndarray):
+        if num_accepted.dtype.kind not in "iu" or num_accepted.shape != (num_reqs,):
+            raise DraftError(
+                f"num_accepted: expected integers [{num_reqs}], got {num_accepted.dtype}"
+                f" {list(num_accepted.shape)}"
+            )
+    elif not isinstance(num_accepted, torch.Tensor):
         raise DraftError(
-            f"num_accepted must be a torch tensor on {batch.device}, got"
+            f"num_accepted must be a torch tensor on {batch.device} or a numpy array, got"
             f" {type(num_accepted).__name__}"
         )
-    if (
+    elif (
         num_accepted.shape != (num_reqs,)
         or num_accepted.dtype != torch.int64
         or num_accepted.device != batch.device
@@ -231,8 +242,11 @@ def sync(batch: Verifying[C], num_accepted: torch.Tensor, pools: Pools) -> Step[
             "the pools do not hold this batch's drafts: pass the pools verify returned"
         )
     committed = held - drafts
-    with permitted_reads("speculative sync: accepted draft counts"):
-        accepted = num_accepted.to("cpu").numpy()  # NOTE: the one device read; it waits
+    if isinstance(num_accepted, np.ndarray):
+        accepted = num_accepted.astype(np.int64)  # known on the host: nothing to read
+    else:
+        with permitted_reads("speculative sync: accepted draft counts"):
+            accepted = num_accepted.to("cpu").numpy()  # NOTE: the one device read; it waits
     bad = (accepted < 0) | (accepted > drafts)
     if bad.any():
         row = int(bad.argmax())

@@ -238,6 +238,7 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         chunk_size=args.chunk_size,
         mixed=args.mixed,
         overlap=args.overlap,
+        speculative=args.speculative,
     )
     return SimulationConfig(
         workload=workload,
@@ -442,6 +443,15 @@ def _add_engine_options(add: _Add) -> None:
         action="store_false",
         help="read each step's sampled tokens before building the next; without it they"
         " stay on the device and finishes are checked one step late",
+    )
+    add(
+        "--speculative",
+        type=int,
+        default=0,
+        metavar="K",
+        help="draft K tokens per decode step with a draft model (the target's first layer) and"
+        " verify them with the target; 0: no speculation. A speculative step reads its tokens"
+        " before the next is built, so overlap has no effect on it",
     )
 
 

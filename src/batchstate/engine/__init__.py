@@ -30,6 +30,7 @@ from batchstate.engine._simulate import (
 )
 from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource
 from batchstate.engine._trace import Trace
+from batchstate.engine._verify import Verified
 from batchstate.engine._workload import (
     ARRIVALS,
     END_TOKEN,
@@ -72,6 +73,7 @@ __all__ = [
     "TinyModel",
     "TokenSource",
     "Trace",
+    "Verified",
     "WorkloadConfig",
     "check_oracle",
     "choose",

@@ -64,6 +64,8 @@ from batchstate import (
     release,
     settle,
     split,
+    sync,
+    verify,
 )
 from batchstate.engine._admission import Budget, choose, reserve
 from batchstate.engine._reads import ReadCounter
@@ -96,6 +98,7 @@ class EngineConfig:
     chunk_size: int = 0  # prompt tokens per step, cut into chunks; 0: whole prompts
     mixed: bool = False  # admissions run in the same forward as the decode rows
     overlap: bool = False  # sampled tokens stay on the device; finish checks one step late
+    speculative: int = 0  # draft tokens verified per decode step; 0: no speculation
 
     @property
     def uses_mix(self) -> bool:
@@ -266,6 +269,9 @@ class Engine:
             self._mixed_step(start)
             return
         extended = self._admit()
+        if extended is None and self.config.speculative:
+            self._speculative_step(start)
+            return
         batch: Extended[Sampling] | Decoding[Sampling]
         if extended is not None:
             batch, sampled = extended, self.tokens.after_extend(extended, self.pools)
@@ -349,6 +355,85 @@ class Engine:
             if not isinstance(failure, OutOfKVTokens) or len(running.rows) == 1:
                 raise EngineError(f"decode failed with {len(running.rows)} running: {failure}")
             self._retract(running)
+
+    # ---- speculative decoding: drafts verified by the target ------------------------------
+
+    def _speculative_step(self, start: float) -> None:
+        # Overlap: the last forward's tokens first; the drafts start from them.
+        done = self._read_unread() if self.unread is not None else set()
+        if done and isinstance(self.running, Filtered):
+            rids = self.running.rows.rids.tolist()
+            self._retire_rows(
+                self.running, [row for row, rid in enumerate(rids) if rid not in done]
+            )
+        if not len(self.running.rows):
+            self.tokens.after_idle(self.running)  # every forward's rows finished one step late
+            self.trace.append(
+                is_extend=False, batch_size=0, kv_tokens_used=self._used(), step_s=0.0,
+                bookkeeping_s=0.0, audited=False,
+            )  # fmt: skip
+            return
+        batch = self._decode()
+        rids = batch.rows.rids.tolist()
+        histories = [self.prompts[rid] + tuple(self.live[rid].generated) for rid in rids]
+        counts = [
+            self._draft_count(rid, int(n))
+            for rid, n in zip(rids, batch.rows.seq_lens.host, strict=True)
+        ]
+        drafts = self.tokens.draft(histories, counts)
+        result = self._timed(partial(verify, batch, [len(row) for row in drafts], self.pools))
+        step = result.value_or(None)
+        if step is None:  # no room for the drafts' KV: this step decodes one token
+            drafts = [[] for _ in rids]
+            step = self._timed(partial(verify, batch, [0] * len(rids), self.pools)).unwrap()
+        window, self.pools = step
+        committed = batch.rows.seq_lens.host
+        tokens = [[history[-1], *row] for history, row in zip(histories, drafts, strict=True)]
+        verified = self.tokens.after_verify(window, self.pools, committed, tokens)
+        running, self.pools = self._timed(partial(sync, window, verified.accepted, self.pools))
+        accepted = (running.rows.seq_lens.host - committed).tolist()
+        finished = self._record_tokens_each(rids, verified.targets, accepted)
+        self._retire_rows(running, [row for row, rid in enumerate(rids) if rid not in finished])
+        if self.config.overlap and isinstance(self.running, Filtered):
+            # The next step may take its tokens from the device: they are host-known here.
+            self.device_tokens = self._uploaded(self.running)
+        self.trace.speculative_steps += 1
+        self.trace.drafted_tokens += sum(len(row) for row in drafts)
+        self.trace.accepted_drafts += sum(accepted)
+        self.trace.append(
+            is_extend=False, batch_size=len(rids), kv_tokens_used=self._used(),
+            step_s=perf_counter() - start, bookkeeping_s=self._bookkeeping_s,
+            audited=self._audited,
+        )  # fmt: skip
+
+    def _draft_count(self, rid: int, seq_len: int) -> int:
+        # No more drafts than the request may still output (past its next token) or
+        # than fit in its table row.
+        room = self.pools.max_context_len - seq_len
+        return max(min(self.config.speculative, self._remaining(rid) - 1, room), 0)
+
+    def _record_tokens_each(
+        self, rids: Sequence[int], targets: Sequence[Sequence[int]], accepted: Sequence[int]
+    ) -> set[int]:
+        # Each row's accepted drafts and the target's token after them, up to a stop.
+        done = set()
+        for rid, outs, count in zip(rids, targets, accepted, strict=True):
+            for token in outs[: count + 1]:
+                if self._record_tokens([(rid, token)]):
+                    done.add(rid)
+                    break
+        return done
+
+    def _retire_rows(self, running: Filtered[Sampling], keep: list[int]) -> None:
+        kept, left = split(running, keep)
+        if len(keep) < len(running.rows):
+            self.pools = self._release(left, kept)
+        self.running = kept
+
+    def _uploaded(self, running: Filtered[Sampling]) -> Sampled:
+        last = [self.live[rid].generated[-1] for rid in running.rows.rids.tolist()]
+        tokens = torch.tensor(last, dtype=torch.int64, device=running.rows.device)
+        return Sampled.of(running.rows, tokens)
 
     # ---- prebuilt arrivals: KV and first token from a prefill server ------------------------
 
@@ -441,15 +526,15 @@ class Engine:
             self.pools = self._release(left, kept)
         if self.config.overlap and len(kept.rows):
             # Their first tokens, known on the host, join the running rows' on the device.
-            firsts = [self.live[rid].generated[-1] for rid in kept.rows.rids.tolist()]
-            device = kept.rows.device
-            tokens = Sampled.of(kept.rows, torch.tensor(firsts, dtype=torch.int64, device=device))
-            self.device_tokens = self._joined(self.running, tokens)
+            self.device_tokens = self._joined(self.running, self._uploaded(kept))
         self.running = merge(self.running, kept)
 
     # ---- chunked, mixed and overlapped steps ----------------------------------------------
 
     def _mixed_step(self, start: float) -> None:
+        if self.config.speculative and not (self.held or self.waiting):
+            self._speculative_step(start)  # nothing to prefill: verify drafts instead
+            return
         batch = self._mix() or self._decode_mixed()
         if batch is None and self.unread is None and self.held:
             self._retract_held()  # nothing runs beside the held chunk: start it afresh

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import final
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from batchstate import (
@@ -18,11 +20,13 @@ from batchstate import (
     Rows,
     Sampled,
     Sampling,
+    Verifying,
 )
 from batchstate.engine._model import TinyModel
 from batchstate.engine._paged import KVCache, forward_idle
 from batchstate.engine._ranks import Fault, Phase, RankGroup, StepShape
 from batchstate.engine._sources import ModelTokens
+from batchstate.engine._verify import Verified
 
 __all__ = ["RankStatus", "RankTokens"]
 
@@ -93,10 +97,30 @@ class RankTokens:
         self._join_empty(batch)
         return firsts
 
+    def draft(self, histories: Sequence[Sequence[int]], counts: Sequence[int]) -> list[list[int]]:
+        """The draft model runs on this rank alone: nothing is shared, nothing exchanged."""
+        return self.local.draft(histories, counts)
+
+    def after_verify(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> Verified:
+        """Exchange the window's shape (each row's decode token and drafts), then verify."""
+        num_tokens = sum(len(row) for row in tokens)
+        reserved = int(committed.sum() + window.draft_lens.sum())
+        self._exchange_shape(Phase.VERIFY, len(window.reqs), num_tokens, reserved)
+        return self.local.after_verify(window, pools, committed, tokens)
+
     def _exchange(self, phase: Phase, rows: Rows[Sampling], tokens: int) -> None:
+        self._exchange_shape(phase, len(rows), tokens, rows.seq_lens_sum)
+
+    def _exchange_shape(self, phase: Phase, num_rows: int, tokens: int, seq_lens_sum: int) -> None:
         status = self.status
         shape = StepShape(
-            phase, len(rows), tokens, rows.seq_lens_sum, status.busy, status.load, status.finished
+            phase, num_rows, tokens, seq_lens_sum, status.busy, status.load, status.finished
         )
         self.group.exchange(shape)
         if self.fault is not None and self.fault.step == self.steps:

@@ -78,6 +78,7 @@ class Phase(enum.IntEnum):
     DECODE = 2
     MIXED = 3  # prompt chunks and decode rows in one forward
     PREBUILT = 4  # rows whose KV arrived from a prefill server: no forward of their own
+    VERIFY = 5  # speculative decoding: each row's decode token and its drafts
 
 
 @final

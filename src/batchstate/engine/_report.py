@@ -54,6 +54,10 @@ class Summary:
     sampling: str = "greedy"  # the workload's sampling mix, and how many requests sampled
     prebuilt_requests: int = 0  # admitted with KV and first token from a prefill server
     prebuilt_steps: int = 0  # steps that admitted them; no forward (not extend, not decode)
+    speculative: int = 0  # draft tokens per step asked for (0: off)
+    speculative_steps: int = 0  # decode steps that verified drafts
+    drafted_tokens: int = 0
+    accepted_drafts: int = 0
 
     @property
     def ok(self) -> bool:
@@ -116,6 +120,10 @@ def summarize(run: Simulation) -> Summary:
         sampling=_sampling_line(run),
         prebuilt_requests=trace.prebuilt_requests,
         prebuilt_steps=trace.prebuilt_steps,
+        speculative=run.config.engine.speculative,
+        speculative_steps=trace.speculative_steps,
+        drafted_tokens=trace.drafted_tokens,
+        accepted_drafts=trace.accepted_drafts,
     )
 
 
@@ -187,6 +195,7 @@ def render_summary(summary: Summary) -> str:
             "prebuilt",
             f"{s.prebuilt_requests} requests arrived prefilled (KV and first token transferred)",
         ),
+        ("speculative", _speculative_line(s)),
         ("oracle", s.oracle),
     )
     width = max(len(name) for name, _ in rows)
@@ -206,6 +215,16 @@ def _cache_line(s: Summary) -> str:
     if not s.shares_prefixes:
         line += " (no effect: the workload shares no prefix; see --shared-prefix)"
     return line
+
+
+def _speculative_line(s: Summary) -> str:
+    if not s.speculative:
+        return "off (see --speculative)"
+    rate = 100 * s.accepted_drafts / max(s.drafted_tokens, 1)
+    return (
+        f"{s.speculative} drafts per step: {s.speculative_steps} steps verified"
+        f" {s.drafted_tokens} drafts, {s.accepted_drafts} accepted ({rate:.0f}%)"
+    )
 
 
 def _prefill_line(s: Summary) -> str:

@@ -108,6 +108,7 @@ class SimulationConfig:
             ("--check-every", engine.check_every),
             ("--audit-every", engine.audit_every),
             ("--chunk-size", engine.chunk_size),
+            ("--speculative", engine.speculative),
         ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")

@@ -6,6 +6,8 @@ import random
 from collections.abc import Sequence
 from typing import Protocol, final
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from batchstate import (
@@ -18,6 +20,7 @@ from batchstate import (
     Sampled,
     Sampling,
     SamplingParams,
+    Verifying,
     read_sampled,
 )
 from batchstate.engine._alone import prefill_alone
@@ -30,6 +33,7 @@ from batchstate.engine._paged import (
     sample_mixed,
     write_prefilled,
 )
+from batchstate.engine._verify import Verified, draft_model, propose, sample_verify
 
 __all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
 
@@ -78,6 +82,24 @@ class TokenSource(Protocol):
         """
         ...
 
+    def draft(self, histories: Sequence[Sequence[int]], counts: Sequence[int]) -> list[list[int]]:
+        """Speculative decoding: `counts[row]` draft tokens after each row's whole history."""
+        ...
+
+    def after_verify(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> Verified:
+        """Run the verify forward over each row's decode token and drafts (`tokens[row]`).
+
+        `committed[row]`: the row's length before its drafts. Returns the drafts
+        each row accepted and the target's token after each window position.
+        """
+        ...
+
 
 @final
 class ModelTokens:
@@ -89,11 +111,17 @@ class ModelTokens:
     """
 
     def __init__(
-        self, model: TinyModel, cache: KVCache, feed_forward: FeedForward | None = None
+        self,
+        model: TinyModel,
+        cache: KVCache,
+        feed_forward: FeedForward | None = None,
+        drafter: TinyModel | None = None,
     ) -> None:
         self.model = model
         self.cache = cache
         self.feed_forward = feed_forward  # runs each layer's MLP; None: the model's own
+        # Speculative decoding's draft model: by default the target's first layer.
+        self.drafter = draft_model(model) if drafter is None else drafter
 
     def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         """Run the extend forward (writes the cache) and read the sampled tokens."""
@@ -151,6 +179,39 @@ class ModelTokens:
         write_prefilled(self.cache, batch, pools, torch.cat(keys, 1), torch.cat(values, 1))
         return firsts
 
+    def draft(self, histories: Sequence[Sequence[int]], counts: Sequence[int]) -> list[list[int]]:
+        """Greedy drafts from the draft model, each request alone over its history."""
+        return [
+            propose(self.drafter, history, count)
+            for history, count in zip(histories, counts, strict=True)
+        ]
+
+    def after_verify(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> Verified:
+        """Run the target over the windows (writes the cache); accept the matching drafts."""
+        columns = window.columns
+        sampling = None
+        if columns.temperature.host.any():
+            # Every window token samples with its row's parameters.
+            spans = (window.draft_lens + 1).tolist()
+            params = [_params(columns, row) for row, span in enumerate(spans) for _ in range(span)]
+            sampling = Sampling.of(params, window.device)
+        return sample_verify(
+            self.model,
+            self.cache,
+            window,
+            pools,
+            committed,
+            tokens,
+            sampling,
+            feed_forward=self.feed_forward,
+        )
+
 
 @final
 class RandomTokens:
@@ -190,6 +251,27 @@ class RandomTokens:
     ) -> list[int]:
         """One random first token per row: meta holds no KV to fill."""
         return self._draw(len(batch.rows))
+
+    def draft(self, histories: Sequence[Sequence[int]], counts: Sequence[int]) -> list[list[int]]:
+        """Random drafts: `counts[row]` tokens per row."""
+        return [self._draw(count) for count in counts]
+
+    def after_verify(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> Verified:
+        """A random count of accepted drafts per row, and the target's tokens to match them."""
+        accepted = np.array(
+            [self.rng.randrange(len(row)) for row in tokens], dtype=np.int64
+        )  # in [0, drafts]
+        targets = [
+            [*row[1 : 1 + count], *self._draw(len(row) - count)]
+            for row, count in zip(tokens, accepted.tolist(), strict=True)
+        ]
+        return Verified(accepted, targets)
 
     def _draw(self, num_rows: int) -> list[int]:
         randrange, vocab_size = self.rng.randrange, self.vocab_size

@@ -38,6 +38,9 @@ class Trace:
         self.idle_steps = 0  # steps run with no rows (data-parallel ranks with nothing to do)
         self.prebuilt_requests = 0  # requests admitted with KV prefilled elsewhere
         self.prebuilt_steps = 0  # steps that admitted them (no forward of their own)
+        self.speculative_steps = 0  # decode steps that verified drafts
+        self.drafted_tokens = 0  # draft tokens proposed and verified
+        self.accepted_drafts = 0  # of which, accepted by the target
 
     def __len__(self) -> int:
         return len(self.step_s)

@@ -1,0 +1,128 @@
+"""Speculative decoding on the tiny model: a smaller draft model proposes, the target verifies.
+
+The draft model is the target's first layers with its embeddings and
+unembedding: cheap, and often right. It proposes greedily, each request
+alone over its whole history (no cache of its own to roll back). The
+target runs one forward over each row's window (its decode token, then
+its drafts) over the paged cache, samples the token after every window
+position with the row's own parameters (a draw keyed by the request's
+seed and the position, as everywhere in the engine), and accepts each
+row's longest run of drafts equal to those samples. The accepted drafts
+and the sample after them are exactly what the target alone would
+produce, so the oracle stays exact, greedy or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from batchstate import Pools, Rows, Sampling, Verifying
+from batchstate.engine._alone import AloneRun
+from batchstate.engine._model import FeedForward, TinyModel
+from batchstate.engine._paged import KVCache, _forward
+
+__all__ = ["Verified", "draft_model", "propose", "sample_verify"]
+
+
+class Verified(NamedTuple):
+    """What a verify forward decided: counts for `sync`, and the target's tokens per row."""
+
+    accepted: npt.NDArray[np.int64]  # [num_reqs], on the host: drafts each row accepted
+    targets: list[list[int]]  # per row: the target's token after each window position
+
+
+def draft_model(target: TinyModel, num_layers: int = 1) -> TinyModel:
+    """The target's first `num_layers` layers, with its embeddings and unembedding."""
+    config = attrs.evolve(target.config, num_layers=num_layers)
+    return attrs.evolve(target, config=config, layers=target.layers[:num_layers])
+
+
+def propose(model: TinyModel, history: Sequence[int], count: int) -> list[int]:
+    """`count` greedy draft tokens after `history`, the request alone over its own cache."""
+    if not count:
+        return []
+    run = AloneRun(model)
+    drafts = [run.next_token(history)]
+    while len(drafts) < count:
+        drafts.append(run.next_token(drafts[-1:]))
+    return drafts
+
+
+def sample_verify(  # noqa: PLR0917  # the window, its forward's inputs, and how rows sample
+    model: TinyModel,
+    cache: KVCache,
+    window: Verifying[Sampling],
+    pools: Pools,
+    committed: npt.NDArray[np.int64],
+    tokens: Sequence[Sequence[int]],
+    sampling: Sampling | None,
+    *,
+    feed_forward: FeedForward | None = None,
+) -> Verified:
+    """Run the target over each row's window and accept its drafts that match the target.
+
+    Args:
+        window: the verify window `verify` opened.
+        pools: the pools `verify` returned (their table holds the drafts' cells).
+        committed: host int64 `[num_reqs]`, each row's length before its drafts
+            (its decode token included), as the decode batch's mirror had it.
+        tokens: per row, its decode token then its drafts (`1 + draft_lens[i]`).
+        sampling: every window token's parameters (its row's), in window order;
+            None samples greedily.
+
+    Returns:
+        The accepted counts and the target's tokens, on the host: the tokens
+        are read once, as a decode step reads its tokens, and the counts
+        follow from them there (a GPU verify kernel would count on the
+        device and leave the read to `sync`). Writes the window's K/V at
+        `window.out_cache_loc` (mutates `cache`).
+    """
+    drafts = window.draft_lens
+    spans = drafts + 1
+    device = model.device
+    num_reqs = len(window.reqs)
+    reserved = committed + drafts
+    # The window as rows the attention reads: each row's slot, attending over what it reserved.
+    rows = Rows.from_host(
+        window.device,
+        window.reqs,
+        window.req_pool_indices.host.tolist(),
+        reserved.tolist(),
+        window.columns,
+    )
+    token_rows = np.repeat(np.arange(num_reqs), spans)
+    cols = np.arange(token_rows.shape[0]) - (np.cumsum(spans) - spans)[token_rows]
+    positions = committed[token_rows] - 1 + cols
+    packed = np.concatenate((token_rows, cols, positions)).astype(np.int64)
+    layout = torch.from_numpy(packed).to(device).view(3, -1)
+    flat = [token for row in tokens for token in row]
+    hidden = _forward(
+        model,
+        cache,
+        pools.table.device,
+        rows,
+        input_ids=torch.tensor(flat, dtype=torch.int64, device=device),
+        positions=layout[2],
+        out_cache_loc=window.out_cache_loc.device,
+        query_layout=(layout[0], layout[1], int(spans.max()) if num_reqs else 0),
+        feed_forward=feed_forward,
+    )
+    sampled = model.sample(hidden, sampling, positions + 1)
+    targets = sampled.tolist()  # NOTE: the step's read of its tokens, as a decode's
+    per_row: list[list[int]] = []
+    accepted = np.zeros(num_reqs, dtype=np.int64)
+    start = 0
+    for row, span in enumerate(spans.tolist()):
+        outs = targets[start : start + span]
+        proposed = tokens[row][1:]
+        while accepted[row] < span - 1 and proposed[accepted[row]] == outs[accepted[row]]:
+            accepted[row] += 1
+        per_row.append(outs)
+        start += span
+    return Verified(accepted, per_row)
