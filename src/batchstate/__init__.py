@@ -37,6 +37,12 @@ from batchstate._errors import (
 )
 from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
 from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
+from batchstate._forward_inputs import (
+    ForwardInputs,
+    ForwardInputsError,
+    ForwardPhase,
+    forward_inputs,
+)
 from batchstate._free_list import FreeList
 from batchstate._invariants import check_batch, check_pools
 from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
@@ -44,6 +50,19 @@ from batchstate._merge import merge
 from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._mix import MixError, decode_sampled, mix
 from batchstate._mixed import Mixed, MixStep, Settled, settle
+from batchstate._padding import (
+    FILL_FIELDS,
+    SGLANG_FILLS,
+    VLLM_FILLS,
+    Padded,
+    PaddedOutput,
+    PaddingError,
+    TooLargeToPad,
+    bucket,
+    pad,
+    unpad,
+    unpad_tokens,
+)
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
 from batchstate._pools import Allocation, Pools, make_pools
 from batchstate._prefix_cache import PrefixCache
@@ -58,8 +77,11 @@ from batchstate._unwrap import UnwrapError, unwrap
 from batchstate._version import __version__
 
 __all__ = [
+    "FILL_FIELDS",
     "GREEDY",
+    "SGLANG_FILLS",
     "TRANSITIONS",
+    "VLLM_FILLS",
     "AllocError",
     "Allocation",
     "Batch",
@@ -80,6 +102,9 @@ __all__ = [
     "ExtendError",
     "Extended",
     "Filtered",
+    "ForwardInputs",
+    "ForwardInputsError",
+    "ForwardPhase",
     "FreeList",
     "Holder",
     "HostColumn",
@@ -97,6 +122,9 @@ __all__ = [
     "NotOwned",
     "OutOfKVTokens",
     "OutOfReqSlots",
+    "Padded",
+    "PaddedOutput",
+    "PaddingError",
     "PhaseError",
     "Pools",
     "PrefixCache",
@@ -115,11 +143,13 @@ __all__ = [
     "Step",
     "StillRunning",
     "TokenTable",
+    "TooLargeToPad",
     "Transition",
     "UnwrapError",
     "VerifyStep",
     "Verifying",
     "__version__",
+    "bucket",
     "build_columns",
     "cached_pools",
     "check_batch",
@@ -134,11 +164,13 @@ __all__ = [
     "filter_batch",
     "find_leaks",
     "follow",
+    "forward_inputs",
     "idle",
     "keep_indices",
     "make_pools",
     "merge",
     "mix",
+    "pad",
     "prebuilt",
     "read_sampled",
     "release",
@@ -146,6 +178,8 @@ __all__ = [
     "settle",
     "split",
     "sync",
+    "unpad",
+    "unpad_tokens",
     "unwrap",
     "verify",
 ]
