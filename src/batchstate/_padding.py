@@ -197,7 +197,7 @@ def bucket(sizes: Sequence[int], count: int) -> Result[int, TooLargeToPad]:
 def pad(
     inputs: ForwardInputs,
     sizes: Sequence[int],
-    fills: Mapping[str, int] = SGLANG_FILLS,
+    fills: Mapping[str, int] | None = None,
     *,
     at_least: int = 0,
 ) -> Result[Padded, TooLargeToPad]:
@@ -213,7 +213,7 @@ def pad(
     Args:
         inputs: an unpadded forward's inputs.
         sizes: the captured sizes, strictly increasing, each >= 1.
-        fills: a value for every name in `FILL_FIELDS` (SGLang's by default).
+        fills: a value for every name in `FILL_FIELDS`; None: `SGLANG_FILLS`.
         at_least: pad to at least this count: the largest data-parallel rank's.
 
     Returns:
@@ -233,6 +233,7 @@ def pad(
     >>> padded.inputs.num_rows, padded.inputs.seq_lens.host.tolist()
     (4, [3, 2, 1, 1])
     """
+    fills = SGLANG_FILLS if fills is None else fills
     _check_fills(fills)
     if not _is_int(at_least) or at_least < 0:
         raise PaddingError(f"at_least must be an int >= 0, got {at_least!r}")
