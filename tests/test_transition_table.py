@@ -367,9 +367,10 @@ def test_transition_row(
     if row.function is settle:
         caller = _call_settle if row.target is Filtered else _call_settle_held  # type: ignore[assignment]  # as above
     if row.function is forward_inputs and row.source in (Mixed, Verifying):
-        caller = (  # type: ignore[assignment]  # as above
+        window = (
             _call_forward_inputs_mixed if row.source is Mixed else _call_forward_inputs_verifying
         )
+        caller = window  # type: ignore[assignment]  # as above
     assert caller is not None, f"add a caller for {row.function.__name__} to CALLERS"
     result, after, outputs = caller(source, operand, pools)  # type: ignore[arg-type]  # as above
     live: list[Holder] = list(outputs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import final
+from typing import Any, final
 
 import attrs
 
@@ -54,6 +54,10 @@ class Summary:
     sampling: str = "greedy"  # the workload's sampling mix, and how many requests sampled
     prebuilt_requests: int = 0  # admitted with KV and first token from a prefill server
     prebuilt_steps: int = 0  # steps that admitted them; no forward (not extend, not decode)
+    cuda_graph_sizes: tuple[int, ...] = ()  # every forward padded to the next; () none
+    padded_rows_per_step: float = 0.0  # rows added by padding, per forward
+    padded_tokens_per_step: float = 0.0  # tokens added by padding, per forward
+    eager_forwards: int = 0  # forwards larger than every size, run unpadded
 
     @property
     def ok(self) -> bool:
@@ -116,7 +120,21 @@ def summarize(run: Simulation) -> Summary:
         sampling=_sampling_line(run),
         prebuilt_requests=trace.prebuilt_requests,
         prebuilt_steps=trace.prebuilt_steps,
+        **_padding(run),
     )
+
+
+def _padding(run: Simulation) -> dict[str, Any]:
+    feeder = run.feeder
+    if feeder is None or not feeder.sizes:
+        return {}
+    forwards = max(feeder.forwards, 1)
+    return {
+        "cuda_graph_sizes": feeder.sizes,
+        "padded_rows_per_step": feeder.padded_rows / forwards,
+        "padded_tokens_per_step": feeder.padded_tokens / forwards,
+        "eager_forwards": feeder.eager_forwards,
+    }
 
 
 def _sampling_line(run: Simulation) -> str:
@@ -187,12 +205,24 @@ def render_summary(summary: Summary) -> str:
             "prebuilt",
             f"{s.prebuilt_requests} requests arrived prefilled (KV and first token transferred)",
         ),
+        ("cuda graphs", _graphs_line(s)),
         ("oracle", s.oracle),
     )
     width = max(len(name) for name, _ in rows)
     lines = [f"{'batchstate simulate':<{width}}   {'OK' if s.ok else 'FAILED'}"]
     lines += [f"{name:<{width}}   {value}" for name, value in rows]
     return "\n".join(lines)
+
+
+def _graphs_line(s: Summary) -> str:
+    if not s.cuda_graph_sizes:
+        return "off: forwards run at their own sizes (see --cuda-graph-sizes)"
+    sizes = " ".join(map(str, s.cuda_graph_sizes))
+    return (
+        f"padded to sizes {sizes}: {s.padded_rows_per_step:.2f} rows and"
+        f" {s.padded_tokens_per_step:.2f} tokens added per forward;"
+        f" {s.eager_forwards} forwards over the largest size ran unpadded"
+    )
 
 
 def _cache_line(s: Summary) -> str:
