@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from batchstate import (
+    ForwardPhase,
     Pools,
     Req,
     decode,
@@ -81,7 +82,7 @@ def count(page_size: int) -> dict[str, dict[str, int]]:
     decoding, after = decode(running, pools).unwrap()
     extended, cached = extend(idle(meta), [Req(100, tuple(range(1, 70)))], pools).unwrap()
     mixed, mixed_pools = mix(running, [Req(200, tuple(range(1, 50)))], 32, pools, [1] * 8).unwrap()
-    cases = {
+    cases: dict[str, tuple[ForwardPhase[Any], Pools]] = {
         "decode": (decoding, after),
         "extend": (extended, cached),
         "mixed": (mixed, mixed_pools),
