@@ -451,7 +451,8 @@ def _add_engine_options(add: _Add) -> None:
         default=None,
         metavar="N",
         help="captured CUDA-graph sizes, increasing: every forward is padded to the next one"
-        " (tokens; rows for decode), on the CPU too; larger forwards run unpadded",
+        " (tokens; rows for decode), on the CPU too; larger forwards run unpadded"
+        " (default: none, no padding)",
     )
 
 
