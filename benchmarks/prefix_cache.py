@@ -30,7 +30,7 @@ def _best_us(work: Callable[[], object], repeats: int) -> float:
 def measure(cached_tokens: int, length: int, page_size: int, repeats: int) -> tuple[float, ...]:
     """(nodes, match µs, lock + unlock µs, insert µs) with `cached_tokens` tokens cached."""
     rng = random.Random(0)
-    cache, page = PrefixCache._empty(page_size, None), 1
+    cache, page = PrefixCache._empty(page_size), 1
     stored = []
     while cache.num_tokens < cached_tokens:
         tokens = tuple(rng.randrange(1, 32000) for _ in range(length))

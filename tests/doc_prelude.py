@@ -19,6 +19,7 @@ from batchstate import (
     Req,
     decode,
     extend,
+    forward_inputs,
     idle,
     make_pools,
     merge,
@@ -34,11 +35,15 @@ __all__ = [
     "arrivals",
     "batch",
     "decode",
+    "decoding",
     "device",
     "extend",
     "idle",
+    "input_ids",
+    "inputs",
     "keep",
     "merge",
+    "model",
     "pools",
     "release",
     "running",
@@ -59,6 +64,15 @@ batch = running
 keep = [1]  # the rows that go on after this step: request 0 finished
 arrivals = [Req(2, (1, 2, 3, 4))]  # requests that joined the waiting queue
 sampled = torch.tensor([11, 12])  # the last forward's sampled tokens (on the CPU here)
+# The running batch decoded once more: its forward's attention inputs, and its input ids.
+decoding, _ = unwrap(decode(running, pools))
+inputs = forward_inputs(decoding, pools.table, pools.page_size)
+input_ids = sampled
+
+
+def model(ids: torch.Tensor, inputs: object) -> torch.Tensor:
+    """A stand-in forward: a hidden state of 4 per input token."""
+    return torch.zeros(ids.shape[0], 4)
 
 
 class Scheduler:

@@ -10,6 +10,10 @@ The conventions a block follows:
   and in the built site). It runs in a fresh copy of the globals of
   tests/doc_prelude.py, which defines what fragments use (`device`,
   `pools`, `running`, ...); an unmarked block gets nothing.
+- A block that calls a library the project does not install (FlashInfer,
+  FA3) on a GPU is marked `<!-- fragment; needs: flashinfer, cuda -->`: it
+  runs as a fragment where each named module imports (`cuda`: where a CUDA
+  device is available), and is skipped, saying why, elsewhere.
 - The block's `assert`s are its checks: one that fails fails the test.
 - `print(x)  # text`: a print whose line ends in a comment claims that it
   prints `text`. A block that makes such a claim must print exactly its
@@ -27,10 +31,11 @@ from typing import Final
 
 import attrs
 import pytest
+import torch
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 PRELUDE: Final = Path(__file__).resolve().parent / "doc_prelude.py"
-FRAGMENT: Final = "<!-- fragment -->"
+FRAGMENT: Final = re.compile(r"^<!-- fragment(?:; needs: ([\w., ]+))? -->$")
 FENCE: Final = re.compile(r"^```(\S*)\s*$")
 CLAIM: Final = re.compile(r"^\s*print\(.*\)\s+# (.+)$")
 
@@ -44,6 +49,7 @@ class Block:
     language: str
     code: str
     fragment: bool
+    needs: tuple[str, ...] = ()  # modules (or `cuda`) it runs only with
 
     @property
     def name(self) -> str:
@@ -64,13 +70,17 @@ def read_blocks(path: Path, text: str) -> list[Block]:
             (i for i in range(index + 1, len(lines)) if lines[i].rstrip() == "```"), len(lines)
         )
         before = next((lines[i] for i in range(index - 1, -1, -1) if lines[i].strip()), "")
+        mark = FRAGMENT.match(before.strip())
         blocks.append(
             Block(
                 path=path,
                 line=index + 1,
                 language=opening.group(1),
                 code="\n".join(lines[index + 1 : end]) + "\n",
-                fragment=before.strip() == FRAGMENT,
+                fragment=mark is not None,
+                needs=tuple(n.strip() for n in (mark.group(1) or "").split(",") if n.strip())
+                if mark
+                else (),
             )
         )
         index = end + 1
@@ -105,8 +115,19 @@ def test_the_docs_have_python_blocks_and_fragments() -> None:
     assert not any(block.fragment for block in BLOCKS if block.language != "python")
 
 
+def _require(needs: tuple[str, ...]) -> None:
+    # Skip, saying why, where a library a block calls (or a CUDA device) is missing.
+    for need in needs:
+        if need == "cuda":
+            if not torch.cuda.is_available():
+                pytest.skip("needs a CUDA device")
+        else:
+            pytest.importorskip(need)
+
+
 @pytest.mark.parametrize("block", PYTHON, ids=lambda block: block.name)
 def test_python_block_runs_as_written(block: Block) -> None:
+    _require(block.needs)
     printed = run_block(block, with_prelude=block.fragment)
     promised = claims(block.code)
     if promised:
@@ -118,6 +139,7 @@ def test_python_block_runs_as_written(block: Block) -> None:
 )
 def test_a_fragment_needs_the_prelude(block: Block) -> None:
     """A block marked as a fragment does not run alone: the mark is not a way to skip it."""
+    _require(block.needs)
     with pytest.raises(NameError):
         run_block(block, with_prelude=False)
 
@@ -142,3 +164,7 @@ def test_blocks_are_read_with_their_language_and_mark() -> None:
         ("", False, "plain\n"),
     ]
     assert blocks[0].line == 4
+    needing = read_blocks(
+        ROOT / "docs" / "example.md", "<!-- fragment; needs: flashinfer, cuda -->\n```python\n```\n"
+    )
+    assert [(b.fragment, b.needs) for b in needing] == [(True, ("flashinfer", "cuda"))]

@@ -18,6 +18,7 @@ import pytest
 
 import batchstate
 import batchstate.audit
+import batchstate.backends
 import batchstate.cli
 import batchstate.engine
 from batchstate._render import render_transitions
@@ -26,7 +27,13 @@ DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
 README: Final = DOCS.parent / "README.md"
 REFERENCE: Final = DOCS / "reference"
 # The modules whose `__all__` the API reference documents.
-PUBLIC_MODULES: Final = (batchstate, batchstate.audit, batchstate.engine, batchstate.cli)
+PUBLIC_MODULES: Final = (
+    batchstate,
+    batchstate.audit,
+    batchstate.backends,
+    batchstate.engine,
+    batchstate.cli,
+)
 # A mkdocstrings directive: `::: batchstate.extend` on a line of its own.
 DIRECTIVE: Final = re.compile(r"^::: (\S+)$", re.M)
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from returns.result import Failure
 
 from batchstate import (
     TRANSITIONS,
@@ -17,12 +19,14 @@ from batchstate import (
     Decoding,
     Extended,
     Filtered,
+    ForwardInputs,
     Holder,
     Idle,
     Mixed,
     Pools,
     Req,
     Sampled,
+    TooLargeToPad,
     Transition,
     Verifying,
     check_batch,
@@ -32,9 +36,11 @@ from batchstate import (
     extend,
     filter_batch,
     find_leaks,
+    forward_inputs,
     idle,
     merge,
     mix,
+    pad,
     prebuilt,
     release,
     settle,
@@ -210,6 +216,62 @@ def _call_settle_held(
     return live[-1], pools, live
 
 
+def _call_forward_inputs(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    # The source is the record itself (a Filtered stands for Mixed, a Decoding for Verifying:
+    # see test_transition_row, whose window map builds them).
+    assert isinstance(source, Idle | Extended | Decoding)
+    inputs = forward_inputs(source, pools.table, pools.page_size)
+    _assert_inputs(inputs, source.rows.seq_lens.host.tolist())
+    return inputs, pools, [source]
+
+
+def _call_forward_inputs_mixed(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    mixed, pools, live = _call_mix(source, None, pools)
+    assert isinstance(mixed, Mixed)
+    inputs = forward_inputs(mixed, pools.table, pools.page_size)
+    _assert_inputs(inputs, mixed.rows.seq_lens.host.tolist())
+    return inputs, pools, live
+
+
+def _call_forward_inputs_verifying(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    assert isinstance(source, Decoding)
+    window, pools = verify(source, [2] * len(source.rows), pools).unwrap()
+    inputs = forward_inputs(window, pools.table, pools.page_size, slot_tokens=pools.slot_tokens)
+    _assert_inputs(inputs, [n + 2 for n in source.rows.seq_lens.host.tolist()])
+    return inputs, pools, [window]
+
+
+def _assert_inputs(inputs: ForwardInputs, seq_lens: list[int]) -> None:
+    assert inputs.seq_lens.host.tolist() == seq_lens
+    assert (
+        inputs.kv_indices.device.tolist()
+        == inputs.page_table.device.reshape(-1)[
+            [
+                row * inputs.page_table.device.shape[1] + page
+                for row, count in enumerate(np.diff(inputs.kv_indptr.host).tolist())
+                for page in range(count)
+            ]
+        ].tolist()
+    )
+
+
+def _call_pad(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
+    assert isinstance(source, Decoding)
+    inputs = forward_inputs(source, pools.table, pools.page_size)
+    padded = pad(inputs, [1, 2, 4, 8, 16]).unwrap()
+    assert padded.num_real_rows == len(source.rows) <= padded.inputs.num_rows
+    if len(source.rows) > 1:  # larger than every size: a Failure, nothing padded
+        largest = len(source.rows) - 1
+        assert pad(inputs, [largest]) == Failure(TooLargeToPad(len(source.rows), largest))
+    return padded, pools, [source]
+
+
 CALLERS: dict[Callable[..., object], Caller] = {
     idle: _call_idle,
     extend: _call_extend,
@@ -222,6 +284,8 @@ CALLERS: dict[Callable[..., object], Caller] = {
     sync: _call_sync,
     mix: _call_mix,  # type: ignore[dict-item]  # its records are not all Batch
     decode_sampled: _call_decode_sampled,  # type: ignore[dict-item]  # as above
+    forward_inputs: _call_forward_inputs,  # type: ignore[dict-item]  # as above
+    pad: _call_pad,  # type: ignore[dict-item]  # as above
 }
 
 
@@ -270,7 +334,7 @@ def test_transition_row(  # noqa: PLR0917  # pytest passes every parameter by na
     pools = make_test_pools(page_size, prefix_cache=cache)
     # make_phase builds mirrored phases only: sync's caller opens its window from a Decoding,
     # settle's mixes one from a Filtered.
-    windows = {Verifying: Decoding, Mixed: Filtered}
+    windows = {Verifying: Decoding, Mixed: Filtered, ForwardInputs: Decoding}
     phase = windows.get(row.source, row.source) if row.source is not None else None
     source, pools = (
         make_phase(phase, pools, source_lengths, probe=probe) if phase else (None, pools)
@@ -286,6 +350,11 @@ def test_transition_row(  # noqa: PLR0917  # pytest passes every parameter by na
     caller = CALLERS.get(row.function)
     if row.function is settle:
         caller = _call_settle if row.target is Filtered else _call_settle_held  # type: ignore[assignment]  # as above
+    if row.function is forward_inputs and row.source in (Mixed, Verifying):
+        window = (
+            _call_forward_inputs_mixed if row.source is Mixed else _call_forward_inputs_verifying
+        )
+        caller = window  # type: ignore[assignment]  # as above
     assert caller is not None, f"add a caller for {row.function.__name__} to CALLERS"
     result, after, outputs = caller(source, operand, pools)  # type: ignore[arg-type]  # as above
     live: list[Holder] = list(outputs)

@@ -10,13 +10,18 @@ verify and sync) twice: on the CPU, and on CUDA under
 `batchstate.audit.device_reads`. Only `sync`'s read is permitted (it lifts
 the debug mode for itself). It then compares the host side of both runs
 after every transition, compares the final device tensors with their
-mirrors, and prints a short report. Exit status 1 if anything differs or
-raised.
+mirrors, and prints a short report. On CUDA it then pads a decode forward
+to each of the sizes 1, 2, 4 and 8, captures one CUDA graph per size of
+paged SDPA attention over the padded inputs, and checks that its replay
+equals the eager run; FlashInfer's decode and FA3's `flash_attn_with_kvcache`
+run on the same inputs when they are installed (each says so when not).
+Exit status 1 if anything differs or raised.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -31,8 +36,23 @@ if __package__ in (None, ""):  # run as a script: make `tools` and `benchmarks` 
 
 from benchmarks.counting import count_device_work
 
-from batchstate import Batch, Pools, check_batch, check_pools
+from batchstate import (
+    Batch,
+    ForwardInputs,
+    Pools,
+    Req,
+    check_batch,
+    check_pools,
+    decode,
+    extend,
+    forward_inputs,
+    idle,
+    make_pools,
+    pad,
+    unpad,
+)
 from batchstate.audit import device_reads
+from batchstate.backends import fa3_args, flashinfer_decode_plan, sdpa_attention
 from tools.decode_loop import LoopConfig, Snapshot, run_loop, scripted_accept
 
 __all__ = ["main"]
@@ -58,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for page_size in _PAGE_SIZES:
         config = LoopConfig(page_size=page_size, num_steps=args.steps, draft_every=3)
         ok = _check(device, config) and ok
+    if device.type == "cuda":
+        ok = _check_forward(device) and ok
     print("gpu_check: OK" if ok else "gpu_check: FAILED")
     return 0 if ok else 1
 
@@ -102,6 +124,74 @@ def _check(device: torch.device, config: LoopConfig) -> bool:
     # Every sync reads once from a real device; on the CPU nothing is a device read.
     expected_reads = 0 if device.type == "cpu" else syncs
     return mismatch is None and report.count == expected_reads and not report.forbidden
+
+
+def _check_forward(device: torch.device) -> bool:
+    # Padded decode forwards replayed from one CUDA graph per size, then FlashInfer and FA3
+    # (when installed) fed the same inputs, each against torch SDPA on the same cache.
+    ok = True
+    heads, dim, page_size = 4, 64, 16
+    for size in (1, 2, 4, 8):
+        pools = make_pools(size, 256, 64 * 64, device, page_size)
+        reqs = [Req(rid, tuple(range(1, 20 + 7 * rid))) for rid in range(max(size - 1, 1))]
+        extended, pools = extend(idle(device), reqs, pools).unwrap()
+        decoding, pools = decode(extended, pools).unwrap()
+        padded = pad(forward_inputs(decoding, pools.table, page_size), [size]).unwrap()
+        inputs = padded.inputs
+        generator = torch.Generator(device=device).manual_seed(size)
+        k = torch.randn(pools.kv_cache_size, heads, dim, device=device, generator=generator)
+        v = torch.randn(pools.kv_cache_size, heads, dim, device=device, generator=generator)
+        q = torch.randn(inputs.num_tokens, heads, dim, device=device, generator=generator)
+        eager = sdpa_attention(inputs, q, k, v)
+        graph = torch.cuda.CUDAGraph()
+        static_q = q.clone()
+        with torch.cuda.graph(graph):
+            static_out = sdpa_attention(inputs, static_q, k, v)
+        static_q.copy_(q)
+        graph.replay()
+        replayed = unpad(padded.wrap(static_out))
+        same = bool(torch.equal(replayed, unpad(padded.wrap(eager))))
+        line = f"  cuda graph, decode size {size}: replay equals eager: {same}"
+        for name, run in _backends(inputs, q, k, v, page_size).items():
+            error = float((run - eager)[: padded.num_real_tokens].abs().max())
+            line += f"; {name} max error {error:.2e}"
+            same = same and error < 1e-2
+        print(line)
+        ok = ok and same
+    return ok
+
+
+def _backends(
+    inputs: ForwardInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, page_size: int
+) -> dict[str, torch.Tensor]:
+    # Each installed backend's output on the same inputs; absent ones are left out.
+    runs: dict[str, torch.Tensor] = {}
+    pages_k = k.view(-1, page_size, *k.shape[1:]).half()
+    pages_v = v.view(-1, page_size, *v.shape[1:]).half()
+    try:
+        flashinfer = importlib.import_module("flashinfer")  # optional: GPU machines only
+    except ImportError:
+        print("  flashinfer: not installed")
+    else:
+        workspace = torch.empty(128 << 20, dtype=torch.uint8, device=q.device)
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+        wrapper.plan(
+            **flashinfer_decode_plan(inputs),
+            num_qo_heads=q.shape[1],
+            num_kv_heads=k.shape[1],
+            head_dim=q.shape[2],
+            q_data_type=torch.float16,
+        )
+        runs["flashinfer"] = wrapper.run(q.half(), (pages_k, pages_v)).float()
+    try:
+        fa3 = importlib.import_module("flash_attn_interface")  # as above
+    except ImportError:
+        print("  fa3: not installed")
+    else:
+        runs["fa3"] = fa3.flash_attn_with_kvcache(
+            q.half(), pages_k, pages_v, causal=True, **fa3_args(inputs)
+        ).float()
+    return runs
 
 
 def _work_per_step(device: torch.device, config: LoopConfig, seconds: float) -> str:

@@ -33,6 +33,12 @@ from batchstate._errors import (
 )
 from batchstate._extend import ExtendError, extend, idle, prebuilt
 from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
+from batchstate._forward_inputs import (
+    ForwardInputs,
+    ForwardInputsError,
+    ForwardPhase,
+    forward_inputs,
+)
 from batchstate._free_list import FreeList
 from batchstate._invariants import check_batch, check_pools
 from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
@@ -40,6 +46,19 @@ from batchstate._merge import merge
 from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._mix import MixError, decode_sampled, mix
 from batchstate._mixed import Mixed, MixStep, Settled, settle
+from batchstate._padding import (
+    FILL_FIELDS,
+    SGLANG_FILLS,
+    VLLM_FILLS,
+    Padded,
+    PaddedOutput,
+    PaddingError,
+    TooLargeToPad,
+    bucket,
+    pad,
+    unpad,
+    unpad_tokens,
+)
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
 from batchstate._pools import Allocation, Pools, flush, make_pools
 from batchstate._prefix_cache import PrefixCache
@@ -54,8 +73,11 @@ from batchstate._unwrap import UnwrapError, unwrap
 from batchstate._version import __version__
 
 __all__ = [
+    "FILL_FIELDS",
     "GREEDY",
+    "SGLANG_FILLS",
     "TRANSITIONS",
+    "VLLM_FILLS",
     "AllocError",
     "Allocation",
     "Batch",
@@ -74,6 +96,9 @@ __all__ = [
     "ExtendError",
     "Extended",
     "Filtered",
+    "ForwardInputs",
+    "ForwardInputsError",
+    "ForwardPhase",
     "FreeList",
     "Holder",
     "HostColumn",
@@ -91,6 +116,9 @@ __all__ = [
     "NotOwned",
     "OutOfKVTokens",
     "OutOfReqSlots",
+    "Padded",
+    "PaddedOutput",
+    "PaddingError",
     "PhaseError",
     "Pools",
     "PrefixCache",
@@ -108,11 +136,13 @@ __all__ = [
     "Step",
     "StillRunning",
     "TokenTable",
+    "TooLargeToPad",
     "Transition",
     "UnwrapError",
     "VerifyStep",
     "Verifying",
     "__version__",
+    "bucket",
     "build_columns",
     "check_batch",
     "check_leaks",
@@ -124,18 +154,22 @@ __all__ = [
     "find_leaks",
     "flush",
     "follow",
+    "forward_inputs",
     "idle",
     "join_sampled",
     "keep_indices",
     "make_pools",
     "merge",
     "mix",
+    "pad",
     "prebuilt",
     "read_sampled",
     "release",
     "settle",
     "split",
     "sync",
+    "unpad",
+    "unpad_tokens",
     "unwrap",
     "verify",
 ]

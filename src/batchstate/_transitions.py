@@ -24,9 +24,11 @@ from batchstate._errors import (
 )
 from batchstate._extend import extend, idle, prebuilt
 from batchstate._filter import filter_batch, split
+from batchstate._forward_inputs import ForwardInputs, ForwardInputsError, forward_inputs
 from batchstate._merge import merge
 from batchstate._mix import decode_sampled, mix
 from batchstate._mixed import Mixed, settle
+from batchstate._padding import Padded, PaddingError, TooLargeToPad, pad
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 from batchstate._speculative import Verifying, sync, verify
 
@@ -130,4 +132,16 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     # After a mixed forward: the running rows, and a Chunked per prompt that goes on.
     Transition(Mixed, settle, Filtered),
     Transition(Mixed, settle, Chunked),
+    # What a forward consumes: derived from any record that runs one, then padded to a
+    # captured CUDA-graph size. Neither changes the record or the pools.
+    *(
+        Transition(
+            source,
+            forward_inputs,
+            ForwardInputs,
+            raises=(ForwardInputsError, BatchConflict),  # bad page size or slot tokens; devices
+        )
+        for source in (Idle, Extended, Decoding, Mixed, Verifying)
+    ),
+    Transition(ForwardInputs, pad, Padded, failures=(TooLargeToPad,), raises=(PaddingError,)),
 )

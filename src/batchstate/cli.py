@@ -90,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dp = _data_parallel(args)
         if dp is not None:
             dp.validate(config)
+            if config.cuda_graph_sizes:
+                raise ValueError("--cuda-graph-sizes pads one process's forwards: not with --dp")
         if args.plot is not None:
             if dp is not None:
                 raise ValueError("--plot draws one process's run: it does not take --dp")
@@ -250,6 +252,7 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         device=args.device,
         oracle=not args.no_oracle,
         prefix_cache=not args.no_prefix_cache,
+        cuda_graph_sizes=tuple(args.cuda_graph_sizes or ()),
     )
 
 
@@ -452,6 +455,16 @@ def _add_engine_options(add: _Add) -> None:
         help="draft K tokens per decode step with a draft model (the target's first layer) and"
         " verify them with the target; 0: no speculation. A speculative step reads its tokens"
         " before the next is built, so overlap has no effect on it",
+    )
+    add(
+        "--cuda-graph-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="captured CUDA-graph sizes, increasing: every forward is padded to the next one"
+        " (tokens; rows for decode), on the CPU too; larger forwards run unpadded"
+        " (default: none, no padding)",
     )
 
 

@@ -16,6 +16,7 @@ takes part in every step. See docs/distributed.md.
 from batchstate.engine._admission import Budget, choose, reserve
 from batchstate.engine._data_parallel import DataParallelConfig, DataParallelRun, RankRun
 from batchstate.engine._engine import Engine, EngineConfig, EngineError
+from batchstate.engine._feeder import Feeder
 from batchstate.engine._launch import RankFailed, launch
 from batchstate.engine._model import Attend, ModelConfig, TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
@@ -56,6 +57,7 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "Fault",
+    "Feeder",
     "InjectedFault",
     "KVCache",
     "ModelConfig",

@@ -1,10 +1,13 @@
-"""A paged KV cache, and attention that reads it only through the batch's metadata.
+"""A paged KV cache, and attention that reads it only through the forward's inputs.
 
-Every location the model reads or writes comes from the batch: new K/V go
-to `out_cache_loc`, and row `i` reads keys at
-`table[req_pool_indices[i], 0:seq_lens[i]]`. Positions (and so rotary
-angles and the causal mask) come from the device `seq_lens`. A wrong value
-in any of them changes the tokens, which is what the oracle catches.
+Every location the model reads or writes comes from the batch's
+`ForwardInputs`, as a paged attention kernel takes them: new K/V go to
+`out_cache_loc`, row `i` reads its keys from the pages
+`kv_indices[kv_indptr[i]:kv_indptr[i + 1]]` (the last holding
+`kv_last_page_len[i]` tokens), queries are laid out by `qo_indptr`, and
+rotary angles come from `positions`. A wrong value in any of them changes
+the tokens, which is what the oracle catches; padded to a captured size,
+the padded rows' outputs are dropped by `unpad` before sampling.
 """
 
 from __future__ import annotations
@@ -13,10 +16,23 @@ import math
 from typing import Any, final
 
 import attrs
-import numpy as np
 import torch
 
-from batchstate import Decoding, Extended, Filtered, Idle, Mixed, Pools, Rows, Sampling
+from batchstate import (
+    Decoding,
+    Extended,
+    Filtered,
+    ForwardInputs,
+    Idle,
+    Mixed,
+    Padded,
+    Pools,
+    Rows,
+    Sampling,
+    forward_inputs,
+    unpad,
+)
+from batchstate.engine._feeder import Feeder
 from batchstate.engine._model import FeedForward, TinyModel
 
 __all__ = [
@@ -60,41 +76,23 @@ def sample_extend(
     pools: Pools,
     *,
     feed_forward: FeedForward | None = None,
+    feeder: Feeder | None = None,
 ) -> torch.Tensor:
     """Run an extend forward and return each row's next token.
 
     Writes K/V of every extend token at `batch.out_cache_loc` (mutates `cache`).
     Rows sample with their `Sampling` columns when the batch carries them,
-    greedily otherwise. `feed_forward` runs the MLPs (None: `TinyModel.mlp`).
+    greedily otherwise. `feed_forward` runs the MLPs (None: `TinyModel.mlp`);
+    `feeder` builds the forward's inputs (and pads them; None: unpadded).
 
     Returns:
         device int64 `[num_reqs]`: the token after each row's last input id.
     """
-    extend_lens = torch.tensor(batch.extend_lens, dtype=torch.int64)  # host-only field
-    num_tokens = batch.extend_num_tokens
-    rows_of_tokens = torch.repeat_interleave(torch.arange(len(extend_lens)), extend_lens)
-    cols = torch.arange(num_tokens) - (torch.cumsum(extend_lens, 0) - extend_lens)[rows_of_tokens]
-    device = model.device
-    # Host layout (from host-only extend_lens) copied once; positions come from the device seq_lens.
-    layout = torch.stack((rows_of_tokens, cols, extend_lens[rows_of_tokens])).to(device)
-    row, col, extend_len = layout.unbind()
-    positions = batch.rows.seq_lens.device[row] - extend_len + col
-    hidden = _forward(
-        model,
-        cache,
-        pools.table.device,
-        batch.rows,
-        input_ids=batch.input_ids.device,
-        positions=positions,
-        out_cache_loc=batch.out_cache_loc.device,
-        query_layout=(row, col, max(batch.extend_lens, default=0)),
-        feed_forward=feed_forward,
-    )
-    last = (torch.cumsum(extend_lens, 0) - 1).to(device)
-    return model.sample(hidden[last], _sampling(batch.rows), batch.rows.seq_lens.host)
+    hidden = _run(model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward)
+    return model.sample(hidden, _sampling(batch.rows), batch.rows.seq_lens.host)
 
 
-def sample_decode(
+def sample_decode(  # the forward's own inputs, then the model's
     model: TinyModel,
     cache: KVCache,
     batch: Decoding[Any],
@@ -102,6 +100,7 @@ def sample_decode(
     input_ids: torch.Tensor,
     *,
     feed_forward: FeedForward | None = None,
+    feeder: Feeder | None = None,
 ) -> torch.Tensor:
     """Run a decode forward of one token per row and return each row's next token.
 
@@ -112,28 +111,16 @@ def sample_decode(
         pools: the pools whose table `batch` was decoded against.
         input_ids: device int64 `[num_reqs]`, each row's last sampled token.
         feed_forward: runs the MLPs (None: `TinyModel.mlp`).
+        feeder: builds the forward's inputs, and pads them (None: unpadded).
 
     Returns:
         device int64 `[num_reqs]`. Writes K/V at `batch.out_cache_loc` (mutates `cache`).
     """
-    rows = batch.rows
-    row = torch.arange(len(rows), device=model.device)
-    positions = rows.seq_lens.device - 1
-    hidden = _forward(
-        model,
-        cache,
-        pools.table.device,
-        rows,
-        input_ids=input_ids,
-        positions=positions,
-        out_cache_loc=batch.out_cache_loc.device,
-        query_layout=(row, torch.zeros_like(row), 1),
-        feed_forward=feed_forward,
-    )
-    return model.sample(hidden, _sampling(rows), rows.seq_lens.host)
+    hidden = _run(model, cache, _inputs(feeder, batch, pools), input_ids, feed_forward)
+    return model.sample(hidden, _sampling(batch.rows), batch.rows.seq_lens.host)
 
 
-def sample_mixed(
+def sample_mixed(  # as above
     model: TinyModel,
     cache: KVCache,
     batch: Mixed[Sampling],
@@ -141,44 +128,24 @@ def sample_mixed(
     sampling: Sampling | None = None,
     *,
     feed_forward: FeedForward | None = None,
+    feeder: Feeder | None = None,
 ) -> torch.Tensor:
     """Run one forward over a mixed batch (chunks, prompts, decode rows) and sample every row.
 
     `sampling`: the batch's own `Sampling` columns, or None when every row
-    is greedy (the argmax path). `feed_forward` runs the MLPs (None: `TinyModel.mlp`).
+    is greedy (the argmax path). `feed_forward` runs the MLPs (None:
+    `TinyModel.mlp`); `feeder` builds the inputs and pads them (None: unpadded).
 
-    Input ids, positions and KV locations all come from the record, so the
-    decode rows' tokens may still be device-only. Writes K/V at
-    `batch.out_cache_loc` (mutates `cache`).
+    Input ids and KV locations come from the record, so the decode rows'
+    tokens may still be device-only. Writes K/V at `batch.out_cache_loc`
+    (mutates `cache`).
 
     Returns:
         device int64 `[num_reqs]`: each row's token after its last computed
         token (meaningless for `batch.partial` rows).
     """
-    extend_lens = batch.extend_lens  # host-only layout: one ragged run per row
-    token_rows = np.repeat(np.arange(extend_lens.shape[0]), extend_lens)
-    cols = np.arange(batch.num_tokens) - (np.cumsum(extend_lens) - extend_lens)[token_rows]
-    # One host-to-device copy: each token's (row, column), then each row's last token.
-    packed = np.concatenate((token_rows, cols, batch.sample_index)).astype(np.int64)
-    layout = torch.from_numpy(packed).to(model.device)
-    num_tokens = batch.num_tokens
-    row, col, last = (
-        layout[:num_tokens],
-        layout[num_tokens : 2 * num_tokens],
-        layout[2 * num_tokens :],
-    )
-    hidden = _forward(
-        model,
-        cache,
-        pools.table.device,
-        batch.rows,
-        input_ids=batch.input_ids.device,
-        positions=batch.positions.device,
-        out_cache_loc=batch.out_cache_loc.device,
-        query_layout=(row, col, int(extend_lens.max()) if extend_lens.shape[0] else 0),
-        feed_forward=feed_forward,
-    )
-    return model.sample(hidden[last], sampling, batch.rows.seq_lens.host)
+    hidden = _run(model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward)
+    return model.sample(hidden, sampling, batch.rows.seq_lens.host)
 
 
 def write_prefilled(
@@ -210,42 +177,84 @@ def _sampling(rows: Rows[Any]) -> Sampling | None:
     return columns if isinstance(columns, Sampling) else None
 
 
+def _inputs(
+    feeder: Feeder | None,
+    batch: Extended[Any] | Decoding[Any] | Mixed[Any],
+    pools: Pools,
+) -> ForwardInputs | Padded:
+    if feeder is None:
+        return forward_inputs(batch, pools.table, pools.page_size)
+    return feeder.inputs(batch, pools)
+
+
+def _run(
+    model: TinyModel,
+    cache: KVCache,
+    inputs: ForwardInputs | Padded,
+    input_ids: torch.Tensor,
+    feed_forward: FeedForward | None,
+) -> torch.Tensor:
+    # The hidden state at each real row's last token: what sampling takes.
+    if isinstance(inputs, Padded):
+        ids = inputs.pad_tokens(input_ids)
+        return unpad(inputs.run(lambda padded: _forward(model, cache, padded, ids, feed_forward)))
+    hidden = _forward(model, cache, inputs, input_ids, feed_forward)
+    return hidden.index_select(0, inputs.sample_index.device)
+
+
 def _forward(
     model: TinyModel,
     cache: KVCache,
-    table: torch.Tensor,
-    rows: Rows[Any],
-    *,
+    inputs: ForwardInputs,
     input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    query_layout: tuple[torch.Tensor, torch.Tensor, int],
     feed_forward: FeedForward | None,
 ) -> torch.Tensor:
-    # Queries are laid out padded, [num_reqs, max_query_len]: token t sits at (row[t], col[t]).
-    row, col, max_query_len = query_layout
-    num_reqs, max_seq_len = len(rows), rows.max_seq_len
-    # The table's columns past a row's length are stale or padding: the mask drops them.
-    key_locs = table[rows.req_pool_indices.device, :max_seq_len].to(torch.int64)
-    key_positions = torch.arange(max_seq_len, device=model.device)
-    query_positions = positions.new_zeros(num_reqs, max_query_len)
-    query_positions[row, col] = positions
-    visible = key_positions[None, None, :] <= query_positions[:, :, None]
-    visible &= key_positions[None, None, :] < rows.seq_lens.device[:, None, None]
+    # Paged attention as a kernel consumes it: queries by `qo_indptr`, keys from the pages
+    # `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`, the last holding `kv_last_page_len[b]`
+    # tokens, and FlashInfer's causal rule (query i of a row sees keys <= kv - qo + i).
+    # Positions feed the rotary angles. Nothing else of the batch is read.
+    device, page_size = model.device, inputs.page_size
+    num_rows, max_q, max_kv = inputs.num_rows, inputs.max_q_len, inputs.max_kv_len
+    row_tokens = int(inputs.qo_indptr.host[-1])  # tokens padded past it belong to no row
+    qo = inputs.qo_indptr.device.to(torch.int64)
+    kv_indptr = inputs.kv_indptr.device.to(torch.int64)
+    q_lens = qo[1:] - qo[:-1]
+    kv_lens = ((kv_indptr[1:] - kv_indptr[:-1] - 1) * page_size).clamp(min=0)
+    kv_lens = kv_lens + inputs.kv_last_page_len.device.to(torch.int64)
+    token = torch.arange(row_tokens, device=device)
+    row = torch.searchsorted(qo[1:], token, right=True)
+    col = token - qo[row]
+    key = torch.arange(max_kv, device=device)
+    # Each key's page, clamped for rows shorter than the longest (the mask drops those keys).
+    page_at = (kv_indptr[:-1, None] + key[None, :] // page_size).clamp(
+        max=max(inputs.num_pages - 1, 0)
+    )
+    pages = inputs.kv_indices.device.to(torch.int64)
+    key_locs = (
+        pages[page_at] * page_size + key[None, :] % page_size
+        if inputs.num_pages
+        else page_at.new_zeros(num_rows, max_kv)
+    )
+    query = torch.arange(max_q, device=device)
+    limit = (kv_lens - q_lens)[:, None] + query[None, :]  # [rows, max_q]: last key each sees
+    visible = key[None, None, :] <= limit[:, :, None]
+    visible &= key[None, None, :] < kv_lens[:, None, None]
+    locs = inputs.out_cache_loc.device
     scale = 1.0 / math.sqrt(model.config.head_dim)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        cache.k[layer, out_cache_loc] = k
-        cache.v[layer, out_cache_loc] = v
+        cache.k[layer, locs] = k
+        cache.v[layer, locs] = v
         keys, values = cache.k[layer, key_locs], cache.v[layer, key_locs]  # [b, keys, h, d]
-        queries = q.new_zeros(num_reqs, max_query_len, *q.shape[1:])
-        queries[row, col] = q
+        queries = q.new_zeros(num_rows, max_q, *q.shape[1:])
+        queries[row, col] = q[:row_tokens]
         scores = torch.einsum("bqhd,bkhd->bhqk", queries, keys) * scale
         scores = scores.masked_fill(~visible[:, None], -torch.inf)
-        out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values)
-        return out[row, col]
+        out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values)[row, col]
+        rowless = q.shape[0] - row_tokens
+        return torch.cat((out, out.new_zeros(rowless, *out.shape[1:]))) if rowless else out
 
-    return model.hidden(input_ids, positions, attend, feed_forward)
+    return model.hidden(input_ids, inputs.positions.device, attend, feed_forward)
 
 
 def forward_idle(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import final
+from typing import Any, final
 
 import attrs
 
@@ -58,6 +58,10 @@ class Summary:
     speculative_steps: int = 0  # decode steps that verified drafts
     drafted_tokens: int = 0
     accepted_drafts: int = 0
+    cuda_graph_sizes: tuple[int, ...] = ()  # every forward padded to the next; () none
+    padded_rows_per_step: float = 0.0  # rows added by padding, per forward
+    padded_tokens_per_step: float = 0.0  # tokens added by padding, per forward
+    eager_forwards: int = 0  # forwards larger than every size, run unpadded
 
     @property
     def ok(self) -> bool:
@@ -124,7 +128,21 @@ def summarize(run: Simulation) -> Summary:
         speculative_steps=trace.speculative_steps,
         drafted_tokens=trace.drafted_tokens,
         accepted_drafts=trace.accepted_drafts,
+        **_padding(run),
     )
+
+
+def _padding(run: Simulation) -> dict[str, Any]:
+    feeder = run.feeder
+    if feeder is None or not feeder.sizes:
+        return {}
+    forwards = max(feeder.forwards, 1)
+    return {
+        "cuda_graph_sizes": feeder.sizes,
+        "padded_rows_per_step": feeder.padded_rows / forwards,
+        "padded_tokens_per_step": feeder.padded_tokens / forwards,
+        "eager_forwards": feeder.eager_forwards,
+    }
 
 
 def _sampling_line(run: Simulation) -> str:
@@ -196,12 +214,24 @@ def render_summary(summary: Summary) -> str:
             f"{s.prebuilt_requests} requests arrived prefilled (KV and first token transferred)",
         ),
         ("speculative", _speculative_line(s)),
+        ("cuda graphs", _graphs_line(s)),
         ("oracle", s.oracle),
     )
     width = max(len(name) for name, _ in rows)
     lines = [f"{'batchstate simulate':<{width}}   {'OK' if s.ok else 'FAILED'}"]
     lines += [f"{name:<{width}}   {value}" for name, value in rows]
     return "\n".join(lines)
+
+
+def _graphs_line(s: Summary) -> str:
+    if not s.cuda_graph_sizes:
+        return "off: forwards run at their own sizes (see --cuda-graph-sizes)"
+    sizes = " ".join(map(str, s.cuda_graph_sizes))
+    return (
+        f"padded to sizes {sizes}: {s.padded_rows_per_step:.2f} rows and"
+        f" {s.padded_tokens_per_step:.2f} tokens added per forward;"
+        f" {s.eager_forwards} forwards over the largest size ran unpadded"
+    )
 
 
 def _cache_line(s: Summary) -> str:

@@ -9,8 +9,9 @@ from typing import final
 import attrs
 import torch
 
-from batchstate import Pools, make_pools
+from batchstate import PaddingError, Pools, bucket, make_pools
 from batchstate.engine._engine import Engine, EngineConfig
+from batchstate.engine._feeder import Feeder
 from batchstate.engine._model import ModelConfig, TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
 from batchstate.engine._paged import make_kv_cache
@@ -48,6 +49,9 @@ class SimulationConfig:
     device: str = "cpu"
     oracle: bool = True  # ignored on meta, which runs no model
     prefix_cache: bool = True  # share KV of common prefixes, when the workload has any
+    # Captured CUDA-graph sizes (tokens; rows for decode): every forward is padded to the
+    # next one, on every device; () pads nothing.
+    cuda_graph_sizes: tuple[int, ...] = ()
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -132,6 +136,7 @@ class SimulationConfig:
             )
         if self.workload.vocab_size != self.model.vocab_size:
             raise ValueError("the workload and the model must share a vocabulary size")
+        _check_graph_sizes(self.cuda_graph_sizes)
 
 
 @final
@@ -149,6 +154,7 @@ class Simulation:
     oracle: OracleResult | None  # None: not run (meta, or switched off)
     oracle_s: float | None  # None: the oracle did not run
     reads_measured: bool  # False when no step was audited
+    feeder: Feeder | None = None  # each forward's inputs and padding, counted; None: not built
 
     @property
     def pools_conserved(self) -> bool:
@@ -192,11 +198,14 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
     pools = config.make_pools(device)
     source: TokenSource
     model = None
+    feeder = Feeder(config.cuda_graph_sizes)
     if device.type == "meta":
-        source = RandomTokens(config.workload.vocab_size, config.workload.seed)
+        # Without padding, meta builds no forward inputs: it runs no model to feed.
+        fed = feeder if config.cuda_graph_sizes else None
+        source = RandomTokens(config.workload.vocab_size, config.workload.seed, fed)
     else:
         model = make_model(config.model, device)
-        source = ModelTokens(model, make_kv_cache(model, pools))
+        source = ModelTokens(model, make_kv_cache(model, pools), feeder=feeder)
     warm_up(device, model)
     counter = read_counter()
     engine = Engine(config.engine_config, specs, pools, source, counter)
@@ -231,7 +240,16 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
         oracle,
         oracle_s,
         engine.trace.num_audited > 0,
+        feeder if feeder.forwards else None,
     )
+
+
+def _check_graph_sizes(sizes: tuple[int, ...]) -> None:
+    if sizes:
+        try:
+            bucket(sizes, 1)
+        except PaddingError as error:
+            raise ValueError(f"--cuda-graph-sizes: {error}") from None
 
 
 def _quiet(phase: str, done: int, total: int) -> None:

@@ -24,6 +24,7 @@ from batchstate import (
     read_sampled,
 )
 from batchstate.engine._alone import prefill_alone
+from batchstate.engine._feeder import Feeder
 from batchstate.engine._model import FeedForward, TinyModel
 from batchstate.engine._paged import (
     KVCache,
@@ -116,17 +117,19 @@ class ModelTokens:
         cache: KVCache,
         feed_forward: FeedForward | None = None,
         drafter: TinyModel | None = None,
+        feeder: Feeder | None = None,
     ) -> None:
         self.model = model
         self.cache = cache
         self.feed_forward = feed_forward  # runs each layer's MLP; None: the model's own
         # Speculative decoding's draft model: by default the target's first layer.
         self.drafter = draft_model(model) if drafter is None else drafter
+        self.feeder = Feeder() if feeder is None else feeder  # each forward's inputs, padded
 
     def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         """Run the extend forward (writes the cache) and read the sampled tokens."""
         tokens: list[int] = sample_extend(
-            self.model, self.cache, batch, pools, feed_forward=self.feed_forward
+            self.model, self.cache, batch, pools, feed_forward=self.feed_forward, feeder=self.feeder
         ).tolist()
         return tokens
 
@@ -136,7 +139,13 @@ class ModelTokens:
         """Run the decode forward (writes the cache) and read the sampled tokens."""
         input_ids = torch.tensor(last_tokens, dtype=torch.int64).to(self.model.device)
         tokens: list[int] = sample_decode(
-            self.model, self.cache, batch, pools, input_ids, feed_forward=self.feed_forward
+            self.model,
+            self.cache,
+            batch,
+            pools,
+            input_ids,
+            feed_forward=self.feed_forward,
+            feeder=self.feeder,
         ).tolist()
         return tokens
 
@@ -145,7 +154,13 @@ class ModelTokens:
     ) -> Sampled:
         """Run the mixed forward (writes the cache); the sampled tokens stay on the device."""
         tokens = sample_mixed(
-            self.model, self.cache, batch, pools, sampling, feed_forward=self.feed_forward
+            self.model,
+            self.cache,
+            batch,
+            pools,
+            sampling,
+            feed_forward=self.feed_forward,
+            feeder=self.feeder,
         )
         return Sampled.of(batch.rows, tokens)
 
@@ -217,24 +232,29 @@ class ModelTokens:
 class RandomTokens:
     """Tokens drawn from a seeded host RNG: no model, no device work (the `meta` run)."""
 
-    def __init__(self, vocab_size: int, seed: int) -> None:
+    def __init__(self, vocab_size: int, seed: int, feeder: Feeder | None = None) -> None:
         self.vocab_size = vocab_size
         self.rng = random.Random(seed)
+        # With one, each forward's inputs are built (and padded) as a model's would be.
+        self.feeder = feeder
 
     def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         """One random token per row (sampling parameters play no part)."""
+        self._inputs(batch, pools)
         return self._draw(len(batch.rows))
 
     def after_decode(
         self, batch: Decoding[Sampling], pools: Pools, last_tokens: Sequence[int]
     ) -> list[int]:
         """One random token per row."""
+        self._inputs(batch, pools)
         return self._draw(len(batch.rows))
 
     def after_mixed(
         self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
     ) -> Sampled:
         """Placeholder device tokens (meta holds no data); `read` draws the real ones."""
+        self._inputs(batch, pools)
         return Sampled.of(
             batch.rows, torch.empty(len(batch.rows), dtype=torch.int64, device=batch.device)
         )
@@ -272,6 +292,14 @@ class RandomTokens:
             for row, count in zip(tokens, accepted.tolist(), strict=True)
         ]
         return Verified(accepted, targets)
+
+    def _inputs(
+        self,
+        batch: Extended[Sampling] | Decoding[Sampling] | Mixed[Sampling],
+        pools: Pools,
+    ) -> None:
+        if self.feeder is not None:
+            self.feeder.inputs(batch, pools)
 
     def _draw(self, num_rows: int) -> list[int]:
         randrange, vocab_size = self.rng.randrange, self.vocab_size

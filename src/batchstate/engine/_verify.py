@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from batchstate import Pools, Rows, Sampling, Verifying
+from batchstate import Pools, Sampling, Verifying, forward_inputs
 from batchstate.engine._alone import AloneRun
 from batchstate.engine._model import FeedForward, TinyModel
 from batchstate.engine._paged import KVCache, _forward
@@ -83,36 +83,17 @@ def sample_verify(  # noqa: PLR0917  # the window, its forward's inputs, and how
         device and leave the read to `sync`). Writes the window's K/V at
         `window.out_cache_loc` (mutates `cache`).
     """
-    drafts = window.draft_lens
-    spans = drafts + 1
-    device = model.device
+    spans = window.draft_lens + 1
     num_reqs = len(window.reqs)
-    reserved = committed + drafts
-    # The window as rows the attention reads: each row's slot, attending over what it reserved.
-    rows = Rows.from_host(
-        window.device,
-        window.reqs,
-        window.req_pool_indices.host.tolist(),
-        reserved.tolist(),
-        window.columns,
-    )
+    # The kernel's inputs for the window; its lengths are what each slot now owns.
+    inputs = forward_inputs(window, pools.table, pools.page_size, slot_tokens=pools.slot_tokens)
+    flat = [token for row in tokens for token in row]
+    input_ids = torch.tensor(flat, dtype=torch.int64, device=model.device)
+    hidden = _forward(model, cache, inputs, input_ids, feed_forward)
+    # Each window token samples the token at the next position, on the host's own count.
     token_rows = np.repeat(np.arange(num_reqs), spans)
     cols = np.arange(token_rows.shape[0]) - (np.cumsum(spans) - spans)[token_rows]
     positions = committed[token_rows] - 1 + cols
-    packed = np.concatenate((token_rows, cols, positions)).astype(np.int64)
-    layout = torch.from_numpy(packed).to(device).view(3, -1)
-    flat = [token for row in tokens for token in row]
-    hidden = _forward(
-        model,
-        cache,
-        pools.table.device,
-        rows,
-        input_ids=torch.tensor(flat, dtype=torch.int64, device=device),
-        positions=layout[2],
-        out_cache_loc=window.out_cache_loc.device,
-        query_layout=(layout[0], layout[1], int(spans.max()) if num_reqs else 0),
-        feed_forward=feed_forward,
-    )
     sampled = model.sample(hidden, sampling, positions + 1)
     targets = sampled.tolist()  # NOTE: the step's read of its tokens, as a decode's
     per_row: list[list[int]] = []

@@ -1,0 +1,368 @@
+"""Padding a forward to a captured CUDA-graph size, and the one way back to real rows.
+
+A CUDA graph replays the shapes it was captured with, so an engine pads
+every forward to the next captured size: batch sizes for decode, token
+counts for prefill. Padded rows and tokens need values that every kernel
+can run on without touching real data (a padded row's slot, length,
+position and KV location), and the padded rows' outputs must never be
+sampled. Here the values come from a declared fill table, and a padded
+forward's output is a `PaddedOutput`, which no sampler takes: `unpad` is
+the only way from it to a tensor, and it keeps the real rows only.
+
+    decode (one token per row):  rows  [ real rows | padded rows ]  each padded
+                                 row: `extend_lens` fill query tokens, `seq_lens` fill KV
+    prefill:                     tokens [ real tokens | padded tokens ]  in no row:
+                                 `qo_indptr` ends at the real tokens
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, final
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812  # torch's own idiom
+from returns.result import Failure, Result, Success
+
+from batchstate._forward_inputs import ForwardInputs
+from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
+
+__all__ = [
+    "FILL_FIELDS",
+    "SGLANG_FILLS",
+    "VLLM_FILLS",
+    "Padded",
+    "PaddedOutput",
+    "PaddingError",
+    "TooLargeToPad",
+    "bucket",
+    "pad",
+    "unpad",
+    "unpad_tokens",
+]
+
+# What a fill table sets, for padded rows and tokens (every other field follows from these).
+FILL_FIELDS: Final = (
+    "req_pool_indices",  # a padded row's slot: 0, the table's padding row
+    "seq_lens",  # KV tokens a padded row attends over
+    "extend_lens",  # query tokens of a padded row: 1 or 0
+    "positions",  # a padded token's position
+    "out_cache_loc",  # where a padded token's KV is written
+    "kv_indices",  # the page a padded row's KV lies in
+)
+
+# SGLang's CUDA-graph runner: every padded row reads and writes the padding location 0
+# (slot 0, page 0), one KV token and one query token, position 0. What FlashInfer's and
+# FA3's kernels need: no row of zero length, and every location inside the cache.
+SGLANG_FILLS: Final[Mapping[str, int]] = {
+    "req_pool_indices": 0,
+    "seq_lens": 1,
+    "extend_lens": 1,
+    "positions": 0,
+    "out_cache_loc": 0,
+    "kv_indices": 0,
+}
+# vLLM's: padded rows have no query and no KV (`query_start_loc` repeats its last value)
+# and a slot mapping of -1, which its KV-write kernel skips. Only for kernels that take
+# empty rows and skip negative locations.
+VLLM_FILLS: Final[Mapping[str, int]] = {
+    "req_pool_indices": 0,
+    "seq_lens": 0,
+    "extend_lens": 0,
+    "positions": 0,
+    "out_cache_loc": -1,
+    "kv_indices": 0,
+}
+
+
+class PaddingError(ValueError):
+    """Captured sizes or a fill table that cannot pad anything (nothing was padded)."""
+
+
+@final
+@attrs.frozen
+class TooLargeToPad:
+    """The forward (or the largest data-parallel rank's) is larger than every captured size."""
+
+    count: int  # tokens to pad (rows, for decode)
+    largest: int  # the largest captured size
+
+    def __str__(self) -> str:
+        return f"{self.count} tokens exceed the largest captured size, {self.largest}"
+
+
+@final
+@attrs.frozen(eq=False, repr=False)
+class Padded:
+    """A forward padded to a captured size: `inputs` has the padded shapes.
+
+    Real rows come first, unchanged, then padded rows; real tokens first,
+    then padded ones. Run the forward with `run`, and reach the real rows'
+    outputs with `unpad`.
+    """
+
+    inputs: ForwardInputs  # padded: num_rows and num_tokens are the captured size's
+    num_real_rows: int
+    num_real_tokens: int
+    fills: Mapping[str, int]
+
+    @property
+    def padded_rows(self) -> int:
+        """Rows added: 0 for a prefill, padded by tokens."""
+        return self.inputs.num_rows - self.num_real_rows
+
+    @property
+    def padded_tokens(self) -> int:
+        """Tokens added."""
+        return self.inputs.num_tokens - self.num_real_tokens
+
+    def pad_tokens(self, tensor: torch.Tensor, fill: int | float = 0) -> torch.Tensor:
+        """A device tensor `[num_real_tokens, ...]` (input ids, say), padded with `fill`."""
+        return _pad_first(tensor, self.num_real_tokens, self.inputs.num_tokens, fill)
+
+    def pad_rows(self, tensor: torch.Tensor, fill: int | float = 0) -> torch.Tensor:
+        """A device tensor `[num_real_rows, ...]` (a sampling column, say), padded with `fill`."""
+        return _pad_first(tensor, self.num_real_rows, self.inputs.num_rows, fill)
+
+    def run(self, forward: Callable[[ForwardInputs], torch.Tensor]) -> PaddedOutput:
+        """Run `forward` on the padded inputs: its `[num_tokens, ...]` output, wrapped."""
+        return self.wrap(forward(self.inputs))
+
+    def wrap(self, output: torch.Tensor) -> PaddedOutput:
+        """Wrap a per-token output of this padded forward (a CUDA graph's output buffer)."""
+        if output.shape[:1] != (self.inputs.num_tokens,):
+            raise PaddingError(
+                f"a padded forward's output has {self.inputs.num_tokens} tokens,"
+                f" got shape {list(output.shape)}"
+            )
+        return PaddedOutput(self, output)
+
+    def __repr__(self) -> str:
+        return (
+            f"Padded(rows={self.num_real_rows}+{self.padded_rows},"
+            f" tokens={self.num_real_tokens}+{self.padded_tokens})"
+        )
+
+
+@final
+@attrs.frozen(eq=False, repr=False)
+class PaddedOutput:
+    """A padded forward's per-token output: no sampler takes it; `unpad` it first."""
+
+    padded: Padded
+    _tensor: torch.Tensor
+
+    def __repr__(self) -> str:
+        return f"PaddedOutput(shape={tuple(self._tensor.shape)}, {self.padded!r})"
+
+
+def unpad(output: PaddedOutput) -> torch.Tensor:
+    """Each real row's last token's output, `[num_real_rows, ...]`: what sampling takes.
+
+    A slice for a decode forward; one device gather by the uploaded
+    `sample_index` otherwise.
+    """
+    padded, tensor = output.padded, output._tensor  # the one reader
+    inputs = padded.inputs
+    if inputs.is_decode and padded.num_real_tokens == padded.num_real_rows:
+        return tensor[: padded.num_real_rows]
+    return tensor.index_select(0, inputs.sample_index.device[: padded.num_real_rows])
+
+
+def unpad_tokens(output: PaddedOutput) -> torch.Tensor:
+    """The real tokens' outputs, `[num_real_tokens, ...]` (a view)."""
+    return output._tensor[: output.padded.num_real_tokens]  # as above
+
+
+def bucket(sizes: Sequence[int], count: int) -> Result[int, TooLargeToPad]:
+    """The smallest captured size >= `count`, or `Failure(TooLargeToPad)`.
+
+    For data-parallel ranks, `count` is the largest rank's: the token counts
+    they already exchange for their shared layers.
+
+    Raises:
+        PaddingError: `sizes` is empty, not strictly increasing, or holds a
+            size below 1 or a non-int.
+    """
+    _check_sizes(sizes)
+    for size in sizes:
+        if size >= count:
+            return Success(size)
+    return Failure(TooLargeToPad(count, sizes[-1]))
+
+
+def pad(
+    inputs: ForwardInputs,
+    sizes: Sequence[int],
+    fills: Mapping[str, int] | None = None,
+    *,
+    at_least: int = 0,
+) -> Result[Padded, TooLargeToPad]:
+    """Pad `inputs` to the smallest captured size that holds it, in one upload.
+
+    A decode forward (at most one query token per row) is padded by rows,
+    each filled from `fills`; any other forward by tokens that belong to no
+    row. `sizes` counts tokens, which for decode equal rows. Host work,
+    one upload, and a device pad of `kv_indices`, `page_table` (widened to
+    the table's full width, so its shape is static) and `out_cache_loc`;
+    no read.
+
+    Args:
+        inputs: an unpadded forward's inputs.
+        sizes: the captured sizes, strictly increasing, each >= 1.
+        fills: a value for every name in `FILL_FIELDS`; None: `SGLANG_FILLS`.
+        at_least: pad to at least this count: the largest data-parallel rank's.
+
+    Returns:
+        `Success(Padded)`, or `Failure(TooLargeToPad)` when the count
+        exceeds every size.
+
+    Raises:
+        PaddingError: bad `sizes` (see `bucket`) or `fills`: a field
+            missing or unknown, a non-int, `extend_lens` other than 0 or 1,
+            or `seq_lens` below `extend_lens`; `at_least` below 0.
+
+    >>> from batchstate import Req, decode, extend, forward_inputs, idle, make_pools
+    >>> pools = make_pools(4, 32, 64, torch.device("cpu"))
+    >>> batch, pools = extend(idle("cpu"), [Req(0, (1, 2)), Req(1, (3,))], pools).unwrap()
+    >>> batch, pools = decode(batch, pools).unwrap()
+    >>> padded = pad(forward_inputs(batch, pools.table, pools.page_size), [1, 4, 8]).unwrap()
+    >>> padded.inputs.num_rows, padded.inputs.seq_lens.host.tolist()
+    (4, [3, 2, 1, 1])
+    """
+    fills = SGLANG_FILLS if fills is None else fills
+    _check_fills(fills)
+    if not _is_int(at_least) or at_least < 0:
+        raise PaddingError(f"at_least must be an int >= 0, got {at_least!r}")
+    count = max(inputs.num_tokens, at_least)
+    chosen = bucket(sizes, count)
+    if not isinstance(chosen, Success):
+        return Failure(chosen.failure())
+    return Success(_pad_to(inputs, chosen.unwrap(), fills))
+
+
+def _pad_to(inputs: ForwardInputs, size: int, fills: Mapping[str, int]) -> Padded:
+    page_size, num_rows = inputs.page_size, inputs.num_rows
+    query, kv = (fills["extend_lens"], fills["seq_lens"]) if inputs.is_decode else (0, 0)
+    new_rows = size - num_rows if inputs.is_decode else 0
+    rowless = size - inputs.num_tokens - new_rows * query  # padded tokens in no row
+    pages = -(-kv // page_size)
+    last = kv - (pages - 1) * page_size if pages else 0
+
+    def grow(pair: Mirrored[np.int32], step: int) -> HostArray:
+        # CSR offsets, continued by `new_rows` rows of `step` each.
+        host = pair.host.astype(np.int64)
+        return np.concatenate((host, host[-1] + step * np.arange(1, new_rows + 1)))
+
+    def rows_of(pair: Mirrored[np.int32] | Mirrored, fill: int) -> HostArray:
+        return np.concatenate((pair.host.astype(np.int64), np.full(new_rows, fill, np.int64)))
+
+    qo_indptr = grow(inputs.qo_indptr, query)
+    hosts = (
+        rows_of(inputs.req_pool_indices, fills["req_pool_indices"]),
+        np.concatenate(
+            (inputs.positions.host, np.full(size - inputs.num_tokens, fills["positions"], np.int64))
+        ),
+        np.maximum(qo_indptr[1:] - 1, 0),
+        *(
+            array.astype(np.int32)
+            for array in (
+                qo_indptr,
+                grow(inputs.cu_seqlens_k, kv),
+                grow(inputs.kv_indptr, pages),
+                rows_of(inputs.seq_lens, kv),
+                rows_of(inputs.prefix_lens, kv - query),
+                rows_of(inputs.extend_lens, query),
+                rows_of(inputs.kv_last_page_len, last),
+            )
+        ),
+    )
+    device = inputs.device
+    pairs = [
+        Mirrored._pair(frozen(host), side)
+        for host, side in zip(hosts, upload(hosts, device), strict=True)
+    ]
+    new_pages = new_rows * pages
+    page_table = inputs.page_table.device
+    width = max(inputs.table_pages, page_table.shape[1])
+    padded_inputs = attrs.evolve(
+        inputs,
+        num_rows=num_rows + new_rows,
+        num_tokens=size,
+        seq_lens_sum=inputs.seq_lens_sum + new_rows * kv,
+        max_q_len=max(inputs.max_q_len, query if new_rows else 0),
+        max_kv_len=max(inputs.max_kv_len, kv if new_rows else 0),
+        num_pages=inputs.num_pages + new_pages,
+        req_pool_indices=pairs[0],
+        positions=pairs[1],
+        sample_index=pairs[2],
+        qo_indptr=pairs[3],
+        cu_seqlens_k=pairs[4],
+        kv_indptr=pairs[5],
+        seq_lens=pairs[6],
+        prefix_lens=pairs[7],
+        extend_lens=pairs[8],
+        kv_last_page_len=pairs[9],
+        kv_indices=DeviceOnly(
+            F.pad(inputs.kv_indices.device, (0, new_pages), value=fills["kv_indices"])
+        ),
+        page_table=DeviceOnly(
+            F.pad(
+                page_table, (0, width - page_table.shape[1], 0, new_rows), value=fills["kv_indices"]
+            )
+        ),
+        out_cache_loc=DeviceOnly(
+            F.pad(
+                inputs.out_cache_loc.device,
+                (0, size - inputs.num_tokens),
+                value=fills["out_cache_loc"],
+            )
+        ),
+    )
+    assert rowless >= 0  # the size holds the count, and a padded row adds at most one token
+    return Padded(padded_inputs, num_rows, inputs.num_tokens, dict(fills))
+
+
+def _pad_first(tensor: torch.Tensor, real: int, size: int, fill: int | float) -> torch.Tensor:
+    if tensor.shape[:1] != (real,):
+        raise PaddingError(
+            f"expected {real} entries to pad to {size}, got shape {list(tensor.shape)}"
+        )
+    widths = (0, 0) * (tensor.dim() - 1) + (0, size - real)
+    return F.pad(tensor, widths, value=fill)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_sizes(sizes: Sequence[int]) -> None:
+    given: object = sizes  # callers without mypy may pass anything
+    if not isinstance(given, Sequence) or not sizes:
+        raise PaddingError(f"captured sizes must be a non-empty sequence, got {sizes!r}")
+    if not all(_is_int(size) for size in sizes):
+        raise PaddingError(f"captured sizes must be ints, got {list(sizes)}")
+    if sizes[0] < 1 or any(a >= b for a, b in itertools.pairwise(sizes)):
+        raise PaddingError(
+            f"captured sizes must be >= 1 and strictly increasing, got {list(sizes)}"
+        )
+
+
+def _check_fills(fills: Mapping[str, int]) -> None:
+    if not isinstance(fills, Mapping):
+        raise PaddingError(f"fills must map each of {', '.join(FILL_FIELDS)} to an int")
+    missing = [name for name in FILL_FIELDS if name not in fills]
+    unknown = sorted(str(name) for name in fills if name not in FILL_FIELDS)
+    if missing or unknown:
+        raise PaddingError(f"fills: missing {missing}, unknown {unknown}")
+    bad = [name for name in FILL_FIELDS if not _is_int(fills[name])]
+    if bad:
+        raise PaddingError(f"fills must be ints: {bad}")
+    if fills["extend_lens"] not in (0, 1) or fills["seq_lens"] < fills["extend_lens"]:
+        raise PaddingError(
+            "fills: extend_lens must be 0 or 1 and seq_lens at least extend_lens, got"
+            f" {fills['extend_lens']} and {fills['seq_lens']}"
+        )

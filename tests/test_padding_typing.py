@@ -1,0 +1,57 @@
+"""What mypy must reject: a padded forward's output reaching sampling without `unpad`."""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+from typing import Final
+
+import pytest
+
+from tests.typecheck import mypy_errors
+
+_PRELUDE: Final = """\
+import torch
+from batchstate import *
+
+def sample(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)
+
+def forward(inputs: ForwardInputs) -> torch.Tensor:
+    return inputs.positions.device
+
+def snippet(padded: Padded, inputs: ForwardInputs) -> None:
+"""
+
+REJECTED: Final = {
+    "reject_sampling_a_padded_output": ("sample(padded.run(forward))", "[arg-type]"),
+    "reject_slicing_a_padded_output": ("print(padded.run(forward)[0])", "[index]"),
+    "reject_padded_as_inputs": ("forward(padded)", "[arg-type]"),
+    "reject_pad_result_as_padded": ("p: Padded = pad(inputs, [8])", "[assignment]"),
+}
+ACCEPTED: Final = {
+    "accept_unpad_then_sample": "sample(unpad(padded.run(forward)))",
+    "accept_unpad_tokens": "print(unpad_tokens(padded.wrap(forward(padded.inputs))).shape)",
+    "accept_pad_then_unwrap": "print(pad(inputs, [8, 16], SGLANG_FILLS).unwrap().padded_rows)",
+}
+
+
+@functools.cache
+def _errors() -> dict[str, list[str]]:
+    cases = {name: body for name, (body, _) in REJECTED.items()} | ACCEPTED
+    return mypy_errors(
+        {name: _PRELUDE + textwrap.indent(body, "    ") + "\n" for name, body in cases.items()}
+    )
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_rejected(name: str) -> None:
+    """mypy rejects it with the expected error code."""
+    errors = _errors()[name]
+    assert any(REJECTED[name][1] in error for error in errors), errors
+
+
+@pytest.mark.parametrize("name", sorted(ACCEPTED))
+def test_accepted(name: str) -> None:
+    """mypy accepts it."""
+    assert _errors()[name] == []
