@@ -146,7 +146,7 @@ def test_a_bad_plot_path_is_a_usage_error_before_any_work(
     def must_not_run(*_: object) -> None:
         raise AssertionError("the simulation ran")
 
-    monkeypatch.setattr(batchstate.cli, "simulate", must_not_run)
+    monkeypatch.setattr(batchstate.engine, "simulate", must_not_run)  # the CLI imports it to run
     assert main([*SMALL, "--plot", str(tmp_path / name)]) == 2
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err

@@ -7,55 +7,62 @@ between chunks) and `Verifying` (speculation's window) beside them; every
 transition returns a new record (and new `Pools` where it allocates).
 """
 
-from batchstate._cached_extend import decode_cached, extend_cached
-from batchstate._cached_invariants import check_cached_pools
-from batchstate._cached_pools import CachedPools, CachedStep, cached_pools
-from batchstate._cached_release import release_cached
-from batchstate._chunked import Chunked
-from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
-from batchstate._decode import DecodeError, decode
-from batchstate._errors import (
-    AllocError,
-    BatchConflict,
-    ColumnError,
-    ContextTooLong,
-    DraftError,
-    EmptyExtend,
-    EmptyPrompt,
-    InvariantViolation,
-    KeepIndicesError,
-    NoChunkBudget,
-    NotHeld,
-    NotOwned,
-    OutOfKVTokens,
-    OutOfReqSlots,
-    PhaseError,
-    RecordShapeError,
-    ReleaseError,
-    StaleRecord,
-    StillRunning,
-)
-from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
-from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
-from batchstate._free_list import FreeList
-from batchstate._invariants import check_batch, check_pools
-from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
-from batchstate._merge import merge
-from batchstate._mirrored import DeviceOnly, Mirrored
-from batchstate._mix import MixError, decode_sampled, mix
-from batchstate._mixed import Mixed, MixStep, Settled, settle
-from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
-from batchstate._pools import Allocation, Pools, make_pools
-from batchstate._prefix_cache import PrefixCache
-from batchstate._release import release
-from batchstate._rows import Req, Rows
-from batchstate._sampled import Sampled, follow, read_sampled
-from batchstate._sampling import GREEDY, Sampling, SamplingParams
-from batchstate._speculative import Verifying, VerifyStep, sync, verify
-from batchstate._token_table import TokenTable
-from batchstate._transitions import TRANSITIONS, Transition
-from batchstate._unwrap import UnwrapError, unwrap
-from batchstate._version import __version__
+# The names below load on first use (PEP 562's module `__getattr__`): a light
+# import of the package, such as `batchstate --help`'s, does not pay for torch.
+# mypy and the docs read these imports as written; at run time, `attach`
+# reads the same lines to find the module of each name in `__all__`.
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchstate._cached_extend import decode_cached, extend_cached
+    from batchstate._cached_invariants import check_cached_pools
+    from batchstate._cached_pools import CachedPools, CachedStep, cached_pools
+    from batchstate._cached_release import release_cached
+    from batchstate._chunked import Chunked
+    from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
+    from batchstate._decode import DecodeError, decode
+    from batchstate._errors import (
+        AllocError,
+        BatchConflict,
+        ColumnError,
+        ContextTooLong,
+        DraftError,
+        EmptyExtend,
+        EmptyPrompt,
+        InvariantViolation,
+        KeepIndicesError,
+        NoChunkBudget,
+        NotHeld,
+        NotOwned,
+        OutOfKVTokens,
+        OutOfReqSlots,
+        PhaseError,
+        RecordShapeError,
+        ReleaseError,
+        StaleRecord,
+        StillRunning,
+    )
+    from batchstate._extend import ExtendError, Resumed, extend, idle, prebuilt
+    from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
+    from batchstate._free_list import FreeList
+    from batchstate._invariants import check_batch, check_pools
+    from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
+    from batchstate._merge import merge
+    from batchstate._mirrored import DeviceOnly, Mirrored
+    from batchstate._mix import MixError, decode_sampled, mix
+    from batchstate._mixed import Mixed, MixStep, Settled, settle
+    from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
+    from batchstate._pools import Allocation, Pools, make_pools
+    from batchstate._prefix_cache import PrefixCache
+    from batchstate._release import release
+    from batchstate._rows import Req, Rows
+    from batchstate._sampled import Sampled, follow, read_sampled
+    from batchstate._sampling import GREEDY, Sampling, SamplingParams
+    from batchstate._speculative import Verifying, VerifyStep, sync, verify
+    from batchstate._token_table import TokenTable
+    from batchstate._transitions import TRANSITIONS, Transition
+    from batchstate._unwrap import UnwrapError, unwrap
+    from batchstate._version import __version__
 
 __all__ = [
     "GREEDY",
@@ -149,3 +156,9 @@ __all__ = [
     "unwrap",
     "verify",
 ]
+
+
+if not TYPE_CHECKING:
+    from batchstate._lazy import attach
+
+    __getattr__, __dir__ = attach(globals())
