@@ -463,7 +463,8 @@ def _add_engine_options(add: _Add) -> None:
     add(
         "--overlap",
         action="store_true",
-        help="keep sampled tokens on the device and check finishes one step late (needs --mixed)",
+        help="keep sampled tokens on the device and check finishes one step late"
+        " (not with --no-mixed)",
     )
 
 

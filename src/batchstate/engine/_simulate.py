@@ -55,7 +55,7 @@ class SimulationConfig:
 
         The cached path admits whole prompts with `extend_cached` and decodes
         with `decode_cached`: prompt chunks and mixed steps are not modelled
-        over a prefix cache, so such a run ignores `--chunk-size` and `--mixed`.
+        over a prefix cache, so such a run ignores `--chunk-size` and runs no mixed steps.
         """
         workload = self.workload
         return self.prefix_cache and bool(workload.shared_prefixes or workload.follow_ups)
@@ -246,7 +246,9 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
 def _check_modes(engine: EngineConfig, *, cached: bool, prebuilt: bool) -> None:
     # Overlap feeds every running row the device's token: every forward must hold them all.
     if engine.overlap and not engine.mixed:
-        raise ValueError("--overlap needs --mixed: the decode rows ride in every forward")
+        raise ValueError(
+            "--overlap does not run with --no-mixed: the decode rows ride in every forward"
+        )
     if engine.overlap and cached:
         raise ValueError(
             "--overlap needs mixed steps, which do not run over a prefix cache:"
