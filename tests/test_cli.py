@@ -76,6 +76,7 @@ def test_json_times_the_oracle_when_it_runs(capsys: pytest.CaptureFixture[str]) 
         (["--sampling", "fixed", "--top-k", "-2"], "--top-k must be >= 0 (0 keeps every token)"),
         (["--sampling", "fixed", "--min-p", "2"], "--min-p must be in [0, 1], got 2.0"),
         (["--sampling", "fixed", "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
+        (["--plot", ""], "argument --plot: the path is empty; give a file name such as run.png"),
     ],
 )
 def test_bad_arguments_get_one_line(

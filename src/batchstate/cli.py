@@ -32,7 +32,11 @@ EXIT_CODES: Final = (
         "a check failed (the oracle, an invariant, pool conservation or device reads),"
         " or a data-parallel rank failed",
     ),
-    (USAGE, "a usage error: a missing command, a bad or contradictory option, a bad --plot path"),
+    (
+        USAGE,
+        "a usage error: a missing command, a bad or contradictory option, a bad --plot path,"
+        " a run too big for this machine's memory",
+    ),
 )
 _EPILOG: Final = "exit status:\n" + "\n".join(f"  {code}  {what}" for code, what in EXIT_CODES)
 _PROG: Final = "batchstate simulate"
@@ -93,9 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if dp is not None:
                 raise ValueError("--plot draws one process's run: it does not take --dp")
             check_plot_path(args.plot)
+        _check_footprint(config, 1 if dp is None else dp.ranks)
     except (ValueError, ImportError) as error:
         print(f"{_PROG}: error: {error}", file=sys.stderr)
         return USAGE
+    if dp is not None and not launched_by_torchrun():
+        _warn_if_ranks_outnumber_cores(dp.ranks)
     if dp is None:
         return _simulate(config, args)
     code = _simulate_dp(config, dp, args)
@@ -107,6 +114,68 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _check_footprint(config: SimulationConfig, ranks: int) -> None:
+    """Raise `ValueError` (one line, naming the option to lower) for a run that cannot fit."""
+    from batchstate.engine._footprint import (  # noqa: PLC0415  (see the top)
+        MAX_REQUESTS,
+        available_memory,
+        estimate,
+        format_bytes,
+    )
+
+    requests = config.workload.num_requests
+    if requests > MAX_REQUESTS:
+        raise ValueError(
+            f"--requests {requests} is above {MAX_REQUESTS}, the most one run holds:"
+            " lower --requests"
+        )
+    footprint = estimate(config, ranks)
+    available = available_memory()
+    if available is not None and footprint.host_bytes > available:
+        part = footprint.largest(on_device=False)
+        raise ValueError(
+            f"the run may need {format_bytes(footprint.host_bytes)} of memory"
+            f" ({part.what}: {format_bytes(part.bytes)}), more than the"
+            f" {format_bytes(available)} available here: lower {part.option}"
+        )
+    if footprint.device_bytes:
+        free = _cuda_free_bytes()
+        need = estimate(config).device_bytes  # each rank on a device of its own
+        if need > free:
+            part = footprint.largest(on_device=True)
+            raise ValueError(
+                f"the run may need {format_bytes(need)} of cuda memory ({part.what}),"
+                f" more than the {format_bytes(free)} free: lower {part.option}"
+            )
+
+
+def _cuda_free_bytes() -> int:
+    import torch  # noqa: PLC0415  (see the top)
+
+    free, _ = torch.cuda.mem_get_info()
+    return free
+
+
+def _cores() -> int:
+    # The cores this process may run on (a container or taskset may allow fewer).
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _warn_if_ranks_outnumber_cores(ranks: int) -> None:
+    # Ranks step in lockstep: with more ranks than cores, every step waits on the slowest share.
+    cores = _cores()
+    if ranks > 2 * cores:
+        print(
+            f"{_PROG}: warning: --dp {ranks} starts {ranks} processes on {cores} cores;"
+            " the ranks step together, so each step waits for them all: expect it to be slow",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _data_parallel(args: argparse.Namespace) -> DataParallelConfig | None:
@@ -521,6 +590,13 @@ def _fault(text: str) -> _FaultArgs:
     raise argparse.ArgumentTypeError(f"expected RANK:STEP or RANK:STEP:hang, got {text!r}")
 
 
+def _plot_path(text: str) -> Path:
+    # Path("") is Path("."), the current folder: say what was given instead.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; give a file name such as run.png")
+    return Path(text)
+
+
 def _add_output_options(add: _Add) -> None:
     add("--no-oracle", action="store_true", help="skip the oracle (meta never runs it)")
     add(
@@ -540,7 +616,7 @@ def _add_output_options(add: _Add) -> None:
     add("--json", action="store_true", help="print the summary as JSON on stdout")
     add(
         "--plot",
-        type=Path,
+        type=_plot_path,
         default=None,
         metavar="PATH",
         help="also plot the run to PATH, in the format its extension names (png, svg, pdf, ...);"
