@@ -76,6 +76,7 @@ def test_json_times_the_oracle_when_it_runs(capsys: pytest.CaptureFixture[str]) 
         (["--sampling", "fixed", "--top-k", "-2"], "--top-k must be >= 0 (0 keeps every token)"),
         (["--sampling", "fixed", "--min-p", "2"], "--min-p must be in [0, 1], got 2.0"),
         (["--sampling", "fixed", "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
+        (["--plot", ""], "argument --plot: the path is empty; give a file name such as run.png"),
     ],
 )
 def test_bad_arguments_get_one_line(
@@ -146,7 +147,7 @@ def test_a_bad_plot_path_is_a_usage_error_before_any_work(
     def must_not_run(*_: object) -> None:
         raise AssertionError("the simulation ran")
 
-    monkeypatch.setattr(batchstate.cli, "simulate", must_not_run)
+    monkeypatch.setattr(batchstate.engine, "simulate", must_not_run)  # the CLI imports it to run
     assert main([*SMALL, "--plot", str(tmp_path / name)]) == 2
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err

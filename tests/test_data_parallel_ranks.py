@@ -96,11 +96,13 @@ def test_a_rank_that_raises_stops_every_rank_with_its_name_and_error(
 ) -> None:
     """No hang: the others fail in their next collective; the message names the first rank."""
     code, err, elapsed = _timed_main(["--dp", "3", "--requests", "12", "--dp-fault", "1:4",
-                                      "--dp-timeout", "30"], capsys)  # fmt: skip
+                                      "--dp-timeout", "120"], capsys)  # fmt: skip
     assert code == 1
     assert "rank 1 failed: InjectedFault: injected in step 4; ranks 0, 2 stopped with it" in err
     assert "Traceback" not in err
-    assert elapsed < 30  # well inside the collective timeout: nobody waited for it
+    # Well inside the collective timeout: nobody waited for it. Start-up alone took
+    # 27 s beside another test worker on two busy cores.
+    assert elapsed < 90
     assert not multiprocessing.active_children()  # every rank process has ended
 
 
@@ -113,7 +115,7 @@ def test_a_rank_that_stops_answering_is_killed_after_the_timeout_and_named(
     assert code == 1
     assert "rank 1 stopped answering and was killed; rank 0 timed out waiting" in err
     assert not multiprocessing.active_children()
-    assert elapsed < 60  # the timeout and the grace period, plus start-up: bounded
+    assert elapsed < 90  # the timeout and the grace period, plus start-up (31 s on busy cores)
 
 
 def test_torchrun_launches_the_same_ranks() -> None:

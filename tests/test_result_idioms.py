@@ -5,7 +5,12 @@ from __future__ import annotations
 import functools
 from typing import Final
 
+import pytest
+
 from tests.typecheck import mypy_errors
+
+# Under xdist, one worker runs every test that runs mypy: one cache, warm after the first.
+pytestmark = pytest.mark.xdist_group("mypy")
 
 _PRELUDE: Final = """\
 from typing import assert_type

@@ -10,6 +10,9 @@ import pytest
 
 from tests.typecheck import mypy_errors
 
+# Under xdist, one worker runs every test that runs mypy: one cache, warm after the first.
+pytestmark = pytest.mark.xdist_group("mypy")
+
 _PRELUDE: Final = """\
 import torch
 from batchstate import *

@@ -15,6 +15,9 @@ import pytest
 from batchstate import TRANSITIONS, Decoding, Extended, Filtered, Idle, merge
 from tests.typecheck import mypy_errors
 
+# Under xdist, one worker runs every test that runs mypy: one cache, warm after the first.
+pytestmark = pytest.mark.xdist_group("mypy")
+
 _PRELUDE: Final = """\
 import attrs
 import numpy as np

@@ -7,70 +7,78 @@ between chunks) and `Verifying` (speculation's window) beside them; every
 transition returns a new record (and new `Pools` where it allocates).
 """
 
-from batchstate._chunked import Chunked
-from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
-from batchstate._decode import DecodeError, decode
-from batchstate._errors import (
-    AllocError,
-    BatchConflict,
-    ColumnError,
-    ContextTooLong,
-    DraftError,
-    EmptyExtend,
-    EmptyPrompt,
-    InvariantViolation,
-    KeepIndicesError,
-    NoChunkBudget,
-    NotHeld,
-    NotOwned,
-    OutOfKVTokens,
-    OutOfReqSlots,
-    PhaseError,
-    RecordShapeError,
-    ReleaseError,
-    StaleRecord,
-    StillRunning,
-)
-from batchstate._extend import ExtendError, extend, idle, prebuilt
-from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
-from batchstate._forward_inputs import (
-    ForwardInputs,
-    ForwardInputsError,
-    ForwardPhase,
-    forward_inputs,
-)
-from batchstate._free_list import FreeList
-from batchstate._invariants import check_batch, check_pools
-from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
-from batchstate._merge import merge
-from batchstate._mirrored import DeviceOnly, Mirrored
-from batchstate._mix import MixError, decode_sampled, mix
-from batchstate._mixed import Mixed, MixStep, Settled, settle
-from batchstate._padding import (
-    FILL_FIELDS,
-    SGLANG_FILLS,
-    VLLM_FILLS,
-    Padded,
-    PaddedOutput,
-    PaddingError,
-    TooLargeToPad,
-    bucket,
-    pad,
-    unpad,
-    unpad_tokens,
-)
-from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
-from batchstate._pools import Allocation, Pools, flush, make_pools
-from batchstate._prefix_cache import PrefixCache
-from batchstate._release import release
-from batchstate._rows import Req, Rows
-from batchstate._sampled import Sampled, follow, join_sampled, read_sampled
-from batchstate._sampling import GREEDY, Sampling, SamplingParams
-from batchstate._speculative import Verifying, VerifyStep, sync, verify
-from batchstate._token_table import TokenTable
-from batchstate._transitions import TRANSITIONS, Transition
-from batchstate._unwrap import UnwrapError, unwrap
-from batchstate._version import __version__
+# The names below load on first use (PEP 562's module `__getattr__`): a light
+# import of the package, such as `batchstate --help`'s, does not pay for torch.
+# mypy and the docs read these imports as written; at run time, `attach`
+# reads the same lines to find the module of each name in `__all__`.
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchstate._chunked import Chunked
+    from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
+    from batchstate._decode import DecodeError, decode
+    from batchstate._errors import (
+        AllocError,
+        BatchConflict,
+        ColumnError,
+        ContextTooLong,
+        DraftError,
+        EmptyExtend,
+        EmptyPrompt,
+        InvariantViolation,
+        KeepIndicesError,
+        NoChunkBudget,
+        NotHeld,
+        NotOwned,
+        OutOfKVTokens,
+        OutOfReqSlots,
+        PhaseError,
+        RecordShapeError,
+        ReleaseError,
+        StaleRecord,
+        StillRunning,
+    )
+    from batchstate._extend import ExtendError, extend, idle, prebuilt
+    from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
+    from batchstate._forward_inputs import (
+        ForwardInputs,
+        ForwardInputsError,
+        ForwardPhase,
+        forward_inputs,
+    )
+    from batchstate._free_list import FreeList
+    from batchstate._invariants import check_batch, check_pools
+    from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
+    from batchstate._merge import merge
+    from batchstate._mirrored import DeviceOnly, Mirrored
+    from batchstate._mix import MixError, decode_sampled, mix
+    from batchstate._mixed import Mixed, MixStep, Settled, settle
+    from batchstate._padding import (
+        FILL_FIELDS,
+        SGLANG_FILLS,
+        VLLM_FILLS,
+        Padded,
+        PaddedOutput,
+        PaddingError,
+        TooLargeToPad,
+        bucket,
+        pad,
+        unpad,
+        unpad_tokens,
+    )
+    from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
+    from batchstate._pools import Allocation, Pools, flush, make_pools
+    from batchstate._prefix_cache import PrefixCache
+    from batchstate._release import release
+    from batchstate._rows import Req, Rows
+    from batchstate._sampled import Sampled, follow, join_sampled, read_sampled
+    from batchstate._sampling import GREEDY, Sampling, SamplingParams
+    from batchstate._speculative import Verifying, VerifyStep, sync, verify
+    from batchstate._token_table import TokenTable
+    from batchstate._transitions import TRANSITIONS, Transition
+    from batchstate._unwrap import UnwrapError, unwrap
+    from batchstate._version import __version__
+
 
 __all__ = [
     "FILL_FIELDS",
@@ -173,3 +181,9 @@ __all__ = [
     "unwrap",
     "verify",
 ]
+
+
+if not TYPE_CHECKING:
+    from batchstate._lazy import attach
+
+    __getattr__, __dir__ = attach(globals())

@@ -8,29 +8,19 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Final, NamedTuple, NoReturn, TypeAlias
 
 import attrs
-import torch
 
-from batchstate import InvariantViolation, SamplingParams, __version__
-from batchstate.engine import (
-    ARRIVALS,
-    DEVICES,
-    SAMPLING_MIXES,
-    EngineConfig,
-    EngineError,
-    SimulationConfig,
-    WorkloadConfig,
-    simulate,
-)
-from batchstate.engine._data_parallel import DataParallelConfig
-from batchstate.engine._dp_report import render_dp_summary, summarize_dp
-from batchstate.engine._launch import RankFailed, launch, launched_by_torchrun, run_launched
-from batchstate.engine._plot import check_plot_path, plot_run
-from batchstate.engine._progress import Progress
-from batchstate.engine._ranks import Fault
-from batchstate.engine._report import Summary, render_summary, summarize
+from batchstate._version import __version__
+
+# The engine, and torch with it (seconds to import), load only once a run is
+# parsed and checked: the help, the version and usage errors stay fast.
+if TYPE_CHECKING:
+    from batchstate import SamplingParams
+    from batchstate.engine import SimulationConfig
+    from batchstate.engine._data_parallel import DataParallelConfig
+    from batchstate.engine._report import Summary
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -42,10 +32,20 @@ EXIT_CODES: Final = (
         "a check failed (the oracle, an invariant, pool conservation or device reads),"
         " or a data-parallel rank failed",
     ),
-    (USAGE, "a usage error: a missing command, a bad or contradictory option, a bad --plot path"),
+    (
+        USAGE,
+        "a usage error: a missing command, a bad or contradictory option, a bad --plot path,"
+        " a run too big for this machine's memory",
+    ),
 )
 _EPILOG: Final = "exit status:\n" + "\n".join(f"  {code}  {what}" for code, what in EXIT_CODES)
 _PROG: Final = "batchstate simulate"
+# The choices of the engine's options, written here so that parsing imports no
+# engine; tests/test_cli.py checks they are the engine's own.
+_ARRIVALS: Final = ("all", "uniform", "poisson", "burst")
+_SAMPLING_MIXES: Final = ("greedy", "mixed", "fixed")
+_DEVICES: Final = ("cpu", "meta", "cuda")
+_BACKENDS: Final = ("gloo", "nccl")
 _Add: TypeAlias = Callable[..., argparse.Action]  # an argument group's add_argument
 
 
@@ -84,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return USAGE
+    from batchstate.engine._launch import launched_by_torchrun  # noqa: PLC0415  (see the top)
+    from batchstate.engine._plot import check_plot_path  # noqa: PLC0415
+
     try:
         config = _config(args)
         config.validate()
@@ -96,9 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if dp is not None:
                 raise ValueError("--plot draws one process's run: it does not take --dp")
             check_plot_path(args.plot)
+        _check_footprint(config, 1 if dp is None else dp.ranks)
     except (ValueError, ImportError) as error:
         print(f"{_PROG}: error: {error}", file=sys.stderr)
         return USAGE
+    if dp is not None and not launched_by_torchrun():
+        _warn_if_ranks_outnumber_cores(dp.ranks)
     if dp is None:
         return _simulate(config, args)
     code = _simulate_dp(config, dp, args)
@@ -112,7 +118,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _check_footprint(config: SimulationConfig, ranks: int) -> None:
+    """Raise `ValueError` (one line, naming the option to lower) for a run that cannot fit."""
+    from batchstate.engine._footprint import (  # noqa: PLC0415  (see the top)
+        MAX_REQUESTS,
+        available_memory,
+        estimate,
+        format_bytes,
+    )
+
+    requests = config.workload.num_requests
+    if requests > MAX_REQUESTS:
+        raise ValueError(
+            f"--requests {requests} is above {MAX_REQUESTS}, the most one run holds:"
+            " lower --requests"
+        )
+    footprint = estimate(config, ranks)
+    available = available_memory()
+    if available is not None and footprint.host_bytes > available:
+        part = footprint.largest(on_device=False)
+        raise ValueError(
+            f"the run may need {format_bytes(footprint.host_bytes)} of memory"
+            f" ({part.what}: {format_bytes(part.bytes)}), more than the"
+            f" {format_bytes(available)} available here: lower {part.option}"
+        )
+    if footprint.device_bytes:
+        free = _cuda_free_bytes()
+        need = estimate(config).device_bytes  # each rank on a device of its own
+        if need > free:
+            part = footprint.largest(on_device=True)
+            raise ValueError(
+                f"the run may need {format_bytes(need)} of cuda memory ({part.what}),"
+                f" more than the {format_bytes(free)} free: lower {part.option}"
+            )
+
+
+def _cuda_free_bytes() -> int:
+    import torch  # noqa: PLC0415  (see the top)
+
+    free, _ = torch.cuda.mem_get_info()
+    return free
+
+
+def _cores() -> int:
+    # The cores this process may run on (a container or taskset may allow fewer).
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _warn_if_ranks_outnumber_cores(ranks: int) -> None:
+    # Ranks step in lockstep: with more ranks than cores, every step waits on the slowest share.
+    cores = _cores()
+    if ranks > 2 * cores:
+        print(
+            f"{_PROG}: warning: --dp {ranks} starts {ranks} processes on {cores} cores;"
+            " the ranks step together, so each step waits for them all: expect it to be slow",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _data_parallel(args: argparse.Namespace) -> DataParallelConfig | None:
+    from batchstate.engine._data_parallel import DataParallelConfig  # noqa: PLC0415
+    from batchstate.engine._launch import launched_by_torchrun  # noqa: PLC0415
+    from batchstate.engine._ranks import Fault  # noqa: PLC0415
+
     # --dp N spawns N ranks; under torchrun, this process is one of them.
     ranks = args.dp
     if launched_by_torchrun():
@@ -125,10 +197,19 @@ def _data_parallel(args: argparse.Namespace) -> DataParallelConfig | None:
             if value is not None:
                 raise ValueError(f"{option} needs --dp")
         return None
-    return DataParallelConfig(ranks, args.dp_backend, args.dp_timeout, args.dp_fault)
+    fault = None if args.dp_fault is None else Fault(*args.dp_fault)
+    return DataParallelConfig(ranks, args.dp_backend, args.dp_timeout, fault)
 
 
 def _simulate_dp(config: SimulationConfig, dp: DataParallelConfig, args: argparse.Namespace) -> int:
+    from batchstate.engine._dp_report import render_dp_summary, summarize_dp  # noqa: PLC0415
+    from batchstate.engine._launch import (  # noqa: PLC0415
+        RankFailed,
+        launch,
+        launched_by_torchrun,
+        run_launched,
+    )
+
     show = not (args.json or args.quiet) and sys.stderr.isatty()
     try:
         if launched_by_torchrun():
@@ -155,6 +236,14 @@ def _simulate_dp(config: SimulationConfig, dp: DataParallelConfig, args: argpars
 
 
 def _simulate(config: SimulationConfig, args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415  (see the top)
+
+    from batchstate import InvariantViolation  # noqa: PLC0415
+    from batchstate.engine import EngineError, simulate  # noqa: PLC0415
+    from batchstate.engine._plot import plot_run  # noqa: PLC0415
+    from batchstate.engine._progress import Progress  # noqa: PLC0415
+    from batchstate.engine._report import render_summary, summarize  # noqa: PLC0415
+
     if config.device == "cpu":
         # A tiny model on a shared machine: extra intra-op threads only contend.
         torch.set_num_threads(1)
@@ -202,6 +291,8 @@ _FIXED_OPTIONS: Final = (
 
 
 def _fixed_sampling(args: argparse.Namespace) -> SamplingParams:
+    from batchstate.engine import WorkloadConfig  # noqa: PLC0415  (see the top)
+
     # --temperature and the filters set `--sampling fixed`; with another mix they would be ignored.
     given = {name: getattr(args, name) for name, _ in _FIXED_OPTIONS}
     named = [option for name, option in _FIXED_OPTIONS if given[name] is not None]
@@ -214,6 +305,8 @@ def _fixed_sampling(args: argparse.Namespace) -> SamplingParams:
 
 
 def _config(args: argparse.Namespace) -> SimulationConfig:
+    from batchstate.engine import EngineConfig, SimulationConfig, WorkloadConfig  # noqa: PLC0415
+
     workload = WorkloadConfig(
         num_requests=args.requests,
         arrival=args.arrival,
@@ -293,7 +386,7 @@ def _parser() -> _Parser:
 
 def _add_workload_options(add: _Add) -> None:
     add("--requests", type=int, default=256, metavar="N", help="requests in the workload")
-    add("--arrival", choices=ARRIVALS, default="poisson", help="how requests arrive over steps")
+    add("--arrival", choices=_ARRIVALS, default="poisson", help="how requests arrive over steps")
     add("--arrival-rate", type=float, default=2.0, metavar="R", help="requests per engine step")
     add(
         "--burst-size",
@@ -350,7 +443,7 @@ def _add_workload_options(add: _Add) -> None:
 def _add_sampling_options(add: _Add) -> None:
     add(
         "--sampling",
-        choices=SAMPLING_MIXES,
+        choices=_SAMPLING_MIXES,
         default="greedy",
         help="how requests sample: greedy (the most likely token); mixed (each request draws"
         " its own: a quarter greedy, the rest a temperature of 0.6-1.2 with or without top-k,"
@@ -392,7 +485,7 @@ def _add_sampling_options(add: _Add) -> None:
 def _add_engine_options(add: _Add) -> None:
     add(
         "--device",
-        choices=DEVICES,
+        choices=_DEVICES,
         default="cpu",
         help="cpu or cuda run the tiny model and the oracle; meta runs the bookkeeping only",
     )
@@ -480,7 +573,7 @@ def _add_data_parallel_options(add: _Add) -> None:
     )
     add(
         "--dp-backend",
-        choices=("gloo", "nccl"),
+        choices=_BACKENDS,
         default=None,
         help="collectives of the shared layers (default: gloo on cpu, nccl on cuda)",
     )
@@ -501,16 +594,31 @@ def _add_data_parallel_options(add: _Add) -> None:
     )
 
 
-def _fault(text: str) -> Fault:
+class _FaultArgs(NamedTuple):
+    """`--dp-fault`, parsed: the engine's `Fault` is built from it for the run."""
+
+    rank: int
+    step: int
+    hang: bool
+
+
+def _fault(text: str) -> _FaultArgs:
     # RANK:STEP raises there; RANK:STEP:hang stops answering there.
     parts = text.split(":")
     hang = parts[2:] == ["hang"]
     try:
         if len(parts) == 2 or hang:
-            return Fault(int(parts[0]), int(parts[1]), hang=hang)
+            return _FaultArgs(int(parts[0]), int(parts[1]), hang)
     except ValueError:
         pass
     raise argparse.ArgumentTypeError(f"expected RANK:STEP or RANK:STEP:hang, got {text!r}")
+
+
+def _plot_path(text: str) -> Path:
+    # Path("") is Path("."), the current folder: say what was given instead.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; give a file name such as run.png")
+    return Path(text)
 
 
 def _add_output_options(add: _Add) -> None:
@@ -532,7 +640,7 @@ def _add_output_options(add: _Add) -> None:
     add("--json", action="store_true", help="print the summary as JSON on stdout")
     add(
         "--plot",
-        type=Path,
+        type=_plot_path,
         default=None,
         metavar="PATH",
         help="also plot the run to PATH, in the format its extension names (png, svg, pdf, ...);"

@@ -120,7 +120,9 @@ def render_dp_summary(summary: DataParallelSummary) -> str:
         ("oracle", s.oracle),
     )
     width = max(len(name) for name, _ in rows)
-    lines = [f"{'batchstate simulate --dp':<{width}}   {'OK' if s.ok else 'FAILED'}"]
+    # The command as run, its option with its value: `--dp` alone would read as a bare option.
+    title = f"batchstate simulate --dp {s.num_ranks}"
+    lines = [f"{title:<{width}}   {'OK' if s.ok else 'FAILED'}"]
     lines += [f"{name:<{width}}   {value}" for name, value in rows]
     lines.append("")
     lines.append("rank  requests  steps  idle  tokens  retractions  device reads  checks  pools")
