@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import numpy as np
@@ -14,6 +15,7 @@ from batchstate import (
     Pools,
     Req,
     Rows,
+    check_pools,
     extend,
     filter_batch,
     idle,
@@ -69,8 +71,30 @@ def test_shrink_keeps_at_least_one_token() -> None:
     shrunk = fresh.shrink(slots, host_int64([1, 8])).unwrap()
     assert shrunk.slot_tokens.tolist() == [0, 1, 8, 0, 0]
     assert len(shrunk.free_pages) == len(fresh.free_pages) + 1  # slot 1's second page
-    with pytest.raises(ValueError, match="slot 1 owns 6 tokens, cannot shrink to 0"):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "slot 1 owns 6 tokens (1 of them needed: its cached prefix, or one), cannot shrink to 0"
+        ),
+    ):
         fresh.shrink(slots, host_int64([0, 8]))
+
+
+def test_shrink_keeps_a_cached_prefix_and_names_it() -> None:
+    """Slot 2 (slot 1 went to the back when freed) reads 8 cached tokens and owns 11."""
+    pools = make_pools(4, 32, 64, CPU, page_size=4, prefix_cache=True)
+    first, pools = extend(idle(CPU), [Req(1, (1,) * 8 + (2,))], pools).unwrap()
+    pools = release(first, idle(CPU), pools).unwrap()
+    batch, pools = extend(idle(CPU), [Req(2, (1,) * 8 + (3, 4, 5))], pools).unwrap()
+    slots = batch.rows.req_pool_indices.host
+    assert (batch.prefix_lens, pools.prefix_lens.tolist()) == ((8,), [0, 0, 8, 0, 0])
+    with pytest.raises(ValueError, match=re.escape("slot 2 owns 11 tokens (8 of them needed")):
+        pools.shrink(slots, host_int64([7]))
+    shrunk = pools.shrink(slots, host_int64([8])).unwrap()
+    assert shrunk.slot_tokens.tolist() == [0, 0, 8, 0, 0]
+    assert len(shrunk.free_pages) == len(pools.free_pages) + 1  # the private third page
+    assert shrunk.cache is pools.cache and shrunk.prefixes == pools.prefixes
+    check_pools(shrunk)
 
 
 def test_pools_print_their_counts_and_never_the_table() -> None:
@@ -79,6 +103,12 @@ def test_pools_print_their_counts_and_never_the_table() -> None:
     pools = pools.allocate_fresh(slots, [20]).unwrap().pools
     assert repr(pools) == (
         "Pools(free_slots=3/4, free_pages=2/4, page_size=16,"
+        " table=TokenTable(shape=(5, 32), dtype=torch.int32, device=cpu))"
+    )
+    shared = make_pools(4, 32, 64, CPU, page_size=16, prefix_cache=True)
+    _, shared = extend(idle(CPU), [Req(1, tuple(range(20)))], shared).unwrap()
+    assert repr(shared) == (
+        "Pools(free_slots=3/4, free_pages=2/4, cached_pages=1 (1 in use), page_size=16,"
         " table=TokenTable(shape=(5, 32), dtype=torch.int32, device=cpu))"
     )
 

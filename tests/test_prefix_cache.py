@@ -1,23 +1,24 @@
-"""The prefix cache's values and hostile inputs: typed errors, nothing changed."""
+"""The prefix cache inside `Pools`: values, eviction, and hostile inputs changing nothing."""
 
 from __future__ import annotations
 
 import attrs
+import numpy as np
 import pytest
 from returns.result import Failure
 
 from batchstate import (
-    BatchConflict,
     EmptyPrompt,
+    InvariantViolation,
     NotOwned,
     OutOfKVTokens,
+    Pools,
     Req,
     StillRunning,
-    cached_pools,
-    check_cached_pools,
-    extend_cached,
+    check_pools,
+    extend,
     idle,
-    release_cached,
+    release,
     split,
 )
 from tests.builders import CPU, make_test_pools
@@ -25,67 +26,102 @@ from tests.builders import CPU, make_test_pools
 HEADER = tuple(range(10, 30))  # 20 tokens
 
 
-def test_a_released_prefix_is_read_by_the_next_request_and_persistence_holds() -> None:
-    pools = cached_pools(make_test_pools(4))
-    first, pools = extend_cached(idle(CPU), [Req(1, (*HEADER, 1))], pools).unwrap()
-    cached = release_cached(first, idle(CPU), pools).unwrap()
-    assert cached.cache.num_tokens == 20 and pools.cache.num_tokens == 0  # the old value stands
-    second, after = extend_cached(idle(CPU), [Req(2, (*HEADER, 2, 3))], cached).unwrap()
+def _shared(page_size: int, num_kv_tokens: int = 512) -> Pools:
+    return make_test_pools(page_size, num_kv_tokens=num_kv_tokens, prefix_cache=True)
+
+
+def _snapshot(pools: Pools) -> tuple[object, ...]:
+    """What a failed or refused call must leave as it was."""
+    return (
+        pools.free_slots.tolist(),
+        pools.free_pages.tolist(),
+        pools.slot_tokens.tolist(),
+        pools.cache.entries(),
+        dict(pools.prefixes),
+        pools.table.host.copy().tolist(),
+    )
+
+
+def test_a_published_prefix_is_read_by_the_next_request_and_persistence_holds() -> None:
+    empty = _shared(4)
+    first, pools = extend(idle(CPU), [Req(1, (*HEADER, 1))], empty).unwrap()
+    # The prefill's five whole pages are cached at once, and its row reads them.
+    assert pools.cache.num_tokens == 20 and pools.cache.num_locked == 5
+    assert empty.cache.num_tokens == 0  # the old value stands
+    cached = release(first, idle(CPU), pools).unwrap()
+    assert cached.cache.num_tokens == 20 and cached.cache.num_locked == 0
+    assert pools.cache.num_locked == 5  # the value released from is unchanged
+    second, after = extend(idle(CPU), [Req(2, (*HEADER, 2, 3))], cached).unwrap()
     assert second.prefix_lens == (20,) and second.extend_lens == (2,)
     assert after.cache.num_locked == 5 and cached.cache.num_locked == 0
-    check_cached_pools(after, [second], compare_device=True)
+    check_pools(after, [second], compare_device=True)
 
 
 def test_a_page_size_that_does_not_divide_the_prefix_caches_whole_pages_only() -> None:
-    pools = cached_pools(make_test_pools(16))
-    first, pools = extend_cached(idle(CPU), [Req(1, HEADER)], pools).unwrap()
-    pools = release_cached(first, idle(CPU), pools).unwrap()
+    first, pools = extend(idle(CPU), [Req(1, HEADER)], _shared(16)).unwrap()
+    assert list(pools.cache.entries()) == [HEADER[:16]]  # published: the whole page only
+    pools = release(first, idle(CPU), pools).unwrap()
     assert list(pools.cache.entries()) == [HEADER[:16]]  # the partial page was freed
-    batch, pools = extend_cached(idle(CPU), [Req(2, HEADER[:16])], pools).unwrap()
+    batch, pools = extend(idle(CPU), [Req(2, HEADER[:16])], pools).unwrap()
     assert batch.prefix_lens == (0,)  # a whole cached prompt still computes its last page
-    check_cached_pools(pools, [batch])
+    # Its page holds tokens the cache holds already: it stays private, unpublished.
+    assert dict(pools.prefixes) == {} and pools.cache.num_pages == 1
+    check_pools(pools, [batch])
 
 
 def test_eviction_takes_the_least_recently_used_leaf_and_never_a_page_in_use() -> None:
-    pools = cached_pools(make_test_pools(4, num_kv_tokens=48))  # 12 pages
+    pools = _shared(4, num_kv_tokens=48)  # 12 pages
     for rid, head in ((1, (1,) * 8), (2, (2,) * 8), (3, (3,) * 8)):
-        batch, pools = extend_cached(idle(CPU), [Req(rid, (*head, 9))], pools).unwrap()
-        pools = release_cached(batch, idle(CPU), pools).unwrap()
-    reader, pools = extend_cached(idle(CPU), [Req(4, ((1,) * 8) + (5,))], pools).unwrap()
+        batch, pools = extend(idle(CPU), [Req(rid, (*head, 9))], pools).unwrap()
+        pools = release(batch, idle(CPU), pools).unwrap()
+    reader, pools = extend(idle(CPU), [Req(4, ((1,) * 8) + (5,))], pools).unwrap()
     assert reader.prefix_lens == (8,)
     # 12 pages: 6 cached (2 of them read by request 4), 1 private, 5 free; ask for 7.
-    big, after = extend_cached(idle(CPU), [Req(5, (7,) * 28)], pools).unwrap()
-    assert set(after.cache.entries()) == {(1,) * 4, (1,) * 8, (3,) * 4, (3,) * 8}
-    check_cached_pools(after, [reader, big])
-    result = extend_cached(idle(CPU), [Req(6, (8,) * 64)], after)
+    big, after = extend(idle(CPU), [Req(5, (7,) * 28)], pools).unwrap()
+    published = {(7,) * end for end in range(4, 29, 4)}  # request 5's seven pages
+    assert set(after.cache.entries()) == {(1,) * 4, (1,) * 8, (3,) * 4, (3,) * 8} | published
+    assert after.cache.num_evicted == 2
+    check_pools(after, [reader, big])
+    before = _snapshot(after)
+    result = extend(idle(CPU), [Req(6, (8,) * 64)], after)
     assert isinstance(result, Failure) and isinstance(result.failure(), OutOfKVTokens)
+    assert _snapshot(after) == before
 
 
 def test_releasing_twice_or_while_running_fails_and_changes_nothing() -> None:
-    pools = cached_pools(make_test_pools(2))
-    batch, pools = extend_cached(idle(CPU), [Req(1, HEADER), Req(2, HEADER)], pools).unwrap()
+    pools = _shared(2)
+    batch, pools = extend(idle(CPU), [Req(1, HEADER), Req(2, HEADER)], pools).unwrap()
     kept, left = split(batch, [1])
-    assert release_cached(batch, kept, pools).failure() == StillRunning((2,))
-    released = release_cached(left, kept, pools).unwrap()
-    again = release_cached(left, kept, released)
+    before = _snapshot(pools)
+    assert release(batch, kept, pools).failure() == StillRunning((2,))
+    assert _snapshot(pools) == before
+    released = release(left, kept, pools).unwrap()
+    after = _snapshot(released)
+    again = release(left, kept, released)
     assert isinstance(again, Failure) and isinstance(again.failure(), NotOwned)
-    check_cached_pools(released, [kept])
+    assert _snapshot(released) == after
+    check_pools(released, [kept])
 
 
 def test_an_empty_prompt_is_a_failure_value() -> None:
-    pools = cached_pools(make_test_pools(2))
-    result = extend_cached(idle(CPU), [Req(1, ())], pools)
+    pools = _shared(2)
+    result = extend(idle(CPU), [Req(1, ())], pools)
     assert result.failure() == EmptyPrompt(1, 0, 0)
 
 
-def test_a_cache_from_other_pools_is_refused() -> None:
-    mine, theirs = cached_pools(make_test_pools(2)), cached_pools(make_test_pools(2))
-    with pytest.raises(BatchConflict, match="other pools"):
-        attrs.evolve(mine, cache=theirs.cache)
+def test_a_cache_from_other_pools_is_caught_by_the_check() -> None:
+    """A row reads pages 1-5 of its cache; the other pools' cache holds none of them."""
+    _, mine = extend(idle(CPU), [Req(1, (*HEADER, 1))], _shared(4)).unwrap()
+    theirs = _shared(4)
+    swapped = attrs.evolve(mine, cache=theirs.cache)
+    with pytest.raises(InvariantViolation, match="is read as a cached prefix but not cached"):
+        check_pools(swapped)
 
 
 def test_tokens_that_do_not_start_with_the_prompt_are_refused() -> None:
-    pools = cached_pools(make_test_pools(2))
-    batch, pools = extend_cached(idle(CPU), [Req(1, HEADER)], pools).unwrap()
+    batch, pools = extend(idle(CPU), [Req(1, HEADER)], _shared(2)).unwrap()
+    before = _snapshot(pools)
     with pytest.raises(ValueError, match="do not start"):
-        release_cached(batch, idle(CPU), pools, [(0, *HEADER)])
+        release(batch, idle(CPU), pools, [(0, *HEADER)])
+    assert _snapshot(pools) == before
+    assert np.array_equal(pools.table.host, pools.table.device.numpy())

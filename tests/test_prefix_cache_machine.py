@@ -1,12 +1,16 @@
-"""A model-based state machine for the prefix cache: cached extends, decodes and releases.
+"""A model-based state machine for the prefix cache: extends, chunks, decodes and releases.
 
 A plain-Python model (a dict from every cached page-aligned prefix to its
-page, and the rows locking each) predicts every hit length, which failure
-comes first, which prefixes a release caches and how many pages stay free.
-Eviction is checked rather than predicted leaf by leaf: it happens only
-when free pages run short, takes only unlocked prefixes, whole subtrees
-of them, and frees at least the shortage. After every step the tree must
-equal the model and `check_cached_pools` must hold, device compared.
+page, the rows locking each, and the prefix each row reads) predicts every
+hit length, which failure comes first, which pages a prefill or a chunk
+publishes at its end (and which rows keep their pages private because
+another row cached the same tokens first), which prefixes a release caches
+and how many pages stay free. Eviction is checked rather than predicted
+leaf by leaf: it happens only when free pages run short, takes only
+unlocked prefixes, whole subtrees of them, frees at least the shortage, and
+is counted in `num_evicted`. After every step the tree, the locks and each
+slot's prefix must equal the model and `check_pools` must hold, device
+compared.
 """
 
 from __future__ import annotations
@@ -28,25 +32,29 @@ from hypothesis.stateful import (
 from returns.result import Failure, Success
 
 from batchstate import (
-    CachedPools,
+    Chunked,
     ContextTooLong,
     EmptyPrompt,
     Filtered,
     Idle,
+    NotHeld,
     NotOwned,
     OutOfKVTokens,
     OutOfReqSlots,
+    Pools,
     Req,
-    cached_pools,
     check_batch,
-    check_cached_pools,
-    decode_cached,
-    extend_cached,
+    check_pools,
+    decode,
+    extend,
     filter_batch,
     idle,
     make_pools,
     merge,
-    release_cached,
+    mix,
+    prebuilt,
+    release,
+    settle,
     split,
 )
 from tests.strategies import CPU, LONG, keep_patterns, tile
@@ -56,6 +64,7 @@ STEP_COUNT: Final = 60 if LONG else 30
 MAX_CONTEXT: Final = 24
 HEADERS: Final = ((1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 9, 9, 9), (4, 4, 4, 4, 4))
 
+Prefix = tuple[int, ...]
 _seen: dict[str, int] = {}
 
 
@@ -64,41 +73,59 @@ class _Row:
     req: Req
     slot: int
     seq_len: int
-    hit: int  # tokens read from the cache
+    prefix: Prefix  # the cached prefix the row reads (and locks)
 
 
 class CacheMachine(RuleBasedStateMachine):
-    """Cached pools, a running batch, and the model of the cache."""
+    """Pools with the cache on, a running batch, held chunks, and the model of the cache."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.pools: CachedPools = cached_pools(make_pools(1, 1, 0, CPU))
+        self.pools: Pools = make_pools(1, 1, 0, CPU, prefix_cache=True)
         self.page_size = 1
         self.running: Filtered | Idle = idle(CPU)
         self.rows: list[_Row] = []
-        self.cache: dict[tuple[int, ...], int] = {}  # prefix -> page
-        self.locks: dict[tuple[int, ...], int] = {}  # prefix -> rows reading it
+        self.held: list[tuple[Chunked, _Row]] = []  # chunks between their prefill's chunks
+        self.cache: dict[Prefix, int] = {}  # prefix -> page
+        self.locks: dict[Prefix, int] = {}  # prefix -> rows reading it
         self.released: list[tuple[Filtered, list[int]]] = []
+        self.spent: list[Chunked] = []  # chunks continued or released: never held again
         self.next_rid = 0
 
     # ---- the model ----------------------------------------------------------------------
 
-    def _hit(self, ids: tuple[int, ...]) -> int:
-        page, usable = self.page_size, (len(ids) - 1) // self.page_size * self.page_size
-        length = 0
-        while length + page <= usable and ids[: length + page] in self.cache:
+    def _match(self, ids: Sequence[int]) -> int:
+        # The longest cached prefix of `ids`, whole pages.
+        page, length = self.page_size, 0
+        while length + page <= len(ids) and tuple(ids[: length + page]) in self.cache:
             length += page
         return length
 
-    def _prefixes(self, ids: Sequence[int], length: int) -> list[tuple[int, ...]]:
-        return [tuple(ids[:end]) for end in range(self.page_size, length + 1, self.page_size)]
+    def _hit(self, ids: Prefix) -> int:
+        # What a new request reads: whole pages, leaving its last token to compute.
+        return self._match(ids[: (len(ids) - 1) // self.page_size * self.page_size])
 
-    def _evictable(self, locks: dict[tuple[int, ...], int]) -> int:
+    def _prefixes(self, ids: Sequence[int], start: int, end: int) -> list[Prefix]:
+        # The page-aligned prefixes of `ids` ending in (start, end].
+        page = self.page_size
+        return [tuple(ids[:stop]) for stop in range(start + page, end + 1, page)]
+
+    def _lock(self, locks: dict[Prefix, int], ids: Sequence[int], start: int, end: int) -> None:
+        for prefix in self._prefixes(ids, start, end):
+            locks[prefix] = locks.get(prefix, 0) + 1
+
+    def _evictable(self, locks: dict[Prefix, int]) -> int:
         return sum(1 for prefix in self.cache if not locks.get(prefix))
+
+    def _every_row(self) -> list[_Row]:
+        return self.rows + [row for _, row in self.held]
 
     def _private(self) -> int:
         page = self.page_size
-        return sum(-(-row.seq_len // page) - row.hit // page for row in self.rows)
+        return sum(-(-row.seq_len // page) - len(row.prefix) // page for row in self._every_row())
+
+    def _free_slots(self) -> int:
+        return self.pools.max_reqs - len(self._every_row())
 
     def _free_pages(self) -> int:
         return self.pools.num_pages - len(self.cache) - self._private()
@@ -106,28 +133,70 @@ class CacheMachine(RuleBasedStateMachine):
     def _seen(self, name: str) -> None:
         _seen[name] = _seen.get(name, 0) + 1
 
-    def _expect_failure(self, result: object, kind: type, before: CachedPools) -> None:
+    def _expect_failure(self, result: object, kind: type, before: Pools) -> None:
         assert isinstance(result, Failure), f"expected {kind.__name__}, got {result}"
         assert type(result.failure()) is kind, f"expected {kind.__name__}, got {result}"
         assert self.pools is before
         self._seen(kind.__name__)
 
-    def _absorb_eviction(self, after: CachedPools, needed: int, free: int) -> None:
-        # The tree after an allocation: the model less some evicted prefixes.
+    def _absorb_eviction(
+        self, after: Pools, locks: dict[Prefix, int], fresh: set[int], needed: int, free: int
+    ) -> None:
+        # The model less what the allocation evicted. Pages just allocated (`fresh`)
+        # were free or evicted before: an entry at one of them was published since.
         entries = after.cache.entries()
-        evicted = set(self.cache) - set(entries)
-        assert set(entries) <= set(self.cache), "an allocation added to the cache"
+        survivors = {prefix: page for prefix, (page, _) in entries.items() if page not in fresh}
+        for prefix, page in survivors.items():
+            assert self.cache.get(prefix) == page, f"a transition moved or added {prefix}"
+        evicted = set(self.cache) - set(survivors)
+        assert after.cache.num_evicted - self.pools.cache.num_evicted == len(evicted)
         if needed <= free:
             assert not evicted, "evicted while free pages sufficed"
         else:
             assert len(evicted) >= needed - free, "evicted less than the shortage"
             self._seen("eviction")
         for prefix in evicted:
-            assert not self.locks.get(prefix), f"evicted a prefix in use: {prefix}"
+            assert not locks.get(prefix), f"evicted a prefix in use: {prefix}"
             for longer in self.cache:
                 if longer[: len(prefix)] == prefix:
                     assert longer in evicted, "evicted a prefix but kept a longer one"
+        for prefix in evicted:
             del self.cache[prefix]
+
+    def _publish(self, after: Pools, row: _Row, ids: Sequence[int]) -> None:
+        # A prefill or a chunk ended: the row's whole pages of `ids` go into the cache
+        # and its lock moves onto them, unless another row cached them first.
+        full = len(ids) // self.page_size * self.page_size
+        start = len(row.prefix)
+        if full <= start:
+            return
+        if self._match(ids[:full]) != start:
+            self._seen("kept private")
+            return
+        table, page = after.table.host, self.page_size
+        for prefix in self._prefixes(ids, start, full):
+            self.cache[prefix] = int(table[row.slot, len(prefix) - page]) // page
+        self._lock(self.locks, ids, start, full)
+        row.prefix = tuple(ids[:full])
+        self._seen("published")
+
+    def _fresh_pages(self, after: Pools, slots: Sequence[int], starts: Sequence[int]) -> set[int]:
+        # The pages each slot owns from the page holding position `starts[i]` on, in
+        # `after`: new ones, and a partly filled one the row had (private, never cached).
+        table, page = after.table.host, self.page_size
+        pages: set[int] = set()
+        for slot, start in zip(slots, starts, strict=True):
+            first = start // page * page
+            end = int(after.slot_tokens[slot])
+            pages |= {int(cell) // page for cell in table[slot, first:end:page]}
+        return pages
+
+    def _check_hits(self, after: Pools, rows: Sequence[_Row]) -> None:
+        table, page = after.table.host, self.page_size
+        for row in rows:
+            for prefix in self._prefixes(row.req.input_ids, 0, len(row.prefix)):
+                cell = int(table[row.slot, len(prefix) - page])
+                assert cell // page == self.cache[prefix], "a hit reads another page"
 
     # ---- rules --------------------------------------------------------------------------
 
@@ -138,8 +207,17 @@ class CacheMachine(RuleBasedStateMachine):
     )
     def start(self, page_size: int, num_pages: int, max_reqs: int) -> None:
         self.page_size = page_size
-        pools = make_pools(max_reqs, MAX_CONTEXT, num_pages * page_size, CPU, page_size)
-        self.pools = cached_pools(pools)
+        self.pools = make_pools(
+            max_reqs, MAX_CONTEXT, num_pages * page_size, CPU, page_size, prefix_cache=True
+        )
+
+    def _new_reqs(self, picks: list[tuple[int, list[int]]], empty: int) -> list[Req]:
+        reqs: list[Req] = []
+        for header, tail in picks:
+            self.next_rid += 1
+            ids = (HEADERS[header] if header < len(HEADERS) else ()) + tuple(tail)
+            reqs.append(Req(self.next_rid, () if empty == 0 and not reqs else ids))
+        return reqs
 
     @rule(
         picks=st.lists(
@@ -147,16 +225,14 @@ class CacheMachine(RuleBasedStateMachine):
             max_size=3,
         ),
         empty=st.integers(0, 15),
+        arrives_whole=st.integers(0, 4),
     )
-    def admit(self, picks: list[tuple[int, list[int]]], empty: int) -> None:
-        """Extend requests that share headers; merge them into the running batch."""
-        reqs: list[Req] = []
-        for header, tail in picks:
-            self.next_rid += 1
-            ids = (HEADERS[header] if header < len(HEADERS) else ()) + tuple(tail)
-            reqs.append(Req(self.next_rid, () if empty == 0 and not reqs else ids))
+    def admit(self, picks: list[tuple[int, list[int]]], empty: int, arrives_whole: int) -> None:
+        """Extend (or, now and then, `prebuilt`) requests that share headers; merge them in."""
+        reqs = self._new_reqs(picks, empty)
+        whole = arrives_whole == 0  # prebuilt: nothing read from the cache, KV arrives whole
         before = self.pools
-        result = extend_cached(idle(CPU), reqs, before)
+        result = (prebuilt if whole else extend)(idle(CPU), reqs, before)
         if not reqs:
             return
         if any(not req.input_ids for req in reqs):
@@ -165,14 +241,14 @@ class CacheMachine(RuleBasedStateMachine):
         if any(len(req.input_ids) > MAX_CONTEXT for req in reqs):
             self._expect_failure(result, ContextTooLong, before)
             return
-        if len(reqs) > before.num_free_slots:
+        if len(reqs) > self._free_slots():
             self._expect_failure(result, OutOfReqSlots, before)
             return
-        hits = [self._hit(req.input_ids) for req in reqs]
+        # Every prompt matches the cache as it was before the extend.
+        hits = [0 if whole else self._hit(req.input_ids) for req in reqs]
         locks = dict(self.locks)
         for req, hit in zip(reqs, hits, strict=True):
-            for prefix in self._prefixes(req.input_ids, hit):
-                locks[prefix] = locks.get(prefix, 0) + 1
+            self._lock(locks, req.input_ids, 0, hit)
         page = self.page_size
         needed = sum(-(-(len(r.input_ids) - h) // page) for r, h in zip(reqs, hits, strict=True))
         free = self._free_pages()
@@ -181,24 +257,125 @@ class CacheMachine(RuleBasedStateMachine):
             return
         assert isinstance(result, Success), f"expected Success, got {result}"
         batch, after = result.unwrap()
-        assert batch.prefix_lens == tuple(hits)
+        if not whole:
+            assert batch.prefix_lens == tuple(hits)
         if any(hits):
             self._seen("hit")
         slots = batch.rows.req_pool_indices.host.tolist()
-        table = after.table.host
-        for req, hit, slot in zip(reqs, hits, slots, strict=True):
-            for prefix in self._prefixes(req.input_ids, hit):
-                cell = int(table[slot, len(prefix) - page])
-                assert cell // page == self.cache[prefix], "a hit reads another page"
-        self.locks = locks
-        self._absorb_eviction(after, needed, free)
-        self.pools = after
         new = [
-            _Row(req, slot, len(req.input_ids), hit)
+            _Row(req, slot, len(req.input_ids), req.input_ids[:hit])
             for req, hit, slot in zip(reqs, hits, slots, strict=True)
         ]
+        self._absorb_eviction(after, locks, self._fresh_pages(after, slots, hits), needed, free)
+        self.locks = locks
+        self._check_hits(after, new)
+        for row in new:  # in row order: a row publishes what an earlier one did not
+            self._publish(after, row, row.req.input_ids)
+        self.pools = after
         self.running = merge(self.running, batch)
         self.rows += new
+
+    @rule(
+        pick=st.tuples(st.integers(0, len(HEADERS)), st.lists(st.integers(1, 3), max_size=12)),
+        budget=st.integers(1, 12),
+        resume=st.booleans(),
+    )
+    def chunk(self, pick: tuple[int, list[int]], budget: int, resume: bool) -> None:
+        """One `mix`: a held chunk goes on (or a new request starts), every running row decodes."""
+        if resume and self.held:
+            item, row = self.held[0]
+            self._mix_one(item, row, item.cached, budget)
+        else:
+            (req,) = self._new_reqs([pick], 1)
+            self._mix_one(req, _Row(req, 0, 0, ()), self._hit(req.input_ids), budget)
+
+    def _mix_refused(self, result: object, admit: Req | Chunked, before: Pools) -> bool:
+        # The refusals `mix` makes before it allocates, in its order.
+        ids = admit.req.input_ids if isinstance(admit, Chunked) else admit.input_ids
+        if not ids:
+            self._expect_failure(result, EmptyPrompt, before)
+        elif len(ids) > MAX_CONTEXT or (
+            self.rows and max(r.seq_len for r in self.rows) >= MAX_CONTEXT
+        ):
+            self._expect_failure(result, ContextTooLong, before)
+        elif isinstance(admit, Req) and not self._free_slots():
+            self._expect_failure(result, OutOfReqSlots, before)
+        else:
+            return False
+        return True
+
+    def _mix_one(self, admit: Req | Chunked, row: _Row, start: int, budget: int) -> None:
+        # `start`: the tokens the row holds before the chunk (a new request's hit).
+        before = self.pools
+        tokens = [1 + running.req.rid % 3 for running in self.rows]
+        result = mix(self.running, [admit], budget, before, tokens)
+        if self._mix_refused(result, admit, before):
+            return
+        ids = row.req.input_ids
+        end = start + min(len(ids) - start, budget)
+        locks = dict(self.locks)
+        if isinstance(admit, Req):
+            self._lock(locks, ids, 0, start)
+            row.prefix = ids[:start]
+        page = self.page_size
+        needed = -(-end // page) - -(-start // page)
+        needed += sum(1 for r in self.rows if r.seq_len % page == 0)
+        free = self._free_pages()
+        if needed > free + self._evictable(locks):
+            self._expect_failure(result, OutOfKVTokens, before)
+            return
+        assert isinstance(result, Success), f"expected Success, got {result}"
+        mixed, after = result.unwrap()
+        assert mixed.prefix_lens.tolist()[0] == start and mixed.num_extend_rows == 1
+        if isinstance(admit, Req):
+            row.slot = int(mixed.rows.req_pool_indices.host[0])
+            if start:
+                self._seen("hit")
+        else:
+            self.held.pop(0)
+            self.spent.append(admit)
+        starts = [start] + [r.seq_len for r in self.rows]
+        fresh = self._fresh_pages(after, [row.slot] + [r.slot for r in self.rows], starts)
+        self._absorb_eviction(after, locks, fresh, needed, free)
+        self.locks = locks
+        self._check_hits(after, [row])
+        row.seq_len = end
+        self._publish(after, row, ids[:end])  # the chunk's end
+        for decoding in self.rows:
+            decoding.seq_len += 1
+        settled = settle(mixed)
+        self.pools, self.running = after, settled.running
+        if end < len(ids):
+            (held,) = settled.held
+            assert (held.slot, held.cached) == (row.slot, end)
+            self.held.append((held, row))
+            self._seen("chunk held")
+        else:
+            assert not settled.held
+            self.rows.append(row)  # settle puts a finished prompt after the decode rows
+
+    @precondition(lambda self: bool(self.spent))
+    @rule(pick=st.integers(0, 5))
+    def continue_spent(self, pick: int) -> None:
+        """A chunk continued or released already goes on no more: NotHeld, nothing changed."""
+        item = self.spent[pick % len(self.spent)]
+        if any(row.slot == item.slot for row in self.rows):
+            return  # its rid and slot are running now: a BatchConflict, tested elsewhere
+        if any(row.slot == item.slot and row.seq_len == item.cached for _, row in self.held):
+            return  # another chunk holds the same count in the slot: it cannot tell them apart
+        before = self.pools
+        result = mix(self.running, [item], 4, before, [1] * len(self.rows))
+        self._expect_failure(result, NotHeld, before)
+
+    @precondition(lambda self: bool(self.held))
+    @rule()
+    def drop_chunk(self) -> None:
+        """A held chunk given up: its whole pages stay cached, its lock goes."""
+        item, row = self.held.pop(0)
+        after = release(item, self.running, self.pools).unwrap()
+        self._release_rows(after, [row], [item.req.input_ids])
+        self.spent.append(item)
+        self.pools = after
 
     @precondition(lambda self: bool(self.rows))
     @rule()
@@ -206,7 +383,7 @@ class CacheMachine(RuleBasedStateMachine):
         """Decode every running row: evicts when free pages run short."""
         assert not isinstance(self.running, Idle)
         before = self.pools
-        result = decode_cached(self.running, before)
+        result = decode(self.running, before)
         if max(row.seq_len for row in self.rows) >= MAX_CONTEXT:
             self._expect_failure(result, ContextTooLong, before)
             return
@@ -217,10 +394,25 @@ class CacheMachine(RuleBasedStateMachine):
             return
         assert isinstance(result, Success), f"expected Success, got {result}"
         batch, after = result.unwrap()
-        self._absorb_eviction(after, needed, free)
+        slots = [row.slot for row in self.rows]
+        fresh = self._fresh_pages(after, slots, [row.seq_len for row in self.rows])
+        self._absorb_eviction(after, self.locks, fresh, needed, free)
         for row in self.rows:
             row.seq_len += 1
         self.pools, self.running = after, filter_batch(batch, list(range(len(self.rows))))
+
+    def _release_rows(self, after: Pools, gone: Sequence[_Row], tokens: Sequence[Prefix]) -> None:
+        # The model of a release: each row unlocks its prefix, then caches its whole
+        # pages that the cache does not hold yet, in row order.
+        table, page = self.pools.table.host, self.page_size
+        for row, ids in zip(gone, tokens, strict=True):
+            for prefix in self._prefixes(row.prefix, 0, len(row.prefix)):
+                self.locks[prefix] -= 1
+            full = min(len(ids), row.seq_len) // page * page
+            for prefix in self._prefixes(ids, 0, full):
+                if prefix not in self.cache:
+                    self.cache[prefix] = int(table[row.slot, len(prefix) - page]) // page
+        self.locks = {prefix: count for prefix, count in self.locks.items() if count}
 
     @precondition(lambda self: bool(self.rows))
     @rule(pattern=keep_patterns(), generated=st.booleans())
@@ -231,17 +423,8 @@ class CacheMachine(RuleBasedStateMachine):
         gone = [self.rows[index] for index in range(len(self.rows)) if index not in keep]
         kept, left = split(self.running, keep)
         tokens = [self._tokens(row) if generated else row.req.input_ids for row in gone]
-        after = release_cached(left, kept, self.pools, tokens).unwrap()
-        table = self.pools.table.host
-        page = self.page_size
-        for row, ids in zip(gone, tokens, strict=True):
-            for prefix in self._prefixes(row.req.input_ids, row.hit):
-                self.locks[prefix] -= 1
-            full = min(len(ids), row.seq_len) // page * page
-            for prefix in self._prefixes(ids, full):
-                if prefix not in self.cache:
-                    self.cache[prefix] = int(table[row.slot, len(prefix) - page]) // page
-        self.locks = {prefix: count for prefix, count in self.locks.items() if count}
+        after = release(left, kept, self.pools, tokens).unwrap()
+        self._release_rows(after, gone, tokens)
         self.released.append(
             (
                 filter_batch(self.running, [i for i in range(len(self.rows)) if i not in keep]),
@@ -256,13 +439,13 @@ class CacheMachine(RuleBasedStateMachine):
     def release_twice(self, pick: int) -> None:
         """Releasing rows again: NotOwned (or StillRunning), nothing changed."""
         left, slots = self.released[pick % len(self.released)]
-        live = {row.slot for row in self.rows}
+        live = {row.slot for row in self._every_row()}
         if not slots or set(slots) & live:
             return
         before = self.pools
-        self._expect_failure(release_cached(left, self.running, before), NotOwned, before)
+        self._expect_failure(release(left, self.running, before), NotOwned, before)
 
-    def _tokens(self, row: _Row) -> tuple[int, ...]:
+    def _tokens(self, row: _Row) -> Prefix:
         # The prompt, then the tokens its decodes produced (made up: the KV is not modelled).
         extra = row.seq_len - len(row.req.input_ids)
         return row.req.input_ids + tuple(1 + (row.req.rid + step) % 3 for step in range(extra))
@@ -271,11 +454,16 @@ class CacheMachine(RuleBasedStateMachine):
     def cache_matches_model(self) -> None:
         pools = self.pools
         check_batch(self.running, compare_device=True)
-        check_cached_pools(pools, [self.running], compare_device=True)
+        check_pools(pools, [self.running], compare_device=True)
         entries = pools.cache.entries()
         assert {prefix: page for prefix, (page, _) in entries.items()} == self.cache
         assert {prefix: locks for prefix, (_, locks) in entries.items() if locks} == self.locks
+        reading = {row.slot: row.prefix for row in self._every_row() if row.prefix}
+        assert dict(pools.prefixes) == reading
+        for item, row in self.held:
+            assert int(pools.slot_tokens[item.slot]) == item.cached == row.seq_len
         assert len(pools.free_pages) == self._free_pages()
+        assert pools.num_free_slots == self._free_slots()
         counts = pools.ref_counts()
         assert int(counts.sum()) == len(self.cache) + sum(self.locks.values()) + self._private()
 
@@ -284,7 +472,7 @@ run_machine: Callable[..., None] = run_state_machine_as_test
 
 
 def test_prefix_cache_machine() -> None:
-    """No sequence of cached transitions breaks an invariant or disagrees with the model."""
+    """No sequence of transitions on shared pools breaks an invariant or the model."""
     _seen.clear()
     run_machine(
         CacheMachine,
@@ -297,5 +485,15 @@ def test_prefix_cache_machine() -> None:
         ),
     )
     print(f"\nprefix cache machine: {_seen}")
-    expected = {"hit", "eviction", "OutOfKVTokens", "OutOfReqSlots", "NotOwned"}
+    expected = {
+        "hit",
+        "eviction",
+        "published",
+        "kept private",
+        "chunk held",
+        "OutOfKVTokens",
+        "OutOfReqSlots",
+        "NotOwned",
+        "NotHeld",
+    }
     assert expected <= set(_seen), f"never reached: {expected - set(_seen)}"

@@ -9,14 +9,14 @@ from batchstate import PrefixCache
 
 def _cache(*prompts: tuple[int, ...]) -> PrefixCache:
     """Pages of one token; token `t` at position `i` of a prompt cached in page `10 * i + t`."""
-    cache = PrefixCache._empty(1, None)
+    cache = PrefixCache._empty(1)
     for tokens in prompts:
         cache, _ = cache._insert(tokens, [10 * i + t for i, t in enumerate(tokens)])
     return cache
 
 
 def test_a_miss_matches_no_tokens_and_an_empty_int64_array_of_pages() -> None:
-    length, pages = PrefixCache._empty(1, None).match((1, 2, 3))
+    length, pages = PrefixCache._empty(1).match((1, 2, 3))
     assert length == 0 and pages.dtype == np.int64 and pages.shape == (0,)
     length, pages = _cache((1, 2)).match((3,))
     assert length == 0 and pages.dtype == np.int64 and pages.shape == (0,)
@@ -57,3 +57,21 @@ def test_a_locked_prefix_counts_as_used_when_evicting() -> None:
     assert cache._evict(1)[1] == [1]
     read = cache._lock((1,), 1)._unlock((1,), 1)  # a row read (1) since
     assert read._evict(1)[1] == [2]
+
+
+def test_evicted_pages_add_up_across_evictions_and_older_values_keep_their_count() -> None:
+    cache = _cache((1, 2), (3,), (4,))  # four pages, three leaves
+    once, first = cache._evict(1)
+    twice, second = once._evict(2)
+    assert (len(first), len(second)) == (2, 2)  # whole leaves: (1) -> (2) goes in one
+    assert (cache.num_evicted, once.num_evicted, twice.num_evicted) == (0, 2, 4)
+    assert twice.num_pages == 0 and len(twice) == 0
+
+
+def test_a_disabled_cache_matches_nothing_and_prints_so() -> None:
+    off = PrefixCache._empty(4, enabled=False)
+    length, pages = off.match(tuple(range(12)))
+    assert length == 0 and pages.dtype == np.int64 and pages.shape == (0,)
+    assert (off.num_pages, off.num_evictable, off.num_tokens) == (0, 0, 0)
+    assert repr(off) == "PrefixCache(disabled, page_size=4)"
+    assert repr(PrefixCache._empty(4)) == "PrefixCache(pages=0, locked=0, page_size=4)"
