@@ -101,6 +101,7 @@ REJECTED: Final = {
     # One pools type: a batch or a held chunk where the pools go is refused.
     "reject_decode_with_batch_as_pools": "decode(filtered, filtered)",
     "reject_flush_a_batch": "flush(filtered)",
+    "reject_pools_as_a_holder": "check_leaks(pools, [filtered, pools])",
     "reject_release_tokens_of_ints": "release(filtered, idle_, pools, [1, 2])",
     "reject_result_used_as_step": "print(decode(filtered, pools).batch)",
     # A held chunk is not a batch: it can only be mixed again or released.
@@ -171,6 +172,12 @@ ACCEPTED: Final = {
         check_leaks(pools, [running, *held, decoded.batch])
         print(read_sampled(tokens).tolist())
     """,
+    # Holders of different column sets check together, with no annotation.
+    "accept_leaks_of_any_column_set": """\
+        check_leaks(pools, [lora, sampling_idle, chunked, filtered, mixed, with_sampling])
+        leaks = find_leaks(pools, (decoding, chunked))
+        print(leaks.unheld)
+    """,
     "accept_failure_handling": """\
         result = decode(filtered, pools)
         if isinstance(result, Success):
@@ -210,6 +217,7 @@ _REASON: Final = {
     "reject_undeclared_column": "[attr-defined]",
     "reject_result_used_as_step": "[attr-defined]",
     "reject_release_tokens_of_ints": "[list-item]",
+    "reject_pools_as_a_holder": "[list-item]",
     "reject_merge_different_columns": "Cannot infer value of type parameter",
     "reject_extend_without_columns": "[arg-type]",
     "reject_mirror_from_one_side": "[call-arg]",
@@ -221,6 +229,7 @@ _REASON: Final = {
     "reject_input_ids_on_filtered": "[attr-defined]",
     "reject_result_used_as_step": "[attr-defined]",
     "reject_release_tokens_of_ints": "[list-item]",
+    "reject_pools_as_a_holder": "[list-item]",
     "reject_chunked_rows": "[attr-defined]",
 }
 

@@ -37,6 +37,10 @@ class Chunked(Generic[C]):
     cached: int  # prompt tokens with KV in the slot, 0 < cached < len(req.input_ids)
     columns: C = NO_COLUMNS  # type: ignore[assignment]  # its own row of the batch's column set
 
+    def _held_slots(self) -> list[tuple[int, int]]:
+        # (slot, tokens it holds): what `find_leaks` compares with the pools.
+        return [(self.slot, self.cached)]
+
     @property
     def remaining(self) -> int:
         """Prompt tokens still to compute."""

@@ -39,6 +39,10 @@ class Departed:
     # value built or changed by hand is always compared. Compared by identity.
     stayed: object = attrs.field(default=None, init=False)
 
+    def _held_slots(self) -> list[tuple[int, int]]:
+        # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
+        return list(zip(self.slots.tolist(), self.seq_lens.tolist(), strict=True))
+
     def __repr__(self) -> str:
         return f"Departed(rids={[req.rid for req in self.reqs]}, slots={self.slots.tolist()})"
 

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeAlias, final
+from typing import Protocol, final
 
 import attrs
 
-from batchstate._chunked import Chunked
-from batchstate._columns import C
 from batchstate._errors import InvariantViolation
-from batchstate._filter import Departed
-from batchstate._mixed import Mixed
-from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle
-from batchstate._pools import Pools
-from batchstate._speculative import Verifying
+from batchstate._pools import Pools, expect_pools
 
 __all__ = ["Holder", "Leaks", "check_leaks", "find_leaks"]
 
-# Everything that can hold a request slot between two calls.
-Holder: TypeAlias = Batch[C] | Mixed[C] | Chunked[C] | Verifying[C] | Departed
+
+class Holder(Protocol):
+    """Anything that holds request slots between two calls, of any column set.
+
+    The records (`Idle`, `Extended`, `Decoding`, `Filtered`, `Mixed`), a held
+    `Chunked`, a `Verifying` window and an unreleased `Departed`: each says
+    which slots it holds, at which lengths, without reading the device.
+    """
+
+    def _held_slots(self) -> list[tuple[int, int]]: ...
 
 
 @final
@@ -58,7 +60,7 @@ class Leaks:
         return "; ".join(parts)
 
 
-def find_leaks(pools: Pools, holders: Iterable[Holder[C]]) -> Leaks:
+def find_leaks(pools: Pools, holders: Iterable[Holder]) -> Leaks:
     """Compare the slots the pools own with the slots `holders` hold: host data only.
 
     Pass every live record: the running batch, each held `Chunked`, a
@@ -66,6 +68,7 @@ def find_leaks(pools: Pools, holders: Iterable[Holder[C]]) -> Leaks:
     `Departed` not yet released. A `Verifying` holds its slots at a length
     only the device knows, so its lengths are not compared.
     """
+    expect_pools(pools)
     owned = pools.slot_tokens
     seen: dict[int, int] = {}
     twice: set[int] = set()
@@ -91,24 +94,15 @@ def find_leaks(pools: Pools, holders: Iterable[Holder[C]]) -> Leaks:
     )
 
 
-def check_leaks(pools: Pools, holders: Iterable[Holder[C]]) -> None:
+def check_leaks(pools: Pools, holders: Iterable[Holder]) -> None:
     """Raise `InvariantViolation` unless `find_leaks` finds nothing."""
     leaks = find_leaks(pools, holders)
     if leaks:
         raise InvariantViolation(f"leak check: {leaks}")
 
 
-def _held(holder: Holder[C]) -> list[tuple[int, int]]:
+def _held(holder: Holder) -> list[tuple[int, int]]:
     # (slot, tokens it holds) per row; -1 where only the device knows the length.
-    if isinstance(holder, Chunked):
-        return [(holder.slot, holder.cached)]
-    if isinstance(holder, Departed):
-        return list(zip(holder.slots.tolist(), holder.seq_lens.tolist(), strict=True))
-    if isinstance(holder, Verifying):
-        return [(slot, -1) for slot in holder.req_pool_indices.host.tolist()]
-    if isinstance(holder, Idle | Extended | Decoding | Filtered | Mixed):
-        rows = holder.rows
-        return list(
-            zip(rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist(), strict=True)
-        )
-    raise TypeError(f"find_leaks: {type(holder).__name__} holds no request slots")
+    if not hasattr(holder, "_held_slots"):
+        raise TypeError(f"find_leaks: {type(holder).__name__} holds no request slots")
+    return holder._held_slots()

@@ -37,7 +37,7 @@ from batchstate._errors import (
     RecordShapeError,
 )
 from batchstate._mirrored import DeviceOnly, HostArray, frozen, host_int64
-from batchstate._phases import Filtered
+from batchstate._phases import Filtered, _rows_held
 from batchstate._pools import Pools
 from batchstate._rows import Rows, check_host
 
@@ -107,6 +107,10 @@ class Mixed(Generic[C]):
     def num_tokens(self) -> int:
         """Tokens in the forward: the extend tokens, then one per decode row."""
         return self.num_extend_tokens + len(self.rows) - self.num_extend_rows
+
+    def _held_slots(self) -> list[tuple[int, int]]:
+        # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
+        return _rows_held(self.rows)
 
     @property
     def sample_index(self) -> HostArray:

@@ -32,6 +32,10 @@ class Idle(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
+    def _held_slots(self) -> list[tuple[int, int]]:
+        # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
+        return _rows_held(self.rows)
+
 
 @final
 @attrs.frozen(eq=False)
@@ -99,6 +103,10 @@ class Extended(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
+    def _held_slots(self) -> list[tuple[int, int]]:
+        # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
+        return _rows_held(self.rows)
+
 
 @final
 @attrs.frozen(eq=False)
@@ -132,6 +140,10 @@ class Decoding(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
+    def _held_slots(self) -> list[tuple[int, int]]:
+        # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
+        return _rows_held(self.rows)
+
 
 @final
 @attrs.frozen(eq=False)
@@ -143,6 +155,14 @@ class Filtered(Generic[C]):
     @property
     def device(self) -> torch.device:
         return self.rows.device
+
+    def _held_slots(self) -> list[tuple[int, int]]:
+        # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
+        return _rows_held(self.rows)
+
+
+def _rows_held(rows: Rows[C]) -> list[tuple[int, int]]:
+    return list(zip(rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist(), strict=True))
 
 
 _new = object.__new__

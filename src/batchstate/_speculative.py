@@ -87,6 +87,10 @@ class Verifying(Generic[C]):
         except ColumnError as error:
             raise RecordShapeError(str(error)) from error
 
+    def _held_slots(self) -> list[tuple[int, int]]:
+        # (slot, -1) per row: only the device knows the length it holds.
+        return [(slot, -1) for slot in self.req_pool_indices.host.tolist()]
+
     def __repr__(self) -> str:
         return (
             f"Verifying(num_reqs={len(self.reqs)}, num_drafts={int(self.draft_lens.sum())},"
