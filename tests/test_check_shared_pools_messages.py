@@ -133,7 +133,7 @@ def test_pools_without_kv_pages_pass_the_check() -> None:
 
 def test_a_cache_of_another_page_size() -> None:
     _, pools, _ = _running()
-    with raises_exactly("the cache has pages of 16"):
+    with raises_exactly("the cache has pages of 16, the pools of 4"):
         check_pools(_with_cache(pools, page_size=16))
 
 

@@ -36,7 +36,13 @@ def check_shared_pools(
     """
     cache, page_size = pools.cache, pools.page_size
     batches = list(batches)
-    _expect(cache.page_size == page_size, f"the cache has pages of {cache.page_size}")
+    _expect(
+        cache.page_size == page_size,
+        f"the cache has pages of {cache.page_size}, the pools of {page_size}",
+    )
+    # Slot 0, the padding row, is named below; past the table is named here.
+    outside = sorted(slot for slot in pools.prefixes if not 0 <= slot <= pools.max_reqs)
+    _expect(not outside, f"prefixes name slots outside 1..{pools.max_reqs}: {outside}")
     _check_tree(pools)
     entries = cache.entries()
     cached = np.array([page for page, _ in entries.values()], dtype=np.int64)
