@@ -10,7 +10,15 @@ import pytest
 import batchstate
 import batchstate.engine._feeder as feeder_module
 from batchstate import DeviceOnly, ForwardInputs
-from batchstate.engine import EngineConfig, SimulationConfig, WorkloadConfig, simulate
+from batchstate.engine import (
+    DataParallelConfig,
+    EngineConfig,
+    SimulationConfig,
+    WorkloadConfig,
+    launch,
+    simulate,
+)
+from batchstate.engine._dp_report import render_dp_summary, summarize_dp
 from batchstate.engine._report import render_summary, summarize
 
 SIZES: Final = (1, 2, 4, 8, 16, 32, 64)
@@ -87,3 +95,21 @@ def test_bad_sizes_are_a_config_error() -> None:
     """Sizes that are not strictly increasing positive ints: ValueError naming the option."""
     with pytest.raises(ValueError, match="--cuda-graph-sizes: captured sizes"):
         SimulationConfig(cuda_graph_sizes=(8, 4)).validate()
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_data_parallel_ranks_pad_to_the_largest_ranks_bucket(drafts: int) -> None:
+    """Every rank pads its forward (an idle rank brings padding tokens) to the bucket of the
+    largest rank's, so the shared layers see one size: a rank bringing another count would
+    stop the run. Verify windows run eagerly beside them. The oracle stays exact."""
+    config = SimulationConfig(
+        workload=WORKLOAD,
+        engine=EngineConfig(max_running=8, chunk_size=16, speculative=drafts),
+        page_size=4,
+        cuda_graph_sizes=SIZES,
+    )
+    run = launch(config, DataParallelConfig(2), show_progress=False)
+    assert run.oracle is not None and run.oracle.passed
+    summary = summarize_dp(run)
+    assert summary.padded_forwards > 0 and summary.padded_tokens > 0
+    assert "every rank to the bucket of the largest rank's forward" in render_dp_summary(summary)

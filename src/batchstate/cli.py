@@ -93,8 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         dp = _data_parallel(args)
         if dp is not None:
             dp.validate(config)
-            if config.cuda_graph_sizes:
-                raise ValueError("--cuda-graph-sizes pads one process's forwards: not with --dp")
         if args.plot is not None:
             if dp is not None:
                 raise ValueError("--plot draws one process's run: it does not take --dp")

@@ -19,6 +19,7 @@ import attrs
 import torch
 
 from batchstate.engine._engine import Engine
+from batchstate.engine._feeder import Feeder
 from batchstate.engine._model import TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
 from batchstate.engine._paged import make_kv_cache
@@ -101,6 +102,8 @@ class RankRun:
     pools_conserved: bool
     pools: str
     bookkeeping_us_per_step: float
+    padded_forwards: int = 0  # forwards padded to the step's captured size (--cuda-graph-sizes)
+    padded_tokens: int = 0  # tokens (rows, for decode) padding added
 
 
 @final
@@ -148,7 +151,8 @@ def run_rank(
     model = make_model(config.model, device)
     warm_up(device, model)
     fault = dp.fault if dp.fault is not None and dp.fault.rank == group.rank else None
-    tokens = RankTokens(model, make_kv_cache(model, pools), group, fault)
+    feeder = Feeder(config.cuda_graph_sizes)
+    tokens = RankTokens(model, make_kv_cache(model, pools), group, fault, feeder)
     engine = Engine(config.engine_config, (), pools, tokens, read_counter())
     router = Router(specs, group.world)
     loads: tuple[int, ...] = (0,) * group.world
@@ -176,7 +180,7 @@ def run_rank(
             engine.clock = max(engine.clock, router.next_arrival)  # everyone waits: skip ahead
     wall_s = perf_counter() - start
     engine.check()
-    mine = _rank_run(group.rank, engine, log)
+    mine = _rank_run(group.rank, engine, log, feeder)
     gathered = group.gather_results(mine)
     group.leave()  # the ranks' work is done; rank 0's oracle needs no collective
     if gathered is None:
@@ -214,7 +218,7 @@ class _StepLog:
         self.phase_mixes["+".join(sorted({shape.phase.name.lower() for shape in shapes}))] += 1
 
 
-def _rank_run(rank: int, engine: Engine, log: _StepLog) -> RankRun:
+def _rank_run(rank: int, engine: Engine, log: _StepLog, feeder: Feeder) -> RankRun:
     trace, pools = engine.trace, engine.pools
     return RankRun(
         rank,
@@ -229,6 +233,8 @@ def _rank_run(rank: int, engine: Engine, log: _StepLog) -> RankRun:
         pools_conserved(pools),
         describe_pools(pools),
         trace.bookkeeping_us_per_step()[0],
+        feeder.padded_forwards,
+        feeder.padded_tokens,
     )
 
 

@@ -51,6 +51,9 @@ class DataParallelSummary:
     oracle: str
     oracle_passed: bool | None
     oracle_s: float | None
+    graph_sizes: tuple[int, ...] = ()  # --cuda-graph-sizes; () pads nothing
+    padded_forwards: int = 0  # over every rank
+    padded_tokens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -85,6 +88,9 @@ def summarize_dp(run: DataParallelRun) -> DataParallelSummary:
         oracle="skipped (--no-oracle)" if run.oracle is None else str(run.oracle),
         oracle_passed=None if run.oracle is None else run.oracle.passed,
         oracle_s=run.oracle_s,
+        graph_sizes=run.config.cuda_graph_sizes,
+        padded_forwards=sum(rank.padded_forwards for rank in run.ranks),
+        padded_tokens=sum(rank.padded_tokens for rank in run.ranks),
     )
 
 
@@ -117,6 +123,7 @@ def render_dp_summary(summary: DataParallelSummary) -> str:
         ("wall time", f"{s.wall_s:.2f} s (engine loop{oracle_time})"),
         ("steps/s", f"{s.steps_per_s:.0f}"),
         ("tokens/s", f"{s.tokens_per_s:.0f} generated"),
+        ("cuda graphs", _graphs(s)),
         ("oracle", s.oracle),
     )
     width = max(len(name) for name, _ in rows)
@@ -135,3 +142,13 @@ def render_dp_summary(summary: DataParallelSummary) -> str:
             f"  {rank.invariant_checks:>6}  {pools}"
         )
     return "\n".join(lines)
+
+
+def _graphs(s: DataParallelSummary) -> str:
+    if not s.graph_sizes:
+        return "off: forwards run at their own sizes (see --cuda-graph-sizes)"
+    sizes = " ".join(map(str, s.graph_sizes))
+    return (
+        f"padded to sizes {sizes}, every rank to the bucket of the largest rank's forward:"
+        f" {s.padded_forwards} forwards padded, {s.padded_tokens} tokens added"
+    )

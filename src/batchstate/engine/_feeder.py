@@ -43,6 +43,10 @@ class Feeder:
         self.eager_forwards = 0  # larger than every size: run unpadded
         self.padded_rows = 0
         self.padded_tokens = 0
+        # Data-parallel ranks: the size the next forward pads to (the bucket of the largest
+        # rank's forward), so every rank brings as many to the shared layers; 0: every rank
+        # runs eagerly. None (one process): each forward pads to its own bucket.
+        self.floor: int | None = None
 
     def inputs(
         self, batch: Extended[Any] | Decoding[Any] | Mixed[Any], pools: Pools
@@ -52,7 +56,12 @@ class Feeder:
         self.forwards += 1
         if not self.sizes:
             return inputs
-        padded = pad(inputs, self.sizes, SGLANG_FILLS).value_or(None)
+        floor = self.floor
+        padded = (
+            None
+            if floor == 0
+            else pad(inputs, self.sizes, SGLANG_FILLS, at_least=floor or 0).value_or(None)
+        )
         if padded is None:
             self.eager_forwards += 1
             return inputs

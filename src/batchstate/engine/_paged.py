@@ -258,7 +258,10 @@ def _forward(
 
 
 def forward_idle(
-    model: TinyModel, batch: Idle[Any] | Filtered[Any], feed_forward: FeedForward | None = None
+    model: TinyModel,
+    batch: Idle[Any] | Filtered[Any],
+    feed_forward: FeedForward | None = None,
+    padding: int = 0,
 ) -> None:
     """Run every layer over no tokens, for a step in which `batch` computes nothing.
 
@@ -266,9 +269,13 @@ def forward_idle(
     prefill server). Nothing is computed or written, but `feed_forward` is
     called once per layer, as in any forward: a data-parallel rank with no
     work joins the collectives of the ranks that have some. The empty input
-    comes from the record's own mirrors, as a decode's would.
+    comes from the record's own mirrors, as a decode's would; with `padding`,
+    it is that many padding tokens, as a rank replaying a captured graph
+    brings.
     """
     positions = batch.rows.seq_lens.device[:0].to(torch.int64)  # no tokens
+    if padding:  # a captured size of padding tokens, at position 0 (SGLang's fill)
+        positions = positions.new_zeros(padding)
     model.hidden(torch.zeros_like(positions), positions, _attend_nothing, feed_forward)
 
 

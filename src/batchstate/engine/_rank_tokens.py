@@ -22,6 +22,7 @@ from batchstate import (
     Sampling,
     Verifying,
 )
+from batchstate.engine._feeder import Feeder
 from batchstate.engine._model import TinyModel
 from batchstate.engine._paged import KVCache, forward_idle
 from batchstate.engine._ranks import Fault, Phase, RankGroup, StepShape
@@ -51,13 +52,20 @@ class RankTokens:
     when no rank brings a token, nobody runs the layers.
     """
 
-    def __init__(
-        self, model: TinyModel, cache: KVCache, group: RankGroup, fault: Fault | None = None
+    def __init__(  # the rank's model, cache and group, and what it may do
+        self,
+        model: TinyModel,
+        cache: KVCache,
+        group: RankGroup,
+        fault: Fault | None = None,
+        feeder: Feeder | None = None,
     ) -> None:
         self.model, self.group, self.fault = model, group, fault
         self.steps = 0  # exchanges so far
         self.status = RankStatus(busy=False, load=0, finished=0)  # set before each step
-        self.local = ModelTokens(model, cache, self._shared_mlp)
+        # With captured sizes, every rank pads each forward to the largest rank's bucket.
+        self.feeder = Feeder() if feeder is None else feeder
+        self.local = ModelTokens(model, cache, self._shared_mlp, feeder=self.feeder)
 
     def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
         """Exchange the extend's shape, then run it with the shared MLPs."""
@@ -123,14 +131,16 @@ class RankTokens:
             phase, num_rows, tokens, seq_lens_sum, status.busy, status.load, status.finished
         )
         self.group.exchange(shape)
+        self.feeder.floor = self.group.pad_to(self.feeder.sizes)
         if self.fault is not None and self.fault.step == self.steps:
             self.fault.strike()
         self.steps += 1
 
     def _join_empty(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
-        # This rank brings no tokens; when another rank brings some, join its shared layers.
+        # This rank brings no tokens (or, padding, a captured size of padding tokens); when
+        # another rank brings some, join its shared layers.
         if any(self.group.tokens):
-            forward_idle(self.model, batch, self._shared_mlp)
+            forward_idle(self.model, batch, self._shared_mlp, self.group.padded_to)
 
     def _shared_mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return self.group.shared_mlp(self.model, layer, x)

@@ -125,6 +125,7 @@ class RankGroup:
         self.rank, self.world, self.device = rank, world, device
         self._cpu, self._shared = cpu, shared
         self.shapes: tuple[StepShape, ...] = ()  # every rank's shape, this step
+        self.padded_to = 0  # this step's captured size every padding rank brings; 0: none
 
     def exchange(self, shape: StepShape) -> tuple[StepShape, ...]:
         """Every rank's shape this step, in rank order: one all-gather of host integers."""
@@ -136,8 +137,23 @@ class RankGroup:
 
     @property
     def tokens(self) -> tuple[int, ...]:
-        """Tokens each rank brings to this step's shared layers."""
-        return tuple(shape.tokens for shape in self.shapes)
+        """Tokens each rank brings to this step's shared layers (padded, when ranks pad)."""
+        size = self.padded_to
+        if not size:
+            return tuple(shape.tokens for shape in self.shapes)
+        # Every rank pads to the step's size but a verify window, which runs eagerly.
+        return tuple(shape.tokens if shape.phase is Phase.VERIFY else size for shape in self.shapes)
+
+    def pad_to(self, sizes: Sequence[int]) -> int:
+        """Set and return the captured size every rank pads this step to: the smallest that
+        holds the largest rank's forward (0: no sizes, or a forward larger than every size,
+        which every rank then runs eagerly). The same on every rank: it reads the exchange."""
+        largest = max(
+            (shape.tokens for shape in self.shapes if shape.phase is not Phase.VERIFY), default=0
+        )
+        fits = [size for size in sizes if size >= largest]
+        self.padded_to = min(fits) if sizes and largest and fits else 0
+        return self.padded_to
 
     def shared_mlp(self, model: TinyModel, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Layer `layer`'s MLP over every rank's tokens; this rank's rows of the result.
