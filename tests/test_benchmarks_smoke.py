@@ -10,6 +10,8 @@ import pytest
 from benchmarks.columns import VARIANTS
 from benchmarks.columns import run as run_columns
 from benchmarks.measure import count_blocks, count_work, final_outcomes
+from benchmarks.production import final_outcomes as production_outcomes
+from benchmarks.production import run as run_production
 from benchmarks.scenario import Config
 from benchmarks.step import run
 
@@ -86,3 +88,39 @@ def test_the_column_benchmark_reports_each_point() -> None:
     cells = rows[2].strip("|").split("|")
     assert [cell.strip() for cell in cells[:2]] == ["1", "1"]
     assert cells[5].strip() == "3 / 4"
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "page_size", "turns"),
+    [
+        (1, 16, 30),  # the one running row finishes every iteration
+        (8, 1, 30),
+        (8, 16, 30),
+        (33, 4, 60),  # a batch and a page size that are not multiples of anything
+    ],
+)
+def test_production_step_implementations_agree(batch_size: int, page_size: int, turns: int) -> None:
+    """With the prefix cache, chunked prefill and overlap, batchstate and the SGLang-style
+    baseline end with the same rows, lengths, table rows, held chunk, free slots and pages
+    (in hand-out order), cached pages with their lock counts, and device input tokens."""
+    batchstate, mutable = production_outcomes(batch_size, page_size, turns)
+    assert mutable == batchstate
+    assert len(batchstate.rids) == batch_size  # steady state: one leaves, one joins
+    assert batchstate.slots_device == batchstate.slots
+    assert batchstate.seq_lens_device == batchstate.seq_lens
+    # The cache filled up and evicted, so both chose the same least recently used pages.
+    assert batchstate.num_evicted > 0
+    assert batchstate.hits >= turns * 3 // 4  # new requests read a cached system prompt
+    assert any(locks > 0 for _, locks in batchstate.cache.values())
+
+
+def test_the_production_benchmark_reports_each_point() -> None:
+    """A tiny run gives one point per (page, batch) with all three timed and both ratios."""
+    points = run_production([1, 4], [1, 16], repeats=3, warmup=2, rounds=2, quiet=True)
+    assert [(p["page_size"], p["batch_size"]) for p in points] == [(1, 1), (1, 4), (16, 1), (16, 4)]
+    for point in points:
+        steps = {name: best["step"] for name, best in point["best_us"].items()}
+        assert set(steps) == {"batchstate", "mutable", "floor"}
+        assert all(value > 0 for value in steps.values())
+        assert point["a_over_b"] == pytest.approx(steps["batchstate"] / steps["mutable"])
+        assert point["a_over_c"] == pytest.approx(steps["batchstate"] / steps["floor"])

@@ -1,0 +1,140 @@
+"""(a) batchstate's production step: public transitions only, the prefix cache on."""
+
+from __future__ import annotations
+
+import torch
+
+from batchstate import (
+    Chunked,
+    Filtered,
+    Mixed,
+    NoColumns,
+    Pools,
+    Req,
+    Rows,
+    Sampled,
+    decode_sampled,
+    extend,
+    follow,
+    idle,
+    join_sampled,
+    make_pools,
+    merge,
+    mix,
+    release,
+    settle,
+    split,
+)
+from benchmarks.production_plan import FIRST_CHUNK, ProductionPlan, Turn, generated
+from benchmarks.production_state import ProductionOutcome
+
+__all__ = ["BatchstateProduction"]
+
+
+class BatchstateProduction:
+    """The harness holds the newest records, sampled tokens and pools; each phase replaces them."""
+
+    name = "batchstate"
+
+    def __init__(self, plan: ProductionPlan) -> None:
+        self._idle = idle(plan.device)
+        pools = make_pools(
+            plan.max_reqs,
+            plan.max_context_len,
+            plan.num_kv_tokens,
+            plan.device,
+            plan.page_size,
+            prefix_cache=True,
+        )
+        running: Filtered[NoColumns] | None = None
+        # One request at a time, so that each reads the system prompt the ones before cached.
+        for rid, ids in plan.initial:
+            extended, pools = extend(self._idle, [Req(rid, ids)], pools).unwrap()
+            running = merge(self._idle if running is None else running, extended)
+        assert running is not None
+        rid, ids = plan.held
+        first, pools = mix(self._idle, [Req(rid, ids)], FIRST_CHUNK, pools).unwrap()
+        (self.held,) = settle(first).held
+        self.running: Filtered[NoColumns] = running
+        self.pools: Pools = pools
+        self.sampled = Sampled.of(running.rows, _sample(running.rows))
+        self.hits = 0  # new requests that read a cached prefix
+        self._decoded: Mixed[NoColumns] | None = None
+        self._prefill: Mixed[NoColumns] | None = None
+        self._decoded_sampled = self._prefill_sampled = self.sampled
+        self._after_decode = self._joined = running
+        self._generated: tuple[int, ...] = ()
+        self._kept = running
+
+    def decode(self) -> None:
+        self._decoded, self.pools = decode_sampled(self.running, self.sampled, self.pools).unwrap()
+
+    def prefill(self, turn: Turn) -> None:
+        # The budget finishes the held chunk and gives the new request its first chunk.
+        admit: list[Req | Chunked[NoColumns]] = [self.held, Req(turn.rid, turn.input_ids)]
+        budget = self.held.remaining + FIRST_CHUNK
+        self._prefill, self.pools = mix(self._idle, admit, budget, self.pools).unwrap()
+
+    def forward(self, turn: Turn) -> None:
+        """Untimed: the two forwards sample, and the host learns what the finished row made."""
+        assert self._decoded is not None and self._prefill is not None
+        rows = self._decoded.rows
+        self._decoded_sampled = Sampled.of(rows, _sample(rows))
+        self._prefill_sampled = Sampled.of(self._prefill.rows, _sample(self._prefill.rows))
+        self.hits += int(self._prefill.prefix_lens[1] > 0)
+        row = turn.finished_row
+        rid, seq_len = int(rows.rids[row]), int(rows.seq_lens.host[row])
+        start = len(rows.reqs[row].input_ids)
+        self._generated = tuple(generated(rid, p) for p in range(start, seq_len))
+
+    def settle(self) -> None:
+        assert self._decoded is not None and self._prefill is not None
+        self._after_decode = settle(self._decoded).running
+        joined, (self.held,) = settle(self._prefill)
+        self._joined = joined
+
+    def release(self, turn: Turn) -> None:
+        kept, left = split(self._after_decode, turn.keep)
+        tokens = [left.reqs[0].input_ids + self._generated]
+        self.pools = release(left, kept, self.pools, tokens).unwrap()
+        self._kept = kept
+
+    def merge(self) -> None:
+        kept, joined = self._kept, self._joined
+        self.running = merge(kept, joined)
+        self.sampled = join_sampled(
+            follow(self._decoded_sampled, kept), follow(self._prefill_sampled, joined)
+        )
+
+    def outcome(self) -> ProductionOutcome:
+        """The state after a decode, as host data."""
+        assert self._decoded is not None
+        rows, pools = self._decoded.rows, self.pools
+        slots = rows.req_pool_indices.host.tolist()
+        seq_lens = rows.seq_lens.host.tolist()
+        table = pools.table.device
+        cache = pools.cache
+        return ProductionOutcome(
+            rows.rids.tolist(),
+            slots,
+            rows.req_pool_indices.device.tolist(),
+            seq_lens,
+            rows.seq_lens.device.tolist(),
+            self._decoded.input_ids.device.tolist(),
+            [table[slot, :length].tolist() for slot, length in zip(slots, seq_lens, strict=True)],
+            (self.held.req.rid, self.held.slot, self.held.cached),
+            pools.free_slots.tolist(),
+            pools.free_pages.tolist(),
+            dict(cache.entries()),
+            cache.num_evicted,
+            self.hits,
+        )
+
+
+def _sample(rows: Rows[NoColumns]) -> torch.Tensor:
+    # The fake forward: each row's next token, on the rows' device.
+    tokens = [
+        generated(rid, seq_len)
+        for rid, seq_len in zip(rows.rids.tolist(), rows.seq_lens.host.tolist(), strict=True)
+    ]
+    return torch.tensor(tokens, dtype=torch.int64, device=rows.device)
