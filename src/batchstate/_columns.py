@@ -93,6 +93,13 @@ _FIELDS: dict[type[Columns], tuple[_Field, ...]] = {}
 def _read_fields(cls: type[Columns]) -> tuple[_Field, ...]:
     if not attrs.has(cls):
         raise ColumnError(f"{cls.__name__}: a column set must be an attrs class")
+    # A mutable set would be shared by a transition's input and output: writing one
+    # would change the other. attrs gives a frozen class its own __setattr__.
+    if getattr(cls.__setattr__, "__name__", "") != "_frozen_setattrs":
+        raise ColumnError(
+            f"{cls.__name__}: a column set must be a frozen attrs class"
+            " (@attrs.frozen, not @attrs.define)"
+        )
     # The class's module first; the names a column is written with as a fallback
     # (a class made by `exec` or in a notebook may have no module to look in).
     module = sys.modules.get(cls.__module__)
@@ -305,7 +312,12 @@ def join_pending(parts: Sequence[C]) -> C | Pending:
         elif field.kind == "host":
             built[field.name] = frozen(np.concatenate(values))
         else:
-            built[field.name] = DeviceOnly(torch.cat([value.device for value in values]))
+            # An empty part (an `Idle` batch's) has no dtype of its own to give: leave it
+            # out, so that `cat` keeps the rows' dtype instead of promoting to int64.
+            tensors = [value.device for value in values if len(value)] or [values[0].device]
+            built[field.name] = DeviceOnly(
+                tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+            )
 
     def finish(sides: Sequence[torch.Tensor]) -> Columns:
         mirrored = [field for field in fields if field.kind == "mirrored"]

@@ -141,7 +141,9 @@ class Pools:
         if num_slots > self.num_free_slots:
             return OutOfReqSlots(num_slots, self.num_free_slots)
         slots, rest = self.slot_list.take(num_slots)
-        return slots, self._evolve(slot_list=rest)
+        # A copy: the rows keep these as their mirror, and a view would tie that mirror to
+        # the free list's buffer, which later values write.
+        return frozen(slots.copy()), self._evolve(slot_list=rest)
 
     def allocate_tokens(
         self, slots: HostArray, old_lens: HostArray, new_lens: HostArray
