@@ -78,7 +78,7 @@ def test_every_draft_or_none_may_be_accepted() -> None:
 @pytest.mark.parametrize(
     ("accepted", "message"),
     [
-        ([0, 0, 0], "num_accepted must be a torch tensor on cpu, got list"),
+        ([0, 0, 0], "num_accepted must be a torch tensor on cpu or a numpy array, got list"),
         (torch.tensor([0, 0]), EXPECTED + "torch.int64 [2] on cpu"),
         (torch.zeros(3, dtype=torch.int32), EXPECTED + "torch.int32 [3] on cpu"),
         (torch.zeros(3, dtype=torch.int64, device=META), EXPECTED + "torch.int64 [3] on meta"),

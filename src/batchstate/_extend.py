@@ -307,11 +307,13 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         )
     )
     if after.cache.enabled:  # after the write: publishing reads the rows' pages from it
-        after = after._reading(
+        after = after._published(
             [slots[row] for row in new_rows],
             matched.lengths,
             [reqs[row].input_ids for row in new_rows],
-        )._published(slots, [req.input_ids for req in reqs])
+            slots,
+            [req.input_ids for req in reqs],
+        )
     return _Admitted(
         rows,
         DeviceOnly(input_ids),

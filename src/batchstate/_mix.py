@@ -294,7 +294,10 @@ def _build(
     if after.cache.enabled and num_extend:
         # Each chunk's end: its whole pages go into the cache and its lock moves to them.
         ends = seq_lens[:num_extend].tolist()
-        after = after._reading(new_slots, matched, new_ids)._published(
+        after = after._published(
+            new_slots,
+            matched,
+            new_ids,
             extend_slots,
             [req.input_ids[:end] for req, end in zip(chunks.reqs, ends, strict=True)],
         )
