@@ -532,10 +532,11 @@ class Engine:
     # ---- chunked, mixed and overlapped steps ----------------------------------------------
 
     def _mixed_step(self, start: float) -> None:
-        if self.config.speculative and not (self.held or self.waiting):
-            self._speculative_step(start)  # nothing to prefill: verify drafts instead
+        batch = self._mix()
+        if batch is None and self.config.speculative and len(self.running.rows):
+            self._speculative_step(start)  # nothing admitted: a decode step verifies drafts
             return
-        batch = self._mix() or self._decode_mixed()
+        batch = batch or self._decode_mixed()
         if batch is None and self.unread is None and self.held:
             self._retract_held()  # nothing runs beside the held chunk: start it afresh
             batch = self._mix()
