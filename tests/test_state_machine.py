@@ -221,8 +221,11 @@ class BatchMachine(RuleBasedStateMachine):
     ) -> None:
         """Extend (or prebuild) new requests and held chunks; merge them in or hold some out."""
         shape = self.shape
-        picks = sorted({pick % len(self.held) for pick in continue_picks}) if self.held else []
-        continued_rows = [] if via_prebuilt else [self.held[pick] for pick in picks]
+        # Chunks with room to grow: one at the table's width can only fail, and would
+        # make every admission it joins fail with it.
+        room = [row for row in self.held if row.seq_len < shape.max_context_len]
+        picks = sorted({pick % len(room) for pick in continue_picks}) if room else []
+        continued_rows = [] if via_prebuilt else [room[pick] for pick in picks]
         items: list[Req | Chunked] = []
         new_lens: list[int] = []
         for _ in range(num_new):
