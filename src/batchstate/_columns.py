@@ -315,9 +315,7 @@ def join_pending(parts: Sequence[C]) -> C | Pending:
             # An empty part (an `Idle` batch's) has no dtype of its own to give: leave it
             # out, so that `cat` keeps the rows' dtype instead of promoting to int64.
             tensors = [value.device for value in values if len(value)] or [values[0].device]
-            built[field.name] = DeviceOnly(
-                tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-            )
+            built[field.name] = DeviceOnly(tensors[0] if len(tensors) == 1 else torch.cat(tensors))
 
     def finish(sides: Sequence[torch.Tensor]) -> Columns:
         mirrored = [field for field in fields if field.kind == "mirrored"]
