@@ -111,7 +111,7 @@ def test_the_last_page_read_as_a_prefix_by_every_slot_passes_the_check() -> None
     pools = release(first, idle(CPU), pools).unwrap()
     batch, pools = extend(idle(CPU), [Req(r, (*HEAD, r)) for r in range(2, 6)], pools).unwrap()
     assert sorted(batch.rows.req_pool_indices.host.tolist()) == [1, 2, 3, 4]
-    assert batch.prefix_lens == (8, 8, 8, 8)
+    assert batch.prefix_lens.tolist() == [8, 8, 8, 8]
     assert list(pools.cache.entries().values()) == [(15, 4), (16, 4)]
     check_pools(pools, [batch], compare_device=True)
 
@@ -210,7 +210,7 @@ def test_a_prefix_of_the_whole_row_passes_the_check() -> None:
     """A prompt of whole pages is published whole: its row reads every token it holds."""
     _, pools, _ = _running()
     whole, after = extend(idle(CPU), [Req(4, (*HEAD, 2, 3, 4, 5))], pools).unwrap()
-    assert whole.prefix_lens == (8,)  # read; then its third page was published
+    assert whole.prefix_lens.tolist() == [8]  # read; then its third page was published
     slot = int(whole.rows.req_pool_indices.host[0])
     assert int(after.prefix_lens[slot]) == 12 == int(after.slot_tokens[slot])
     check_pools(after, [whole], compare_device=True)

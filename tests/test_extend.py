@@ -31,8 +31,8 @@ def test_extend_lays_tokens_out_back_to_back() -> None:
     """input_ids, out_cache_loc and the table agree row by row, in the documented layout."""
     pools = make_test_pools(page_size=4)
     batch, pools = make_extended(pools, [3, 6])
-    assert batch.extend_lens == (3, 6)
-    assert batch.prefix_lens == (0, 0)
+    assert batch.extend_lens.tolist() == [3, 6]
+    assert batch.prefix_lens.tolist() == [0, 0]
     assert batch.input_ids.device.tolist() == [*range(0, 3), *range(100, 106)]
     locs = batch.out_cache_loc.device.tolist()
     table = pools.table.host
@@ -53,8 +53,8 @@ def test_chunked_request_continues_in_its_own_slot(page_size: int) -> None:
     slot = int(chunk.rows.req_pool_indices.host[0])
     held = filter_batch(chunk, [])  # out of the batch, memory kept
     second, pools = extend(idle(CPU), [Chunked(full, slot, 5)], pools).unwrap()
-    assert second.prefix_lens == (5,)
-    assert second.extend_lens == (16,)
+    assert second.prefix_lens.tolist() == [5]
+    assert second.extend_lens.tolist() == [16]
     assert second.input_ids.device.tolist() == list(full.input_ids[5:])
     assert second.rows.req_pool_indices.host.tolist() == [slot]
     check_batch(second, compare_device=True)

@@ -60,7 +60,7 @@ from batchstate import (
     prebuilt,
     release,
 )
-from batchstate._mirrored import host_int64
+from batchstate._mirrored import frozen, host_int64
 from tests.builders import CPU, make_extended, make_phase, make_reqs, make_test_pools
 from tests.strategies import assert_unchanged, snapshot
 
@@ -628,10 +628,15 @@ HOSTILE: Final = {
         r"Idle holds no rows, got 1",
     ),  # Idle is the empty batch
     "extended-short-prefix-lens": Case(
-        _hand_record(_extended_with(prefix_lens=(0, 0))),
+        _hand_record(_extended_with(prefix_lens=frozen(np.zeros(2, dtype=np.int64)))),
         RecordShapeError,
-        r"3 rows but 2 prefix_lens and 3 extend_lens",
+        r"Extended.prefix_lens: expected a read-only int64 array \[3\], got",
     ),  # host columns of the wrong length
+    "extended-prefix-lens-as-a-tuple": Case(
+        _hand_record(_extended_with(prefix_lens=(0, 0, 0))),
+        RecordShapeError,
+        r"Extended.prefix_lens: expected a read-only int64 array \[3\], got tuple",
+    ),  # a host column must be a read-only array, as Mixed's are
     "extended-short-locs": Case(
         _hand_record(_extended_with(out_cache_loc=DeviceOnly(torch.zeros(14, dtype=torch.int64)))),
         RecordShapeError,

@@ -109,7 +109,7 @@ def test_a_second_request_hits_the_first_ones_prompt_while_it_still_decodes() ->
     decoding, pools = decode(first, pools).unwrap()
     running = filter_batch(decoding, [0])
     second, pools = extend(idle(CPU), [Req(2, (*HEAD, 7))], pools).unwrap()
-    assert (second.prefix_lens, second.extend_lens) == ((12,), (1,))
+    assert (second.prefix_lens.tolist(), second.extend_lens.tolist()) == ([12], [1])
     other = int(second.rows.req_pool_indices.host[0])
     assert _pages(pools, other, 12) == _pages(pools, slot, 12)
     assert {locks for _, locks in pools.cache.entries().values()} == {2}
@@ -120,7 +120,7 @@ def test_a_second_request_hits_the_first_ones_prompt_while_it_still_decodes() ->
 def test_rows_of_one_extend_do_not_share_and_the_second_keeps_its_pages_private() -> None:
     pools = _shared()
     batch, pools = extend(idle(CPU), [Req(1, (*HEAD, 1)), Req(2, (*HEAD, 2))], pools).unwrap()
-    assert batch.prefix_lens == (0, 0)
+    assert batch.prefix_lens.tolist() == [0, 0]
     slots = batch.rows.req_pool_indices.host.tolist()
     assert dict(pools.prefixes) == {slots[0]: HEAD}  # the first published; the second could not
     assert set(_pages(pools, slots[1], 13)).isdisjoint(_pages(pools, slots[0], 13))
@@ -172,7 +172,7 @@ def test_mix_caches_a_chunks_whole_pages_moves_the_lock_and_another_request_hits
     assert dict(pools.prefixes) == {slot: PROMPT[:12]} and pools.cache.num_locked == 3
     check_pools(pools, [settled.running], compare_device=True)
     reader, pools = extend(idle(CPU), [Req(2, (*PROMPT[:12], 99, 98))], pools).unwrap()
-    assert reader.prefix_lens == (12,)
+    assert reader.prefix_lens.tolist() == [12]
     assert {locks for _, locks in pools.cache.entries().values()} == {2}
     check_pools(pools, [settled.running, reader], compare_device=True)
     # A held chunk's pages are in use: none is evictable, so only free pages count.
@@ -192,7 +192,7 @@ def test_a_chunk_given_up_leaves_its_whole_pages_cached_for_the_next_request() -
     assert dict(after.prefixes) == {}
     check_pools(after, [running])
     again, after = extend(idle(CPU), [Req(1, PROMPT)], after).unwrap()
-    assert again.prefix_lens == (4,)
+    assert again.prefix_lens.tolist() == [4]
     check_pools(after, [again], compare_device=True)
 
 
@@ -235,7 +235,9 @@ def test_a_retracted_requests_prefix_stays_cached_and_readmitting_it_hits(genera
     check_pools(retracted)
     again, after = extend(idle(CPU), [Req(1, (*prompt, *outputs))], retracted).unwrap()
     # It reads every whole page but the one holding its last token.
-    assert again.prefix_lens == (8,) and again.extend_lens == (4 if generated else 2,)
+    assert again.prefix_lens.tolist() == [8] and again.extend_lens.tolist() == [
+        4 if generated else 2
+    ]
     check_pools(after, [again], compare_device=True)
 
 
@@ -338,7 +340,7 @@ def test_with_the_cache_off_nothing_is_cached_read_or_published() -> None:
     first, pools = extend(idle(CPU), [Req(1, (*HEAD, 1))], off).unwrap()
     pools = release(first, idle(CPU), pools).unwrap()
     again, pools = extend(idle(CPU), [Req(2, (*HEAD, 2))], pools).unwrap()
-    assert again.prefix_lens == (0,)
+    assert again.prefix_lens.tolist() == [0]
     assert not pools.cache.enabled and pools.cache.num_pages == 0 and dict(pools.prefixes) == {}
     assert pools.prefix_lens.tolist() == [0] * 17
     assert pools.num_available_tokens == pools.num_free_tokens == (16 - 4) * PAGE

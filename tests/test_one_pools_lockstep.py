@@ -162,8 +162,10 @@ class Lockstep(RuleBasedStateMachine):
             return
         (off, off_pools), (on, on_pools) = (result.unwrap() for result in results)
         assert _rows(off) == _rows(on) and _rows(off)[0] == [req.rid for req in reqs]
-        assert off.prefix_lens == on.prefix_lens == (0,) * len(reqs)  # never a hit
-        assert off.extend_lens == on.extend_lens == tuple(len(r.input_ids) for r in reqs)
+        assert off.prefix_lens.tolist() == on.prefix_lens.tolist() == [0] * len(reqs)  # no hit
+        assert (
+            off.extend_lens.tolist() == on.extend_lens.tolist() == [len(r.input_ids) for r in reqs]
+        )
         for world, batch, pools in ((self.off, off, off_pools), (self.on, on, on_pools)):
             world.pools, world.running = pools, merge(world.running, batch)
 

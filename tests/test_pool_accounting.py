@@ -87,7 +87,7 @@ def test_shrink_keeps_a_cached_prefix_and_names_it() -> None:
     pools = release(first, idle(CPU), pools).unwrap()
     batch, pools = extend(idle(CPU), [Req(2, (1,) * 8 + (3, 4, 5))], pools).unwrap()
     slots = batch.rows.req_pool_indices.host
-    assert (batch.prefix_lens, pools.prefix_lens.tolist()) == ((8,), [0, 0, 8, 0, 0])
+    assert (batch.prefix_lens.tolist(), pools.prefix_lens.tolist()) == ([8], [0, 0, 8, 0, 0])
     with pytest.raises(ValueError, match=re.escape("slot 2 owns 11 tokens (8 of them needed")):
         pools.shrink(slots, host_int64([7]))
     shrunk = pools.shrink(slots, host_int64([8])).unwrap()

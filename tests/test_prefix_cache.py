@@ -52,7 +52,7 @@ def test_a_published_prefix_is_read_by_the_next_request_and_persistence_holds() 
     assert cached.cache.num_tokens == 20 and cached.cache.num_locked == 0
     assert pools.cache.num_locked == 5  # the value released from is unchanged
     second, after = extend(idle(CPU), [Req(2, (*HEADER, 2, 3))], cached).unwrap()
-    assert second.prefix_lens == (20,) and second.extend_lens == (2,)
+    assert second.prefix_lens.tolist() == [20] and second.extend_lens.tolist() == [2]
     assert after.cache.num_locked == 5 and cached.cache.num_locked == 0
     check_pools(after, [second], compare_device=True)
 
@@ -63,7 +63,7 @@ def test_a_page_size_that_does_not_divide_the_prefix_caches_whole_pages_only() -
     pools = release(first, idle(CPU), pools).unwrap()
     assert list(pools.cache.entries()) == [HEADER[:16]]  # the partial page was freed
     batch, pools = extend(idle(CPU), [Req(2, HEADER[:16])], pools).unwrap()
-    assert batch.prefix_lens == (0,)  # a whole cached prompt still computes its last page
+    assert batch.prefix_lens.tolist() == [0]  # a whole cached prompt still computes its last page
     # Its page holds tokens the cache holds already: it stays private, unpublished.
     assert dict(pools.prefixes) == {} and pools.cache.num_pages == 1
     check_pools(pools, [batch])
@@ -75,7 +75,7 @@ def test_eviction_takes_the_least_recently_used_leaf_and_never_a_page_in_use() -
         batch, pools = extend(idle(CPU), [Req(rid, (*head, 9))], pools).unwrap()
         pools = release(batch, idle(CPU), pools).unwrap()
     reader, pools = extend(idle(CPU), [Req(4, ((1,) * 8) + (5,))], pools).unwrap()
-    assert reader.prefix_lens == (8,)
+    assert reader.prefix_lens.tolist() == [8]
     # 12 pages: 6 cached (2 of them read by request 4), 1 private, 5 free; ask for 7.
     big, after = extend(idle(CPU), [Req(5, (7,) * 28)], pools).unwrap()
     published = {(7,) * end for end in range(4, 29, 4)}  # request 5's seven pages

@@ -258,7 +258,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert isinstance(result, Success), f"expected Success, got {result}"
         batch, after = result.unwrap()
         if not whole:
-            assert batch.prefix_lens == tuple(hits)
+            assert batch.prefix_lens.tolist() == list(hits)
         if any(hits):
             self._seen("hit")
         slots = batch.rows.req_pool_indices.host.tolist()

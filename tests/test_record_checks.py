@@ -23,7 +23,7 @@ from batchstate import (
     decode,
     verify,
 )
-from batchstate._mirrored import HostArray, frozen
+from batchstate._mirrored import HostArray, frozen, host_int64
 from tests.builders import CPU, make_extended, make_test_pools
 from tests.strategies import assert_unchanged, snapshot
 
@@ -105,7 +105,7 @@ def test_extended_refuses_extend_num_tokens_other_than_the_sum() -> None:
         extended,
         input_ids=DeviceOnly(extended.input_ids.device[:7]),
         out_cache_loc=DeviceOnly(extended.out_cache_loc.device[:7]),
-        extend_lens=(3, 4),
+        extend_lens=host_int64([3, 4]),
         extend_num_tokens=7,
     )
     assert shorter.extend_num_tokens == 7

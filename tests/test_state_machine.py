@@ -567,8 +567,8 @@ class BatchMachine(RuleBasedStateMachine):
     def _assert_extended(
         self, batch: Extended, pools: Pools, rows: Sequence[_Row], prefixes: Sequence[int]
     ) -> None:
-        assert batch.prefix_lens == tuple(prefixes)
-        assert batch.extend_lens == tuple(
+        assert batch.prefix_lens.tolist() == list(prefixes)
+        assert batch.extend_lens.tolist() == list(
             row.seq_len - prefix for row, prefix in zip(rows, prefixes, strict=True)
         )
         ids = [i for row, p in zip(rows, prefixes, strict=True) for i in row.req.input_ids[p:]]

@@ -316,7 +316,7 @@ class CacheMachine(RuleBasedStateMachine):
         num_new = sum(isinstance(item, Req) for item in items)
         assert batch.rows.req_pool_indices.host.tolist() == slots
         assert batch.rows.seq_lens.host.tolist() == [len(req.input_ids) for req in reqs]
-        assert batch.prefix_lens == tuple(prefixes), f"cache hits {batch.prefix_lens}"
+        assert batch.prefix_lens.tolist() == list(prefixes), f"cache hits {batch.prefix_lens}"
         assert batch.rows.reqs == tuple(reqs)
         ids = [i for req, p in zip(reqs, prefixes, strict=True) for i in req.input_ids[p:]]
         assert batch.input_ids.device.tolist() == ids

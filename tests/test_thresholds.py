@@ -187,8 +187,8 @@ def test_extend_places_rows_as_python_would(page_size: int, num_reqs: int, chunk
     slots = new_slots + ([held_slot] if chunked else [])
     assert batch.rows.req_pool_indices.host.tolist() == slots
     assert batch.rows.seq_lens.host.tolist() == lengths
-    assert batch.prefix_lens == tuple(prefixes)
-    assert batch.extend_lens == tuple(n - p for n, p in zip(lengths, prefixes, strict=True))
+    assert batch.prefix_lens.tolist() == list(prefixes)
+    assert batch.extend_lens.tolist() == [n - p for n, p in zip(lengths, prefixes, strict=True)]
     # The model: new pages from the front of the free list, row by row; a chunked
     # row continues in its partly filled last page.
     pages = iter(free_pages)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Sequence
 from itertools import chain
@@ -106,7 +107,7 @@ def extend(  # the overloads above are the API; Any stands for their column set 
         admitted.out_cache_loc,
         admitted.prefix_lens,
         admitted.extend_lens,
-        admitted.rows.seq_lens_sum - sum(admitted.prefix_lens),
+        admitted.num_computed,
     )
     return Success(Step(extended, admitted.pools))
 
@@ -147,8 +148,9 @@ class _Admitted(NamedTuple, Generic[C]):
     rows: Rows[C]
     input_ids: DeviceOnly  # int64 [num_tokens]
     out_cache_loc: DeviceOnly  # int64 [num_tokens]
-    prefix_lens: tuple[int, ...]
-    extend_lens: tuple[int, ...]
+    prefix_lens: HostArray  # read-only int64 [num_reqs]
+    extend_lens: HostArray  # read-only int64 [num_reqs]
+    num_computed: int  # extend_lens.sum(), the tokens the forward computes
     pools: Pools
 
 
@@ -240,8 +242,9 @@ def _place_fresh(
         rows,
         DeviceOnly(input_ids),
         DeviceOnly(out_cache_loc),
-        (0,) * len(reqs),
-        tuple(seq_lens),
+        _no_prefix(len(reqs)),
+        rows.seq_lens.host,  # every token is computed: the rows' own read-only lengths
+        total,
         after,
     )
 
@@ -318,10 +321,17 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         rows,
         DeviceOnly(input_ids),
         DeviceOnly(out_cache_loc),
-        tuple(prefix_lens),
-        tuple(extend_lens.tolist()),
+        frozen(prefix_host),
+        frozen(extend_lens),
+        int(extend_lens.sum()),
         after,
     )
+
+
+@functools.cache
+def _no_prefix(num_reqs: int) -> HostArray:
+    # Read-only zeros, shared: a fresh extend's prefix lengths.
+    return frozen(np.zeros(num_reqs, dtype=np.int64))
 
 
 def _token_ids(reqs: Sequence[Req], prefix_lens: Sequence[int]) -> HostArray:

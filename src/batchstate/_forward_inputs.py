@@ -189,19 +189,8 @@ def _layout(
     if isinstance(batch, Decoding):
         extend = np.ones_like(seq)
         return rows.req_pool_indices, seq - 1, extend, seq, batch.out_cache_loc.device
-    prefix, extend = _prefix_lens(batch), _extend_lens(batch)
+    prefix, extend = batch.prefix_lens, batch.extend_lens
     return rows.req_pool_indices, prefix, extend, seq, batch.out_cache_loc.device
-
-
-def _prefix_lens(batch: Extended[C] | Mixed[C]) -> HostArray:
-    # NOTE: Extended holds a tuple and Mixed a host array; one place to change if they merge.
-    lens = batch.prefix_lens
-    return lens if isinstance(lens, np.ndarray) else np.array(lens, dtype=np.int64)
-
-
-def _extend_lens(batch: Extended[C] | Mixed[C]) -> HostArray:
-    lens = batch.extend_lens
-    return lens if isinstance(lens, np.ndarray) else np.array(lens, dtype=np.int64)
 
 
 def _window_layout(

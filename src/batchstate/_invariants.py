@@ -41,8 +41,7 @@ def check_batch(batch: Batch[C], *, compare_device: bool = False) -> None:
     )
     if isinstance(batch, Extended):
         _expect(
-            [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens, strict=True)]
-            == seq_lens.tolist(),
+            np.array_equal(batch.prefix_lens + batch.extend_lens, seq_lens),
             "seq_lens differ from prefix_lens + extend_lens",
         )
     if compare_device:

@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Generic, NamedTuple, TypeAlias, final
 
 import attrs
+import numpy as np
 import torch
 from typing_extensions import TypeVar
 
 from batchstate._columns import C
 from batchstate._errors import RecordShapeError
-from batchstate._mirrored import DeviceOnly
+from batchstate._mirrored import DeviceOnly, HostArray
 from batchstate._pools import Pools
-from batchstate._rows import Rows
+from batchstate._rows import Rows, check_host
 
 __all__ = ["Batch", "Decoding", "Extended", "Filtered", "Idle", "Running", "Step"]
 
@@ -51,20 +52,17 @@ class Extended(Generic[C]):
     rows: Rows[C]  # seq_lens = prefix_lens + extend_lens
     input_ids: DeviceOnly  # int64 [extend_num_tokens], the tokens to compute
     out_cache_loc: DeviceOnly  # int64 [extend_num_tokens], token -> KV location it writes
-    prefix_lens: tuple[int, ...]  # host [num_reqs]: tokens already in the KV cache
-    extend_lens: tuple[int, ...]  # host [num_reqs]: tokens this forward computes
-    extend_num_tokens: int  # host only: equals sum(extend_lens)
+    prefix_lens: HostArray  # read-only int64 [num_reqs]: tokens already in the KV cache
+    extend_lens: HostArray  # read-only int64 [num_reqs]: tokens this forward computes
+    extend_num_tokens: int  # host only: equals extend_lens.sum()
 
     def __attrs_post_init__(self) -> None:
         num_reqs = len(self.rows)
-        if len(self.prefix_lens) != num_reqs or len(self.extend_lens) != num_reqs:
+        for name, host in (("prefix_lens", self.prefix_lens), ("extend_lens", self.extend_lens)):
+            check_host(f"Extended.{name}", host, np.int64, num_reqs)
+        if int(self.extend_lens.sum()) != self.extend_num_tokens:
             raise RecordShapeError(
-                f"Extended: {num_reqs} rows but {len(self.prefix_lens)} prefix_lens"
-                f" and {len(self.extend_lens)} extend_lens"
-            )
-        if sum(self.extend_lens) != self.extend_num_tokens:
-            raise RecordShapeError(
-                f"Extended: extend_lens sum to {sum(self.extend_lens)},"
+                f"Extended: extend_lens sum to {int(self.extend_lens.sum())},"
                 f" extend_num_tokens is {self.extend_num_tokens}"
             )
         for name, column in (("input_ids", self.input_ids), ("out_cache_loc", self.out_cache_loc)):
@@ -85,8 +83,8 @@ class Extended(Generic[C]):
         rows: Rows[C],
         input_ids: DeviceOnly,
         out_cache_loc: DeviceOnly,
-        prefix_lens: tuple[int, ...],
-        extend_lens: tuple[int, ...],
+        prefix_lens: HostArray,
+        extend_lens: HostArray,
         extend_num_tokens: int,
     ) -> Extended[C]:
         # NOTE: skips the checks: only for columns `extend` built row for row.

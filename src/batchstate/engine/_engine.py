@@ -321,8 +321,8 @@ class Engine:
                     self.waiting.popleft()
                 batch = step.batch
                 self.trace.prefill_computed += batch.extend_num_tokens
-                self.trace.prefill_cached += sum(batch.prefix_lens)
-                self.trace.cache_hits += sum(1 for length in batch.prefix_lens if length)
+                self.trace.prefill_cached += int(batch.prefix_lens.sum())
+                self.trace.cache_hits += int((batch.prefix_lens > 0).sum())
                 self.trace.extended_requests += len(reqs)
                 return batch
             failure = result.failure()
@@ -533,8 +533,10 @@ class Engine:
 
     def _mixed_step(self, start: float) -> None:
         batch = self._mix()
-        if batch is None and self.config.speculative and len(self.running.rows):
-            self._speculative_step(start)  # nothing admitted: a decode step verifies drafts
+        # Nothing admitted: a decode step verifies drafts. A held chunk that could not go on
+        # is left to the plain decode, which gives its memory back first when decode runs out.
+        if batch is None and self.config.speculative and len(self.running.rows) and not self.held:
+            self._speculative_step(start)
             return
         batch = batch or self._decode_mixed()
         if batch is None and self.unread is None and self.held:
