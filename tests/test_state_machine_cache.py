@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from typing import Final
 
 import attrs
+import numpy as np
+import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from returns.result import Failure, Success
@@ -46,10 +48,12 @@ from batchstate import (
     OutOfKVTokens,
     OutOfReqSlots,
     Req,
+    Sampled,
     check_batch,
     check_leaks,
     check_pools,
     decode,
+    decode_sampled,
     extend,
     filter_batch,
     flush,
@@ -60,6 +64,8 @@ from batchstate import (
     release,
     settle,
     split,
+    sync,
+    verify,
 )
 from tests.strategies import CPU, FAST, LONG, assert_unchanged, keep_patterns, snapshot, tile
 from tests.test_state_machine import run_timed
@@ -369,6 +375,74 @@ class CacheMachine(RuleBasedStateMachine):
         self.running = batch
         _count("decodes")
 
+    @precondition(lambda self: bool(self.rows) and isinstance(self.running, Decoding))
+    @rule(
+        drafts=st.lists(st.integers(0, 4), min_size=1, max_size=8),
+        share=st.sampled_from([0.0, 0.5, 1.0]),
+    )
+    def speculate(self, drafts: list[int], share: float) -> None:
+        """Open a verify window over the decode batch, then sync a random accepted count per
+        row: drafts' KV reserved (evicting when short), rejected drafts' pages freed."""
+        running, shape = self.running, self.shape
+        assert isinstance(running, Decoding)
+        lens = [len(row.tokens) for row in self.rows]
+        counts = [
+            min(drafts[i % len(drafts)], shape.max_context_len - length)
+            for i, length in enumerate(lens)
+        ]
+        before = snapshot((self.pools, self.running))
+        result = verify(running, counts, self.pools)
+        needed = sum(
+            _pages(n + d, shape.page_size) - _pages(n, shape.page_size)
+            for n, d in zip(lens, counts, strict=True)
+        )
+        available = self._available(set())
+        if needed > available:
+            self._assert_failed(result, OutOfKVTokens(needed, available, shape.page_size), before)
+            return
+        assert isinstance(result, Success), f"expected Success, got {result}"
+        window, pools = result.unwrap()
+        took = [int(count * share) for count in counts]  # none, half or all accepted
+        synced, self.pools = sync(window, np.array(took, dtype=np.int64), pools)
+        for row, count in zip(self.rows, took, strict=True):
+            start = len(row.tokens)
+            for _ in range(count):  # the drafts the target agreed with: its own tokens
+                row.tokens.append(_generated(row.tokens))
+            self._write(row.slot, row.tokens, start, start + count)
+        assert synced.rows.seq_lens.host.tolist() == [len(row.tokens) for row in self.rows]
+        self.running = synced
+        _count("speculative windows")
+        _count("accepted drafts", sum(took))
+
+    @precondition(lambda self: bool(self.rows) and isinstance(self.running, Filtered))
+    @rule()
+    def overlap_decode(self) -> None:
+        """Decode fed the last forward's tokens on the device (`decode_sampled`): one more KV
+        location per row, as `decode` gives it, and the tokens taken from the device."""
+        running, shape = self.running, self.shape
+        assert isinstance(running, Filtered)
+        tokens = torch.tensor([_generated(row.tokens) for row in self.rows], dtype=torch.int64)
+        before = snapshot((self.pools, self.running))
+        result = decode_sampled(running, Sampled.of(running.rows, tokens), self.pools)
+        too_long = self._too_long(self.rows)
+        lens = [len(row.tokens) for row in self.rows]
+        needed = sum(1 for length in lens if length % shape.page_size == 0)
+        available = self._available(set())
+        if too_long is not None:
+            self._assert_failed(result, too_long, before)
+            return
+        if needed > available:
+            self._assert_failed(result, OutOfKVTokens(needed, available, shape.page_size), before)
+            return
+        assert isinstance(result, Success), f"expected Success, got {result}"
+        mixed, self.pools = result.unwrap()
+        assert mixed.input_ids.device.tolist() == tokens.tolist()
+        for row in self.rows:
+            row.tokens.append(_generated(row.tokens))
+            self._write(row.slot, row.tokens, len(row.tokens) - 1, len(row.tokens))
+        self.running = settle(mixed).running
+        _count("overlap decodes")
+
     @precondition(lambda self: bool(self.rows))
     @rule(pattern=keep_patterns(), with_tokens=st.booleans())
     def finish(self, pattern: tuple[bool, ...], with_tokens: bool) -> None:
@@ -626,7 +700,10 @@ def test_state_machine_with_the_prefix_cache() -> None:
     assert _counts["steps"] > _counts["examples"], "the machine ran no steps"
     if FAST:
         return  # the mutation profile's budget is too small to reach everything
-    reached = ("hit tokens", "evicted pages", "retraction hits", "chunks continued", "chunks held")
+    reached = (
+        "hit tokens", "evicted pages", "retraction hits", "chunks continued", "chunks held",
+        "speculative windows", "accepted drafts", "overlap decodes",
+    )  # fmt: skip
     for what in (*reached, "shared pages seen", "flushes"):
         assert _counts.get(what), f"never reached: {what}"
     expected = {"OutOfKVTokens", "OutOfReqSlots", "ContextTooLong", "EmptyPrompt"}
