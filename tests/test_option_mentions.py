@@ -35,7 +35,7 @@ OTHER_TOOLS: Final = {
         "--warmup",
         "--threads",
     },
-    "tools/soak.py": {"--threads"},
+    "tools/soak.py": {"--threads", "--production", "--requests", "--check-every", "--seed"},
     "tools/mutation.py": {"--max-children", "--left", "--survivors", "--report"},
     "mutmut": {"--max-children"},
 }
