@@ -3,8 +3,8 @@
 Fills a cache with conversations of `--length` random tokens until it holds
 10^3 .. 10^6 tokens, then times, per request of `--length` tokens that
 shares half its tokens with a cached one: `match` (the lookup), a lock and
-unlock of the hit (what `extend_cached` and `release_cached` add), and an
-insert of the new half (what `release_cached` adds). Host work only.
+unlock of the hit (what a prefill reading it and its release add), and an
+insert of the new half (what publishing or a release adds). Host work only.
 Prints a Markdown table (see docs/prefix-cache.md).
 """
 
