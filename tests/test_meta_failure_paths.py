@@ -102,7 +102,7 @@ def _extend_no_kv(pools: Pools) -> object:
 
 def _extend_chunk_not_held(pools: Pools) -> object:
     held, _, pools = _chunk(pools)
-    return extend(idle(META), [Chunked(held.req, held.slot, held.cached + 1)], pools)
+    return extend(idle(META), [Chunked(held.req, held.slot, held.cached + 1, gen=held.gen)], pools)
 
 
 def _prebuilt_no_kv(pools: Pools) -> object:

@@ -32,7 +32,7 @@ class Idle(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
-    def _held_slots(self) -> list[tuple[int, int]]:
+    def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
         return _rows_held(self.rows)
 
@@ -103,7 +103,7 @@ class Extended(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
-    def _held_slots(self) -> list[tuple[int, int]]:
+    def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
         return _rows_held(self.rows)
 
@@ -140,7 +140,7 @@ class Decoding(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
-    def _held_slots(self) -> list[tuple[int, int]]:
+    def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
         return _rows_held(self.rows)
 
@@ -156,13 +156,15 @@ class Filtered(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
-    def _held_slots(self) -> list[tuple[int, int]]:
+    def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
         return _rows_held(self.rows)
 
 
-def _rows_held(rows: Rows[C]) -> list[tuple[int, int]]:
-    return list(zip(rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist(), strict=True))
+def _rows_held(rows: Rows[C]) -> list[tuple[int, int, int]]:
+    # (slot, tokens it holds, generation) per row: what `find_leaks` compares with the pools.
+    slots, lens = rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist()
+    return list(zip(slots, lens, rows.gens.tolist(), strict=True))
 
 
 _new = object.__new__
