@@ -22,7 +22,6 @@ from batchstate import (
     Chunked,
     ContextTooLong,
     Decoding,
-    DraftError,
     EmptyExtend,
     EmptyPrompt,
     Filtered,
@@ -35,6 +34,7 @@ from batchstate import (
     Pools,
     Req,
     Sampled,
+    StalePools,
     StillRunning,
     decode,
     decode_sampled,
@@ -291,8 +291,8 @@ BROKEN_CONTRACTS: Final[dict[str, tuple[Case, type[Exception], str]]] = {
     ),
     "sync-stale-pools": (
         _sync_with_old_pools,
-        DraftError,
-        "do not hold this batch's drafts",
+        StalePools,
+        "these pools are stale",
     ),
     "flush-a-batch": (lambda p: flush(idle(META)), TypeError, "expected Pools"),  # type: ignore[arg-type]  # as above
 }

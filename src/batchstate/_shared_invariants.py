@@ -139,17 +139,18 @@ def _check_slots(pools: Pools, batches: list[Batch[C]], *, compare_device: bool)
 
 
 def owned_by_generation(pools: Pools) -> HostArray:
-    """The owned slots (generation not 0), checked against the tokens they own."""
+    """The owned slots (a generation, or tokens), checked against the tokens they own."""
+    # Slot 0 owning tokens is the padding check's to name (as owned, below).
     slot_gens, slot_tokens = pools.slot_gens, pools.slot_tokens
     _expect(int(slot_gens[0]) == 0, "padding slot 0 has a generation")
-    orphans = ((slot_tokens != 0) & (slot_gens == 0)).nonzero()[0].tolist()
+    orphans = (((slot_tokens[1:] != 0) & (slot_gens[1:] == 0)).nonzero()[0] + 1).tolist()
     _expect(not orphans, f"slots {orphans} own tokens at no generation (free)")
     _expect(
         int(slot_gens.max()) < pools.next_gen,
         f"a slot's generation {int(slot_gens.max())} was never handed out"
         f" (next is {pools.next_gen})",
     )
-    return slot_gens.nonzero()[0]
+    return ((slot_gens != 0) | (slot_tokens != 0)).nonzero()[0]
 
 
 def expect_generations(pools: Pools, slots: HostArray, gens: HostArray) -> None:
