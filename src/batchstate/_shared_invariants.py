@@ -150,7 +150,8 @@ def owned_by_generation(pools: Pools) -> HostArray:
         f"a slot's generation {int(slot_gens.max())} was never handed out"
         f" (next is {pools.next_gen})",
     )
-    return ((slot_gens != 0) | (slot_tokens != 0)).nonzero()[0]
+    owned: HostArray = ((slot_gens != 0) | (slot_tokens != 0)).nonzero()[0]
+    return owned
 
 
 def expect_generations(pools: Pools, slots: HostArray, gens: HostArray) -> None:
