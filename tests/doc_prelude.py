@@ -9,6 +9,8 @@ and may rebind them (`batch, pools = ...`) without another block seeing it.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from batchstate import (
@@ -65,8 +67,9 @@ keep = [1]  # the rows that go on after this step: request 0 finished
 arrivals = [Req(2, (1, 2, 3, 4))]  # requests that joined the waiting queue
 sampled = torch.tensor([11, 12])  # the last forward's sampled tokens (on the CPU here)
 # The running batch decoded once more: its forward's attention inputs, and its input ids.
-decoding, _ = unwrap(decode(running, pools))
-inputs = forward_inputs(decoding, pools.table, pools.page_size)
+# Pools are linear: this decode ahead runs on a copy, so `pools` stays the newest.
+decoding, _ahead = unwrap(decode(running, copy.deepcopy(pools)))
+inputs = forward_inputs(decoding, _ahead.table, _ahead.page_size)
 input_ids = sampled
 
 
@@ -87,4 +90,4 @@ class Scheduler:
         self.batch = split(decoding, range(len(decoding.rows))).kept
 
 
-scheduler = Scheduler(running, pools)
+scheduler = Scheduler(running, copy.deepcopy(pools))  # its own lineage, as `decoding`'s

@@ -10,6 +10,7 @@ page, 7, is partly filled, so its prefill did not publish it: it is private.
 
 from __future__ import annotations
 
+import copy
 from types import MappingProxyType
 from typing import Any
 
@@ -48,7 +49,8 @@ def _running(head: tuple[int, ...] = HEAD) -> tuple[Extended, Pools, Pools]:
     reqs = [Req(1, (*head, 1)), Req(2, (*head[:4], 20, 21, 22, 23, 1))]
     first, pools = extend(idle(CPU), reqs, _shared()).unwrap()
     before = release(first, idle(CPU), pools).unwrap()
-    batch, pools = extend(idle(CPU), [Req(3, (*head, 2, 3, 4))], before).unwrap()
+    # Pools are linear: the pools from before are a copy, a lineage of their own.
+    batch, pools = extend(idle(CPU), [Req(3, (*head, 2, 3, 4))], copy.deepcopy(before)).unwrap()
     return batch, pools, before
 
 

@@ -14,7 +14,12 @@ def test_extend_num_tokens_leaves_out_the_held_prefix() -> None:
     first, pools = extend(idle(CPU), [Req(7, (1, 2, 3, 4))], pools).unwrap()
     slot = int(first.rows.req_pool_indices.host[0])  # request 7 keeps 4 cached tokens
     batch, _ = extend(
-        idle(CPU), [Chunked(Req(7, (1, 2, 3, 4, 5, 6)), slot, 4), Req(8, (9, 9, 9))], pools
+        idle(CPU),
+        [
+            Chunked(Req(7, (1, 2, 3, 4, 5, 6)), slot, 4, gen=int(first.rows.gens[0])),
+            Req(8, (9, 9, 9)),
+        ],
+        pools,
     ).unwrap()
     assert batch.prefix_lens.tolist() == [4, 0]
     assert batch.extend_lens.tolist() == [2, 3]

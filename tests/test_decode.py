@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from batchstate import StaleRecord, decode, release, split
@@ -27,8 +29,9 @@ def test_new_token_continues_its_page(page_size: int) -> None:
 def test_decode_with_pools_from_before_the_last_step_is_stale() -> None:
     """Pools that missed a step disagree with the batch's lengths: StaleRecord, nothing changed."""
     pools = make_test_pools()
-    extended, before = make_extended(pools, [3, 5])
-    decoded, _after = decode(extended, before).unwrap()
+    extended, pools = make_extended(pools, [3, 5])
+    before = copy.deepcopy(pools)  # pools are linear: the step-behind pools are a copy
+    decoded, _after = decode(extended, pools).unwrap()
     state = snapshot((decoded, before))
     with pytest.raises(StaleRecord, match=r"row 0 \(request 0\) has 4 tokens in slot 1"):
         decode(decoded, before)

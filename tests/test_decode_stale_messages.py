@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -19,8 +20,9 @@ def _stale(message: str) -> pytest.RaisesExc[StaleRecord]:
 def test_pools_a_step_behind_hold_the_old_length(max_reqs: int) -> None:
     """Slot 1 as the pools' top slot, and as one below it."""
     pools = make_test_pools(max_reqs=max_reqs)
-    extended, before = make_extended(pools, [3])
-    decoded, _ = decode(extended, before).unwrap()
+    extended, pools = make_extended(pools, [3])
+    before = copy.deepcopy(pools)  # pools are linear: the step-behind pools are a copy
+    decoded, _ = decode(extended, pools).unwrap()
     with _stale(
         "row 0 (request 0) has 4 tokens in slot 1, the pools hold 3:"
         " the batch or the pools are stale"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any, Final
 
@@ -96,6 +97,7 @@ def test_bad_accepted_counts_are_named(accepted: Any, message: str) -> None:
 
 def test_pools_without_the_drafts_are_named() -> None:
     decoding, pools = _decoding()
+    before = copy.deepcopy(pools)  # pools are linear: the pools from before are a copy
     verifying, _ = verify(decoding, [5, 5, 5], pools).unwrap()
     with _refused("the pools do not hold this batch's drafts: pass the pools verify returned"):
-        sync(verifying, torch.tensor([0, 0, 0]), pools)
+        sync(verifying, torch.tensor([0, 0, 0]), before)

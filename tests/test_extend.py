@@ -52,7 +52,9 @@ def test_chunked_request_continues_in_its_own_slot(page_size: int) -> None:
     chunk, pools = extend(idle(CPU), [first], pools).unwrap()
     slot = int(chunk.rows.req_pool_indices.host[0])
     held = filter_batch(chunk, [])  # out of the batch, memory kept
-    second, pools = extend(idle(CPU), [Chunked(full, slot, 5)], pools).unwrap()
+    second, pools = extend(
+        idle(CPU), [Chunked(full, slot, 5, gen=int(chunk.rows.gens[0]))], pools
+    ).unwrap()
     assert second.prefix_lens.tolist() == [5]
     assert second.extend_lens.tolist() == [16]
     assert second.input_ids.device.tolist() == list(full.input_ids[5:])
@@ -71,7 +73,10 @@ def test_chunked_request_continues_in_its_own_slot(page_size: int) -> None:
         ([], EmptyExtend()),  # nothing to admit
         ([Req(7, ())], EmptyPrompt(7, 0, 0)),  # a request with no tokens
         ([Req(8, tuple(range(65)))], ContextTooLong(8, 65, 64)),  # longer than the table
-        ([Chunked(Req(9, (1, 2)), 3, 1)], NotHeld(9, 3, 1, 0)),  # continuing a slot nobody holds
+        (
+            [Chunked(Req(9, (1, 2)), 3, 1, gen=0)],
+            NotHeld(9, 3, 1, 0),
+        ),  # continuing a slot nobody holds
         (make_reqs([1] * 17), OutOfReqSlots(17, 16)),  # one more than the slots
         (make_reqs([64] * 9), OutOfKVTokens(576, 512, 1)),  # more tokens than the pool
     ],

@@ -35,4 +35,8 @@ def test_a_chunked_request_and_a_fresh_one_with_its_rid() -> None:
     first, pools = extend(idle(CPU), [Req(7, (1, 2))], pools).unwrap()
     slot = int(first.rows.req_pool_indices.host[0])
     with pytest.raises(BatchConflict, match=MESSAGE):
-        extend(idle(CPU), [Chunked(Req(7, (1, 2, 3)), slot, 2), Req(7, (4,))], pools)
+        extend(
+            idle(CPU),
+            [Chunked(Req(7, (1, 2, 3)), slot, 2, gen=int(first.rows.gens[0])), Req(7, (4,))],
+            pools,
+        )

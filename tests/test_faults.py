@@ -72,8 +72,8 @@ _SEAMS: Final[tuple[tuple[object, str], ...]] = (
     (Pools, "_allocate_next"),
     (Pools, "_allocate_fresh"),
     (Pools, "_take_pages"),
-    (Pools, "free"),
-    (Pools, "shrink"),
+    (Pools, "_free"),  # what `free` and `release` call
+    (Pools, "_shrink"),  # what `shrink` and `sync` call
     (TokenTable, "write"),
     (TokenTable, "write_rows"),
     (Mirrored, "from_hosts"),
@@ -145,7 +145,7 @@ def _make_chunked(page_size: int) -> tuple[Pools, int]:
 def _extend_mixed(page_size: int) -> Setup:
     pools, slot = _make_chunked(page_size)
     items: list[Req | Chunked] = [*make_reqs([3, 20], first_rid=10)]
-    items.append(Chunked(Req(7, tuple(range(22))), slot, 5))
+    items.append(Chunked(Req(7, tuple(range(22))), slot, 5, gen=int(pools.slot_gens[slot])))
     return (lambda: extend(idle(CPU), items, pools)), (pools, items)
 
 
@@ -316,7 +316,7 @@ def test_allocation_fails_midway(fault: _AllocFault) -> None:
     first, pools = extend(idle(CPU), [Req(7, tuple(range(5)))], pools).unwrap()
     slot = int(first.rows.req_pool_indices.host[0])
     items: list[Req | Chunked] = [*make_reqs(fault.lengths, first_rid=10)]
-    items.append(Chunked(Req(7, tuple(range(30))), slot, 5))
+    items.append(Chunked(Req(7, tuple(range(30))), slot, 5, gen=int(first.rows.gens[0])))
     before = snapshot((pools, items))
     result = extend(idle(CPU), items, pools)
     assert isinstance(result, Failure)

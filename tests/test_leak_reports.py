@@ -101,12 +101,14 @@ def test_something_that_holds_no_slots_is_a_type_error() -> None:
 def test_a_departed_built_by_hand_at_length_zero_is_stale() -> None:
     """Zero tokens is a length like any other: the pools own three there."""
     extended, pools = make_extended(make_test_pools(), [3])
-    empty = Departed(extended.rows.reqs, host_int64([1]), host_int64([0]))
+    empty = Departed(extended.rows.reqs, host_int64([1]), host_int64([0]), gens=extended.rows.gens)
     assert find_leaks(pools, [empty]).wrong_length == (1,)
 
 
 def test_a_departed_built_by_hand_with_a_length_missing_is_refused_not_half_read() -> None:
     extended, pools = make_extended(make_test_pools(), [3, 5])
-    ragged = Departed(extended.rows.reqs, host_int64([1, 2]), host_int64([3]))
+    ragged = Departed(
+        extended.rows.reqs, host_int64([1, 2]), host_int64([3]), gens=extended.rows.gens
+    )
     with pytest.raises(ValueError, match="zip"):
         find_leaks(pools, [ragged])

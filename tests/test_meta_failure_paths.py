@@ -22,7 +22,6 @@ from batchstate import (
     Chunked,
     ContextTooLong,
     Decoding,
-    DraftError,
     EmptyExtend,
     EmptyPrompt,
     Filtered,
@@ -35,6 +34,7 @@ from batchstate import (
     Pools,
     Req,
     Sampled,
+    StalePools,
     StillRunning,
     decode,
     decode_sampled,
@@ -102,7 +102,7 @@ def _extend_no_kv(pools: Pools) -> object:
 
 def _extend_chunk_not_held(pools: Pools) -> object:
     held, _, pools = _chunk(pools)
-    return extend(idle(META), [Chunked(held.req, held.slot, held.cached + 1)], pools)
+    return extend(idle(META), [Chunked(held.req, held.slot, held.cached + 1, gen=held.gen)], pools)
 
 
 def _prebuilt_no_kv(pools: Pools) -> object:
@@ -291,8 +291,8 @@ BROKEN_CONTRACTS: Final[dict[str, tuple[Case, type[Exception], str]]] = {
     ),
     "sync-stale-pools": (
         _sync_with_old_pools,
-        DraftError,
-        "do not hold this batch's drafts",
+        StalePools,
+        "these pools are stale",
     ),
     "flush-a-batch": (lambda p: flush(idle(META)), TypeError, "expected Pools"),  # type: ignore[arg-type]  # as above
 }

@@ -8,6 +8,7 @@ added raises.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -68,7 +69,7 @@ def _out_of_kv() -> object:
 
 def _stale() -> object:
     batch, pools = _running()
-    decode(batch, pools).unwrap()
+    decode(batch, copy.deepcopy(pools)).unwrap()  # on a copy: pools are linear
     return decode(batch, pools.free(batch.rows.req_pool_indices.host[:1]).unwrap())
 
 

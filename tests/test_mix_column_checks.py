@@ -51,7 +51,7 @@ def test_columns_for_fewer_new_requests_name_the_argument() -> None:
 
 def test_a_chunk_with_more_than_its_own_row_is_named() -> None:
     running, chunk, pools = _probe_batch_and_chunk()
-    two_rows = Chunked(chunk.req, chunk.slot, chunk.cached, make_probe([1, 2]))
+    two_rows = Chunked(chunk.req, chunk.slot, chunk.cached, make_probe([1, 2]), gen=chunk.gen)
     with _refused(
         "request 20's chunk.Probe.weight.host: expected a read-only float32 array [1],"
         " got a read-only float32 array [2]"
@@ -61,6 +61,6 @@ def test_a_chunk_with_more_than_its_own_row_is_named() -> None:
 
 def test_a_chunk_of_another_column_set_is_named() -> None:
     running, chunk, pools = _probe_batch_and_chunk()
-    bare: Chunked[Any] = Chunked(chunk.req, chunk.slot, chunk.cached)
+    bare: Chunked[Any] = Chunked(chunk.req, chunk.slot, chunk.cached, gen=chunk.gen)
     with _refused("request 20's chunk carries NoColumns columns, the batch Probe"):
         mix(running, [bare], 8, pools, [7], make_probe([]))

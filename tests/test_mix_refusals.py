@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Final
 
@@ -60,13 +61,13 @@ def test_nothing_to_run_only_when_both_sides_are_empty() -> None:
 def test_chunks_the_pools_do_not_hold_name_what_they_hold() -> None:
     """The chunk in the pools' top slot at another length; a free slot; a slot past the table."""
     running, pools = _running(make_test_pools(max_reqs=3))
-    chunk, held = _chunked(pools)
+    chunk, held = _chunked(copy.deepcopy(pools))  # pools are linear: slot 3 stays free here
     assert (chunk.slot, chunk.cached) == (3, 8)
-    stale = Chunked(chunk.req, chunk.slot, 7)
+    stale = Chunked(chunk.req, chunk.slot, 7, gen=chunk.gen)
     assert mix(running, [stale], 8, held, [1, 1]) == Failure(NotHeld(90, 3, 7, 8))
-    free = Chunked(Req(70, (1,) * 9), 3, 4)
+    free = Chunked(Req(70, (1,) * 9), 3, 4, gen=chunk.gen)
     assert mix(running, [free], 8, pools, [1, 1]) == Failure(NotHeld(70, 3, 4, 0))
-    outside = Chunked(Req(71, (1,) * 9), 4, 4)
+    outside = Chunked(Req(71, (1,) * 9), 4, 4, gen=chunk.gen)
     assert mix(running, [outside], 8, held, [1, 1]) == Failure(NotHeld(71, 4, 4, 0))
 
 
@@ -74,7 +75,9 @@ def test_prompts_with_nothing_left_or_too_long_are_named() -> None:
     running, pools = _running(make_test_pools(max_context_len=64))
     chunk, pools = _chunked(pools, length=50, budget=40)
     assert mix(running, [Req(20, ())], 8, pools, [1, 1]) == Failure(EmptyPrompt(20, 0, 0))
-    done = Chunked(Req(chunk.req.rid, chunk.req.input_ids[:40]), chunk.slot, chunk.cached)
+    done = Chunked(
+        Req(chunk.req.rid, chunk.req.input_ids[:40]), chunk.slot, chunk.cached, gen=chunk.gen
+    )
     assert mix(running, [done], 8, pools, [1, 1]) == Failure(EmptyPrompt(90, 40, 40))
     too_long = Req(21, (1,) * 65)
     assert mix(running, [too_long], 8, pools, [1, 1]) == Failure(ContextTooLong(21, 65, 64))
@@ -88,7 +91,7 @@ def test_a_rid_or_slot_twice_is_named() -> None:
         BatchConflict, "the same rid appears twice among the chunks and running rows: [0]"
     ):
         mix(running, make_reqs([4], 0), 8, pools, [1, 1])
-    on_a_running_slot = Chunked(Req(71, (1,) * 9), 1, 5)
+    on_a_running_slot = Chunked(Req(71, (1,) * 9), 1, 5, gen=0)
     with _exactly(
         BatchConflict, "the same slot appears twice among the chunks and running rows: [1]"
     ):

@@ -68,9 +68,6 @@ def test_allocate_next_with_no_free_page_is_a_failure() -> None:
 def test_shrink_keeps_at_least_one_token() -> None:
     slots, pools = _two_slots()
     fresh = pools.allocate_fresh(slots, [6, 8]).unwrap().pools
-    shrunk = fresh.shrink(slots, host_int64([1, 8])).unwrap()
-    assert shrunk.slot_tokens.tolist() == [0, 1, 8, 0, 0]
-    assert len(shrunk.free_pages) == len(fresh.free_pages) + 1  # slot 1's second page
     with pytest.raises(
         ValueError,
         match=re.escape(
@@ -78,6 +75,9 @@ def test_shrink_keeps_at_least_one_token() -> None:
         ),
     ):
         fresh.shrink(slots, host_int64([0, 8]))
+    shrunk = fresh.shrink(slots, host_int64([1, 8])).unwrap()
+    assert shrunk.slot_tokens.tolist() == [0, 1, 8, 0, 0]
+    assert len(shrunk.free_pages) == len(fresh.free_pages) + 1  # slot 1's second page
 
 
 def test_shrink_keeps_a_cached_prefix_and_names_it() -> None:

@@ -25,6 +25,7 @@ def _with(rows: Rows, **changes: object) -> Rows:
         "device": rows.device,
         "reqs": rows.reqs,
         "rids": rows.rids,
+        "gens": rows.gens,
         "req_pool_indices": rows.req_pool_indices,
         "seq_lens": rows.seq_lens,
         "orig_seq_lens": rows.orig_seq_lens,

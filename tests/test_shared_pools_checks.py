@@ -76,5 +76,5 @@ def test_a_departed_whose_length_is_stale_is_not_owned() -> None:
     batch, pools = extend(
         idle(CPU), [Req(1, tuple(range(9)))], make_test_pools(4, prefix_cache=True)
     ).unwrap()
-    stale = Departed(batch.rows.reqs, host_int64([1]), host_int64([8]))
+    stale = Departed(batch.rows.reqs, host_int64([1]), host_int64([8]), gens=batch.rows.gens)
     assert release(stale, idle(CPU), pools) == Failure(NotOwned((1,)))

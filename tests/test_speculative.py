@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from batchstate import (
     OutOfKVTokens,
     PhaseError,
     Pools,
+    StalePools,
     Verifying,
     check_batch,
     check_pools,
@@ -124,8 +126,10 @@ def test_verify_then_sync_loses_nothing(page_size: int, data: st.DataObject) -> 
 def test_verify_failures_change_nothing(page_size: int) -> None:
     """Too long a context or too little KV is a Failure, and the pools given are unchanged."""
     decoding, pools = _make_decoding(page_size, max_context_len=32, num_kv_tokens=80)
-    fits = verify(decoding, [0, 15, 0], pools)  # row 1: 17 + 15 = 32 fits, 16 would not
-    assert isinstance(fits, Success)  # it writes unused table cells, so snapshot after it
+    # Row 1: 17 + 15 = 32 fits, 16 would not. On a copy: pools are linear, and a
+    # successful verify would make `pools` stale.
+    fits = verify(decoding, [0, 15, 0], copy.deepcopy(pools))
+    assert isinstance(fits, Success)
     before = snapshot(pools)
     too_long = verify(decoding, [0, 16, 0], pools)
     assert too_long == Failure(ContextTooLong(1, 33, 32))
@@ -191,12 +195,12 @@ def test_sync_rejects_bad_accepted_counts(accepted: torch.Tensor, match: str) ->
 def test_sync_rejects_pools_from_before_verify(
     page_size: int, lengths: tuple[int, ...], drafts: list[int]
 ) -> None:
-    """Pools not threaded through verify raise DraftError, whatever their slots hold; no change."""
+    """Pools not threaded through verify are stale, whatever their slots hold; no change."""
     decoding, pools = _make_decoding(page_size, lengths)
     verifying, _ = verify(decoding, drafts, pools).unwrap()
     accepted = torch.zeros(len(lengths), dtype=torch.int64)
     before = snapshot((verifying, accepted, pools))
-    with pytest.raises(DraftError, match="pass the pools verify returned"):
+    with pytest.raises(StalePools, match="pass the newest pools"):
         sync(verifying, accepted, pools)
     assert_unchanged(before, (verifying, accepted, pools), "a refused sync")
 
@@ -206,19 +210,20 @@ def test_sync_refuses_stale_pools_before_it_reads_the_device() -> None:
     decoding, pools = _meta_decoding(16)
     verifying, _ = verify(decoding, [2, 0, 1], pools).unwrap()
     accepted = torch.zeros(3, dtype=torch.int64, device=META)
-    with device_reads(forbid=True) as log, pytest.raises(DraftError, match="verify returned"):
+    with device_reads(forbid=True) as log, pytest.raises(StalePools, match="stale"):
         sync(verifying, accepted, pools)
     assert log.count == 0
 
 
-def test_sync_takes_the_pools_from_before_a_verify_with_no_drafts() -> None:
-    """With no drafts verify reserves nothing: the pools before it are the pools after it."""
+def test_sync_refuses_the_pools_from_before_a_verify_with_no_drafts() -> None:
+    """With no drafts verify reserves nothing, but its pools are the newest: linear still."""
     decoding, pools = _make_decoding(16)
     verifying, reserved = verify(decoding, [0, 0, 0], pools).unwrap()
     accepted = torch.zeros(3, dtype=torch.int64)
-    synced, after = sync(verifying, accepted, pools)
-    expected, _ = sync(verifying, accepted, reserved)
-    assert synced.rows.seq_lens.host.tolist() == expected.rows.seq_lens.host.tolist() == [4, 17, 10]
+    with pytest.raises(StalePools):
+        sync(verifying, accepted, pools)
+    synced, after = sync(verifying, accepted, reserved)
+    assert synced.rows.seq_lens.host.tolist() == [4, 17, 10]
     assert after.slot_tokens.tolist() == pools.slot_tokens.tolist()
 
 
@@ -273,15 +278,14 @@ def test_shrink_frees_only_whole_pages_past_the_new_length(page_size: int) -> No
     """Pools.shrink keeps a page with any kept token, frees the rest, and checks its inputs."""
     decoding, pools = _make_decoding(page_size, (32,))
     slots = decoding.rows.req_pool_indices.host  # one slot owning 33 tokens
-    shrunk = pools.shrink(slots, host_int64([17])).unwrap()
-    assert shrunk.slot_tokens[slots].tolist() == [17]
-    freed = (33 - 17) if page_size == 1 else 1  # pages 0-2 held 33 tokens; 17 need pages 0-1
-    assert shrunk.free_pages.shape[0] == pools.free_pages.shape[0] + freed
-    check_pools(shrunk)
     for bad in (0, 34):
         with pytest.raises(ValueError, match="cannot shrink"):
             pools.shrink(slots, host_int64([bad]))
     assert pools.shrink(host_int64([5]), host_int64([1])) == Failure(NotOwned((5,)))
-    assert np.array_equal(
-        pools.shrink(host_int64([]), host_int64([])).unwrap().slot_tokens, pools.slot_tokens
-    )
+    same = pools.shrink(host_int64([]), host_int64([])).unwrap()
+    assert np.array_equal(same.slot_tokens, pools.slot_tokens)
+    shrunk = same.shrink(slots, host_int64([17])).unwrap()
+    assert shrunk.slot_tokens[slots].tolist() == [17]
+    freed = (33 - 17) if page_size == 1 else 1  # pages 0-2 held 33 tokens; 17 need pages 0-1
+    assert shrunk.free_pages.shape[0] == pools.free_pages.shape[0] + freed
+    check_pools(shrunk)

@@ -47,8 +47,13 @@ def test_departed_stayed_is_not_an_argument() -> None:
     extended, _ = make_extended(make_test_pools(), [3, 5])
     kept, left = split(extended, [0])
     with pytest.raises(TypeError):
-        Departed(left.reqs, left.slots, left.seq_lens, kept.rows)  # type: ignore[call-arg]  # on purpose
-    built = Departed(kept.rows.reqs, kept.rows.req_pool_indices.host, kept.rows.seq_lens.host)
+        Departed(left.reqs, left.slots, left.seq_lens, kept.rows)  # type: ignore[call-arg, arg-type]  # on purpose
+    built = Departed(
+        kept.rows.reqs,
+        kept.rows.req_pool_indices.host,
+        kept.rows.seq_lens.host,
+        gens=kept.rows.gens,
+    )
     assert built.stayed is None
 
 

@@ -16,11 +16,13 @@ Run with `-s` to see how many steps ran.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import Final, cast
 
 import attrs
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -53,6 +55,7 @@ from batchstate import (
     OutOfReqSlots,
     Pools,
     Req,
+    StalePools,
     StillRunning,
     check_batch,
     check_leaks,
@@ -90,11 +93,12 @@ _failures: dict[str, int] = {}  # Failure type -> how often the machine predicte
 
 @attrs.define
 class _Row:
-    """The model of one request that owns memory: its request, slot and KV length."""
+    """The model of one request that owns memory: its request, slot, KV length, generation."""
 
     req: Req
     slot: int
     seq_len: int
+    gen: int = 0  # the generation it holds its slot at: read from the record that admits it
 
 
 def _make_ids(rid: int, length: int) -> tuple[int, ...]:
@@ -128,6 +132,8 @@ class BatchMachine(RuleBasedStateMachine):
         self.released: list[tuple[Departed | Filtered, list[_Row]]] = []
         self.spent: list[Chunked] = []  # chunks already continued: stale, never held again
         self.next_rid = 0
+        self.last_gen = 0  # the newest generation handed out
+        self.old_pools: list[Pools] = []  # pools values seen before, for reuse
         self.locs: dict[int, list[int]] = {}  # rid -> KV locations seen so far
 
     # ---- helpers ------------------------------------------------------------------------
@@ -145,7 +151,7 @@ class BatchMachine(RuleBasedStateMachine):
 
     def _spend(self, rows: Sequence[_Row]) -> None:
         # Rows just continued from a held chunk: their chunks, as they were, go stale.
-        self.spent += [Chunked(row.req, row.slot, row.seq_len) for row in rows]
+        self.spent += [Chunked(row.req, row.slot, row.seq_len, gen=row.gen) for row in rows]
         del self.spent[:-8]  # a few suffice; older ones add nothing
 
     def _assert_failed(
@@ -159,6 +165,8 @@ class BatchMachine(RuleBasedStateMachine):
         # The message carries the facts needed to act on it: every field's value.
         message = str(failure)
         for field in attrs.fields(cast("type[attrs.AttrsInstance]", type(failure))):
+            if field.name == "stale":
+                continue  # a flag: the message says "released and handed out again" instead
             shown = getattr(failure, field.name)
             shown = list(shown) if isinstance(shown, tuple) else shown
             assert str(shown) in message, f"{message!r} does not say {field.name}={shown}"
@@ -237,7 +245,7 @@ class BatchMachine(RuleBasedStateMachine):
         for row in continued_rows:
             length = data.draw(prompt_lengths(shape.max_context_len, row.seq_len), label="continue")
             req = Req(row.req.rid, _make_ids(row.req.rid, length))
-            items.append(Chunked(req, row.slot, row.seq_len))
+            items.append(Chunked(req, row.slot, row.seq_len, gen=row.gen))
             continued_lens.append(length)
         before = snapshot((self.pools, self.running))
         before_pools = snapshot(_pools_but_table(self.pools))
@@ -266,6 +274,7 @@ class BatchMachine(RuleBasedStateMachine):
                 items, new_slots + [row.slot for row in continued_rows], lengths, strict=True
             )
         ]
+        self._take_gens(rows, batch.rows.gens.tolist(), num_new)
         self.held = [row for row in self.held if row not in continued_rows]
         self._spend(continued_rows)
         _counts["continued"] += len(continued_rows)
@@ -346,7 +355,7 @@ class BatchMachine(RuleBasedStateMachine):
             row = self.held[pick]
             length = data.draw(prompt_lengths(shape.max_context_len, row.seq_len), label="continue")
             req = Req(row.req.rid, _make_ids(row.req.rid, length))
-            admit.append(Chunked(req, row.slot, row.seq_len))
+            admit.append(Chunked(req, row.slot, row.seq_len, gen=row.gen))
             wanted.append((row, req))
         for _ in range(num_new):
             length = data.draw(prompt_lengths(shape.max_context_len), label="prompt")
@@ -385,7 +394,16 @@ class BatchMachine(RuleBasedStateMachine):
         extend_lens = mixed.rows.seq_lens.host.tolist()[: mixed.num_extend_rows]
         for (row, req), seq_len in zip(wanted, extend_lens, strict=False):
             slot = row.slot if row is not None else next(slots)
-            extend_rows.append(_Row(req, slot, seq_len))
+            extend_rows.append(_Row(req, slot, seq_len, row.gen if row is not None else 0))
+        # Continued chunks come first in `admit`, then new requests: the new rows' slots
+        # were all allocated by this mix.
+        num_continued = sum(row is not None for row, _ in wanted[: len(extend_rows)])
+        gens = mixed.rows.gens.tolist()[: len(extend_rows)]
+        self._take_gens(
+            extend_rows[num_continued:] + extend_rows[:num_continued],
+            gens[num_continued:] + gens[:num_continued],
+            len(extend_rows) - num_continued,
+        )
         taken = len(extend_rows)
         self.model_free_slots = self.model_free_slots[sum(r is None for r, _ in wanted[:taken]) :]
         done_held = [row for row, _ in wanted[:taken] if row is not None]
@@ -395,8 +413,8 @@ class BatchMachine(RuleBasedStateMachine):
             row.seq_len += 1
         cut = [row for row in extend_rows if row.seq_len < len(row.req.input_ids)]
         whole = [row for row in extend_rows if row not in cut]
-        assert [(c.req.rid, c.slot, c.cached) for c in held] == [
-            (row.req.rid, row.slot, row.seq_len) for row in cut
+        assert [(c.req.rid, c.slot, c.cached, c.gen) for c in held] == [
+            (row.req.rid, row.slot, row.seq_len, row.gen) for row in cut
         ]
         self.pools = pools
         self.held += cut
@@ -429,15 +447,22 @@ class BatchMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.spent))
     @rule(pick=st.integers(0, 7))
     def continue_spent(self, pick: int) -> None:
-        """Extend a chunk already continued: NotHeld, naming what its slot holds now."""
+        """Extend a chunk already continued: NotHeld, naming what its slot holds now.
+
+        A slot handed out again and holding exactly the chunk's count is
+        told apart by its generation: `NotHeld(..., stale=True)`.
+        """
         chunk = self.spent[pick % len(self.spent)]
         owned = {row.slot: row.seq_len for row in self._owners()}.get(chunk.slot, 0)
-        if owned == chunk.cached:
-            return  # the slot holds that count again: indistinguishable from the chunk's own
         more = Req(chunk.req.rid, _make_ids(chunk.req.rid, chunk.cached + 1))
         before = snapshot((self.pools, self.running))
         result = extend(idle(CPU), [attrs.evolve(chunk, req=more)], self.pools)
-        expected = NotHeld(chunk.req.rid, chunk.slot, chunk.cached, owned)
+        stale = owned == chunk.cached
+        expected = NotHeld(chunk.req.rid, chunk.slot, chunk.cached, owned, stale=stale)
+        if stale:
+            _failures["reused at the same length"] = (
+                _failures.get("reused at the same length", 0) + 1
+            )
         self._assert_failed(result, NotHeld, before, expected)
 
     @rule(pattern=keep_patterns(), destination=st.sampled_from(["release", "later", "hold"]))
@@ -473,11 +498,10 @@ class BatchMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.released))
     @rule(pick=st.integers(0, 7))
     def release_twice(self, pick: int) -> None:
-        """Release a record again: StillRunning, NotOwned, or (reused at its length) a Success.
+        """Release a record again: StillRunning or NotOwned, never a Success.
 
-        A slot handed out again and now holding exactly the length the stale
-        record says cannot be told from the record's own rows: release frees
-        it. The model predicts that too; the machine drops that result.
+        A slot handed out again, even holding exactly the length the stale
+        record says, is at another generation: NotOwned names every slot.
         """
         left, rows = self.released[pick % len(self.released)]
         before = snapshot((self.pools, self.running))
@@ -487,17 +511,16 @@ class BatchMachine(RuleBasedStateMachine):
         if still:
             self._assert_failed(result, StillRunning, before, StillRunning(still))
             return
-        owned = {row.slot: row.seq_len for row in self._owners()}
-        not_owned = tuple(row.slot for row in rows if row.slot not in owned)
-        if not not_owned:
-            not_owned = tuple(row.slot for row in rows if owned[row.slot] != row.seq_len)
-        if not_owned:
-            self._assert_failed(result, NotOwned, before, NotOwned(not_owned))
+        if not rows:
+            assert result == Success(self.pools), f"nothing to release, got {result}"
             return
-        # Every slot reused, at the same length, outside the batch: indistinguishable.
-        assert isinstance(result, Success), f"expected Success (a reuse), got {result}"
-        assert_unchanged(before, (self.pools, self.running), "pools and batch (result dropped)")
-        _failures["undetectable reuse"] = _failures.get("undetectable reuse", 0) + 1
+        owned = {row.slot for row in self._owners()}
+        free = tuple(row.slot for row in rows if row.slot not in owned)
+        # Every slot that is owned again is at another generation than the record's.
+        expected = NotOwned(free or tuple(row.slot for row in rows))
+        if not free:
+            _failures["reused slots"] = _failures.get("reused slots", 0) + 1
+        self._assert_failed(result, NotOwned, before, expected)
 
     @precondition(lambda self: bool(self.model_running))
     @rule(pattern=keep_patterns())
@@ -529,6 +552,37 @@ class BatchMachine(RuleBasedStateMachine):
         self._assert_rows(merged, self.model_running)
         self.running = merged
 
+    @precondition(lambda self: any(not pools.is_newest for pools in self.old_pools))
+    @rule(pick=st.integers(0, 7), which=st.sampled_from(["decode", "extend", "release"]))
+    def reuse_old_pools(self, pick: int, which: str) -> None:
+        """Hand a pools value from before a later success to a transition: StalePools."""
+        stale = [pools for pools in self.old_pools if not pools.is_newest]
+        old = stale[pick % len(stale)]
+        before = snapshot((self.pools, self.running))
+        with pytest.raises(StalePools):
+            if which == "decode" and not isinstance(self.running, Idle):
+                decode(self.running, old)
+            elif which == "release" and not isinstance(self.running, Idle):
+                release(filter_batch(self.running, []), self.running, old)
+            else:
+                extend(idle(CPU), [Req(self._fresh_rid(), (1,))], old)
+        assert_unchanged(before, (self.pools, self.running), "pools and batch after StalePools")
+        _failures["StalePools"] = _failures.get("StalePools", 0) + 1
+
+    @rule()
+    def deepcopy_mid_run(self) -> None:
+        """Deep-copy the batch and pools together: read-only mirrors, a lineage of its own."""
+        batch, pools = copy.deepcopy((self.running, self.pools))
+        rows = batch.rows
+        hosts = (rows.rids, rows.gens, rows.req_pool_indices.host, rows.seq_lens.host)
+        assert not any(host.flags.writeable for host in hosts), "a copy's mirror is writable"
+        assert not pools.slot_gens.flags.writeable and not pools.table.host.flags.writeable
+        check_batch(batch, compare_device=True)
+        check_pools(pools, [batch], compare_device=True)
+        if not isinstance(batch, Idle) and rows.max_seq_len < self.shape.max_context_len:
+            decode(batch, pools)  # the copy goes on, or fails, on its own lineage
+        assert self.pools.is_newest, "a copy's transition made the original stale"
+
     # ---- checks -------------------------------------------------------------------------
 
     def _release(self, left: Departed | Filtered, rows: list[_Row]) -> None:
@@ -546,6 +600,17 @@ class BatchMachine(RuleBasedStateMachine):
         for row in rows:
             self.locs.pop(row.req.rid, None)
 
+    def _take_gens(self, rows: Sequence[_Row], gens: Sequence[int], num_new: int) -> None:
+        # The first `num_new` rows got their slots just now: one generation, newer than
+        # any before; the rest keep theirs.
+        fresh = list(gens[:num_new])
+        if fresh:
+            assert len(set(fresh)) == 1 and fresh[0] > self.last_gen, f"generations {fresh}"
+            self.last_gen = fresh[0]
+        for row, gen in zip(rows, gens, strict=True):
+            assert row.gen in {0, gen}, f"request {row.req.rid} changed generation"
+            row.gen = gen
+
     def _other_batches(self) -> list[Batch]:
         return [self.running, *(left for left, _ in self.finished)]
 
@@ -556,6 +621,7 @@ class BatchMachine(RuleBasedStateMachine):
         slots = [row.slot for row in rows]
         assert got.req_pool_indices.host.tolist() == slots
         assert got.req_pool_indices.device.tolist() == slots
+        assert got.gens.tolist() == [row.gen for row in rows]
         lens = [row.seq_len for row in rows]
         assert got.seq_lens.host.tolist() == lens
         assert got.seq_lens.device.tolist() == lens
@@ -583,13 +649,14 @@ class BatchMachine(RuleBasedStateMachine):
 
     def _holders(self) -> list[Holder]:
         # Every live record that holds memory: the leak check's view of the machine.
-        chunks = [Chunked(row.req, row.slot, row.seq_len) for row in self.held]
+        chunks = [Chunked(row.req, row.slot, row.seq_len, gen=row.gen) for row in self.held]
         return [*self._other_batches(), *chunks]
 
     @invariant()
     def holds_everything(self) -> None:
         """Every invariant, the model's free counts, and KV locations that never move."""
         _counts["steps"] += 1
+        self.old_pools = [*self.old_pools[-3:], self.pools]
         check_batch(self.running, compare_device=True)
         check_pools(self.pools, self._other_batches(), compare_device=True)
         # Every owned slot is held by exactly one live record: the batch, a finished

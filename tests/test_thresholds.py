@@ -11,6 +11,8 @@ through `.tolist()` only.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -93,6 +95,9 @@ def test_free_gives_back_every_page_of_every_slot(page_size: int, num_freed: int
     )
     free_slots, free_pages = pools.free_slots.tolist(), pools.free_pages.tolist()
 
+    # The same through Pools.free directly, with no lengths to check, on a copy: pools
+    # are linear, and a deep copy is a lineage of its own.
+    direct = copy.deepcopy(pools).free(left.slots).unwrap()
     after = release(left, kept, pools).unwrap()
 
     assert after.free_slots.tolist() == free_slots + freed_slots
@@ -103,8 +108,6 @@ def test_free_gives_back_every_page_of_every_slot(page_size: int, num_freed: int
         num_freed:
     ]
     check_pools(after, [kept], compare_device=True)
-    # The same through Pools.free directly, with no lengths to check.
-    direct = pools.free(left.slots).unwrap()
     assert direct.free_pages.tolist() == free_pages + expected_pages
 
 
@@ -167,15 +170,16 @@ def test_extend_places_rows_as_python_would(page_size: int, num_reqs: int, chunk
     cached = 5
     items: list[Req | Chunked] = []
     prefixes = [0] * num_reqs
-    held_slot, held_row = 0, []  # a chunked request's slot and its cached locations
+    held_slot, held_row, held_gen = 0, [], 0  # a chunked request's slot, locations, generation
     if chunked:
         held, pools = extend(idle(CPU), [Req(999, tuple(range(cached)))], pools).unwrap()
         held_slot = held.rows.req_pool_indices.host.tolist()[0]
+        held_gen = int(held.rows.gens[0])
         held_row = pools.table.host.tolist()[held_slot][:cached]
     lengths = _lengths(num_reqs, page_size)
     items += make_reqs(lengths)
     if chunked:
-        items.append(Chunked(Req(999, tuple(range(cached + 9))), held_slot, cached))
+        items.append(Chunked(Req(999, tuple(range(cached + 9))), held_slot, cached, gen=held_gen))
         lengths.append(cached + 9)
         prefixes.append(cached)
     free_slots, free_pages = pools.free_slots.tolist(), pools.free_pages.tolist()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Final, Protocol, final
 
 import attrs
+import numpy as np
 import torch
 from returns.result import Success
 
@@ -152,7 +153,12 @@ def _speculate(
     verifying, reserved = verified.unwrap()
     record(step, "verify", verifying, reserved)
     if accept is None:
-        return decoding, pools  # abandoned: the pools from before verify still hold
+        # Abandoned: no draft accepted, the reserved KV goes back. Pools are linear, so
+        # the pools from before verify are stale; counts the host has need no read.
+        none = np.zeros(len(verifying.reqs), dtype=np.int64)
+        synced, after = sync(verifying, none, reserved)
+        record(step, "sync", synced, after)
+        return synced, after
     synced, after = sync(verifying, accept(verifying, step), reserved)
     record(step, "sync", synced, after)
     return synced, after

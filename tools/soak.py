@@ -67,6 +67,7 @@ class _Request:
     prompt: tuple[int, ...]
     output_len: int
     slot: int = 0
+    gen: int = 0  # the generation it holds its slot at
     cached: int = 0  # prompt tokens with KV (chunked prefill progress)
     generated: int = 0
 
@@ -114,7 +115,11 @@ class _Loop:
                 break  # held requests come first; waiting ones need a slot
             chunk = min(len(request.prompt) - request.cached, budget)
             req = Req(request.rid, request.prompt[: request.cached + chunk])
-            items.append(Chunked(req, request.slot, request.cached) if request.cached else req)
+            items.append(
+                Chunked(req, request.slot, request.cached, gen=request.gen)
+                if request.cached
+                else req
+            )
             free_slots -= not request.cached
             admitted.append(request)
             targets.append(request.cached + chunk)
@@ -128,10 +133,11 @@ class _Loop:
         batch, self.pools = result.unwrap()
         self.stats.extends += 1
         slots = batch.rows.req_pool_indices.host.tolist()
+        gens = batch.rows.gens.tolist()
         done: list[int] = []
         for row, (request, slot, target) in enumerate(zip(admitted, slots, targets, strict=True)):
             self.stats.prompt_tokens += target - request.cached
-            request.slot, request.cached = slot, target
+            request.slot, request.cached, request.gen = slot, target, gens[row]
             if request in self.held:
                 self.held.remove(request)
             else:

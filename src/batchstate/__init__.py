@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         PhaseError,
         RecordShapeError,
         ReleaseError,
+        StalePools,
         StaleRecord,
         StillRunning,
     )
@@ -140,6 +141,7 @@ __all__ = [
     "SamplingParams",
     "Settled",
     "Split",
+    "StalePools",
     "StaleRecord",
     "Step",
     "StillRunning",

@@ -8,11 +8,15 @@ from typing import Generic, final
 import attrs
 
 from batchstate._columns import NO_COLUMNS, C, NoColumns, slice_columns
+from batchstate._copies import read_only_copies
+from batchstate._errors import NotHeld
+from batchstate._pools import Pools
 from batchstate._rows import Req
 
 __all__ = ["Chunked", "columns_in_order"]
 
 
+@read_only_copies
 @final
 @attrs.frozen
 class Chunked(Generic[C]):
@@ -30,16 +34,31 @@ class Chunked(Generic[C]):
 
     A `Chunked` is good for one continuation: the pools then hold more
     tokens in its slot, and handing it over again is `Failure(NotHeld)`.
+    It carries the generation it holds its slot at (`gen`, keyword-only):
+    once the slot is released and handed out again, to a request whose
+    chunk holds as many tokens, the chunk is still `NotHeld` (`stale`).
     """
 
     req: Req  # the whole prompt (and any tokens generated before a retraction)
     slot: int  # the request slot it owns
     cached: int  # prompt tokens with KV in the slot, 0 < cached < len(req.input_ids)
     columns: C = NO_COLUMNS  # type: ignore[assignment]  # its own row of the batch's column set
+    # The generation it holds `slot` at (`pools.slot_gens[slot]` when it was allocated).
+    gen: int = attrs.field(kw_only=True)
 
-    def _held_slots(self) -> list[tuple[int, int]]:
-        # (slot, tokens it holds): what `find_leaks` compares with the pools.
-        return [(self.slot, self.cached)]
+    def _held_slots(self) -> list[tuple[int, int, int]]:
+        # (slot, tokens it holds, generation): what `find_leaks` compares with the pools.
+        return [(self.slot, self.cached, self.gen)]
+
+    def _not_held(self, pools: Pools) -> NotHeld | None:
+        # None if `pools` hold exactly `cached` tokens in `slot` at this chunk's generation.
+        slot, in_table = self.slot, 1 <= self.slot <= pools.max_reqs
+        owned = int(pools.slot_tokens[slot]) if in_table else 0
+        if not in_table or not pools.slot_gens[slot] or owned != self.cached:
+            return NotHeld(self.req.rid, slot, self.cached, owned)
+        if int(pools.slot_gens[slot]) != self.gen:
+            return NotHeld(self.req.rid, slot, self.cached, owned, stale=True)
+        return None
 
     @property
     def remaining(self) -> int:

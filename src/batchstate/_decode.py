@@ -63,6 +63,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
         rows.device,
         rows.reqs,
         rows.rids,
+        rows.gens,
         slots,
         seq_lens,
         rows.seq_lens_sum + len(rows.reqs),
@@ -72,19 +73,21 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
     )
     # The new token sits at position old seq_len of its row.
     after.table.write(slots, rows.seq_lens, Mirrored._pair(frozen(locs32), table_locs))
-    return Success(Step(Decoding._trusted(grown, DeviceOnly(out_cache_loc)), after))
+    return Success(Step(Decoding._trusted(grown, DeviceOnly(out_cache_loc)), after._commit()))
 
 
 def _expect_current(rows: Rows[C], pools: Pools) -> None:
-    # Each row's slot must own exactly its length: one host gather and compare.
+    # Each row's slot must own exactly its length, at the row's generation: two host
+    # gathers and compares.
     slots, lengths = rows.req_pool_indices.host, rows.seq_lens.host
     try:
         held = pools.slot_tokens[slots]
+        gens = pools.slot_gens[slots]
     except IndexError:
         pass  # a slot outside the table: say which below
     else:
         # A negative slot would read from the end: Rows' checks refuse slots < 1.
-        if (held == lengths).all():
+        if (held == lengths).all() and (gens == rows.gens).all():
             return
     owned = pools.slot_tokens[slots.clip(0, pools.max_reqs)].tolist()
     rows_seen = zip(slots.tolist(), lengths.tolist(), owned, strict=True)
@@ -95,6 +98,15 @@ def _expect_current(rows: Rows[C], pools: Pools) -> None:
                 f"row {row} (request {rows.reqs[row].rid}) has {length} tokens in slot {slot},"
                 f" the pools hold {owns if in_table else 'no such slot'}:"
                 " the batch or the pools are stale"
+            )
+    held_gens = pools.slot_gens[slots].tolist()
+    rows_gens = zip(slots.tolist(), rows.gens.tolist(), held_gens, strict=True)
+    for row, (slot, gen, held_gen) in enumerate(rows_gens):
+        if gen != held_gen:
+            raise StaleRecord(
+                f"row {row} (request {rows.reqs[row].rid}) holds slot {slot} at generation"
+                f" {gen}, the pools' slot is at generation {held_gen}: it was released"
+                " and handed out again, the batch is stale"
             )
 
 

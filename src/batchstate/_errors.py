@@ -145,8 +145,16 @@ class NotHeld:
     slot: int
     cached: int
     owned: int  # tokens the pools hold in the slot (0: free or out of range)
+    # The slot holds that many tokens, but for a later owner: it was released and
+    # handed out again (the chunk's generation is not the slot's).
+    stale: bool = False
 
     def __str__(self) -> str:
+        if self.stale:
+            return (
+                f"request {self.rid} is not held in slot {self.slot}: the slot was released"
+                " and handed out again (another generation), the chunk is stale"
+            )
         return (
             f"request {self.rid} is not held in slot {self.slot}: the chunk says"
             f" {self.cached} cached tokens, the pools hold {self.owned}"
@@ -189,6 +197,15 @@ class StaleRecord(ValueError):
     One of them is older than the other: a batch decoded with pools from
     before its last step, or after its rows were released. Caught before
     anything is allocated or written.
+    """
+
+
+class StalePools(ValueError):
+    """Pools used after a later value was derived from them by a successful transition.
+
+    Pools are linear: every value of one lineage shares the table and the
+    free lists, so only the newest may allocate or free. Raised before
+    anything is read or written.
     """
 
 

@@ -109,7 +109,7 @@ def extend(  # the overloads above are the API; Any stands for their column set 
         admitted.extend_lens,
         admitted.num_computed,
     )
-    return Success(Step(extended, admitted.pools))
+    return Success(Step(extended, admitted.pools._commit()))
 
 
 @overload
@@ -141,7 +141,7 @@ def prebuilt(  # the overloads above are the API; Any stands for their column se
     admitted = _admit(batch, reqs, pools, columns, match=False)
     if not isinstance(admitted, _Admitted):
         return Failure(admitted)
-    return Success(Step(Filtered(admitted.rows), admitted.pools))
+    return Success(Step(Filtered(admitted.rows), admitted.pools._commit()))
 
 
 class _Admitted(NamedTuple, Generic[C]):
@@ -179,9 +179,9 @@ def _admit(
     held = [item for item in inputs if isinstance(item, Chunked)]
     _expect_unique([item.slot for item in held], "slot")
     for item in held:
-        owned = int(pools.slot_tokens[item.slot]) if 1 <= item.slot <= pools.max_reqs else 0
-        if not owned or owned != item.cached:
-            return NotHeld(item.req.rid, item.slot, item.cached, owned)
+        not_held = item._not_held(pools)
+        if not_held is not None:
+            return not_held
     cached = [item.cached if isinstance(item, Chunked) else 0 for item in inputs]
     problem = _first_problem(reqs, cached, pools.max_context_len)
     if problem is not None:
@@ -229,6 +229,7 @@ def _place_fresh(
         batch.device,
         tuple(reqs),
         host_int64(rids),
+        frozen(with_slots.slot_gens[slots]),
         slots,
         host_int64(seq_lens),
         total,
@@ -295,6 +296,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         batch.device,
         tuple(reqs),
         host_int64([req.rid for req in reqs]),
+        frozen(pools.slot_gens[slots_host]),  # the chunks' own, checked equal, and the new
         slots_host,
         seq_lens_host,
         sum(seq_lens),

@@ -14,6 +14,7 @@ import numpy.typing as npt
 import torch
 
 from batchstate._columns import C
+from batchstate._copies import read_only_copies
 from batchstate._errors import KeepIndicesError, PhaseError
 from batchstate._mirrored import HostArray, frozen, host_int64
 from batchstate._phases import Decoding, Extended, Filtered, Running
@@ -25,23 +26,31 @@ __all__ = ["Departed", "Keep", "Split", "filter_batch", "keep_indices", "split"]
 Keep: TypeAlias = Sequence[int] | npt.NDArray[np.integer] | torch.Tensor
 
 
+@read_only_copies
 @final
 @attrs.frozen(eq=False, repr=False)
 class Departed:
-    """The rows that left a batch, host side only: what `release` needs to free them."""
+    """The rows that left a batch, host side only: what `release` needs to free them.
+
+    `gens` (keyword-only) is the generation each row holds its slot at:
+    `release` refuses a slot at another generation (released and handed out
+    again), so releasing the same `Departed` twice is always refused.
+    """
 
     reqs: tuple[Req, ...]
     slots: HostArray  # read-only int64 [num_left], the request slots they own
     seq_lens: HostArray  # read-only int64 [num_left], the tokens each holds in its slot
+    gens: HostArray = attrs.field(kw_only=True)  # read-only int64 [num_left], slot generations
     # The rows that stayed, from the same split: disjoint from these by
     # construction, so `release` need not compare slots against them. Only
     # `split` sets it: not an argument, and `attrs.evolve` resets it, so a
     # value built or changed by hand is always compared. Compared by identity.
     stayed: object = attrs.field(default=None, init=False)
 
-    def _held_slots(self) -> list[tuple[int, int]]:
-        # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
-        return list(zip(self.slots.tolist(), self.seq_lens.tolist(), strict=True))
+    def _held_slots(self) -> list[tuple[int, int, int]]:
+        # (slot, tokens it holds, generation) per row: what `find_leaks` compares.
+        slots, lens = self.slots.tolist(), self.seq_lens.tolist()
+        return list(zip(slots, lens, self.gens.tolist(), strict=True))
 
     def __repr__(self) -> str:
         return f"Departed(rids={[req.rid for req in self.reqs]}, slots={self.slots.tolist()})"
@@ -156,6 +165,7 @@ def _split(batch: Running[C], keep: Keep, transition: str) -> Split[C]:
         tuple(rows.reqs[position] for position in positions),
         frozen(rows.req_pool_indices.host[left_index]),
         left_lens,
+        gens=frozen(rows.gens[left_index]),
     )
     object.__setattr__(left, "stayed", stayed)  # frozen, and not an __init__ argument
     return Split(Filtered(stayed), left)
@@ -202,4 +212,4 @@ def _as_host_int64(keep: Keep) -> HostArray:
 _EMPTY: Final = host_int64([])
 _INT64_MAX: Final = int(np.iinfo(np.int64).max)
 _MAX_PYTHON_CHECK: Final = 128
-_NOBODY: Final = Departed((), _EMPTY, _EMPTY)
+_NOBODY: Final = Departed((), _EMPTY, _EMPTY, gens=_EMPTY)

@@ -8,11 +8,13 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from batchstate._copies import read_only_copies
 from batchstate._mirrored import HostArray, writing
 
 __all__ = ["FreeList"]
 
 
+@read_only_copies
 @final
 @attrs.frozen(eq=False, repr=False)
 class FreeList:

@@ -10,9 +10,13 @@ from batchstate._columns import C
 from batchstate._errors import InvariantViolation, RecordShapeError
 from batchstate._mirrored import torch_dtype
 from batchstate._phases import Batch, Decoding, Extended
-from batchstate._pools import Pools
+from batchstate._pools import Pools, expect_pools
 from batchstate._rows import check_columns
-from batchstate._shared_invariants import check_shared_pools
+from batchstate._shared_invariants import (
+    check_shared_pools,
+    expect_generations,
+    owned_by_generation,
+)
 
 __all__ = ["check_batch", "check_pools"]
 
@@ -70,21 +74,26 @@ def check_pools(
 ) -> None:
     """Check conservation: free + owned = capacity, nothing owned twice.
 
-    Every row of `batches` must own its slot with exactly `seq_len` tokens.
-    `compare_device` also compares the table's two sides (it syncs). With
-    the prefix cache on, free + cached + private = capacity instead, and
-    the cache's tree and locks are checked too (see `check_shared_pools`).
+    A slot is owned from its allocation (a generation other than 0) and
+    free otherwise. Every row of `batches` must own its slot with exactly
+    `seq_len` tokens, at the row's generation. `compare_device` also
+    compares the table's two sides (it syncs). With the prefix cache on,
+    free + cached + private = capacity instead, and the cache's tree and
+    locks are checked too (see `check_shared_pools`).
 
     Raises:
         InvariantViolation: naming the invariant and the numbers.
+        StalePools: `pools` is not the newest pools (a later value holds
+            the truth; this one's table is no longer its own).
     """
+    expect_pools(pools)
     if pools.cache.enabled:
         check_shared_pools(pools, batches, compare_device=compare_device)
         return
     max_reqs, page_size = pools.max_reqs, pools.page_size
     slot_tokens = pools.slot_tokens
     _expect(int(slot_tokens[0]) == 0, "padding slot 0 owns tokens")
-    owned_slots = slot_tokens.nonzero()[0]
+    owned_slots = owned_by_generation(pools)
     slot_uses = np.bincount(np.concatenate((pools.free_slots, owned_slots)), minlength=max_reqs + 1)
     _expect(
         slot_uses.shape[0] == max_reqs + 1
@@ -128,6 +137,7 @@ def check_pools(
                 f"slot {slot}: row has {seq_len} tokens, the pools hold"
                 f" {int(slot_tokens[slot]) if 1 <= slot <= max_reqs else 'none'}",
             )
+        expect_generations(pools, batch.rows.req_pool_indices.host, batch.rows.gens)
     if compare_device:
         device_table = pools.table.device.cpu().numpy()
         _expect(np.array_equal(pools.table.host, device_table), "table: host != device")

@@ -18,10 +18,11 @@ class Holder(Protocol):
 
     The records (`Idle`, `Extended`, `Decoding`, `Filtered`, `Mixed`), a held
     `Chunked`, a `Verifying` window and an unreleased `Departed`: each says
-    which slots it holds, at which lengths, without reading the device.
+    which slots it holds, at which lengths and generations, without reading
+    the device.
     """
 
-    def _held_slots(self) -> list[tuple[int, int]]: ...
+    def _held_slots(self) -> list[tuple[int, int, int]]: ...
 
 
 @final
@@ -29,10 +30,13 @@ class Holder(Protocol):
 class Leaks:
     """What `find_leaks` found; falsy when nothing leaked.
 
-    `unheld` slots are owned in the pools but held by no record given:
-    their `unheld_tokens` KV tokens (`unheld_pages` pages) can never come
-    back. `held_twice` slots are held by two records; `wrong_length` slots
-    are held at another length than the pools own (a stale record).
+    `unheld` slots are owned in the pools (taken directly with
+    `Pools.allocate_slots` included) but held by no record given: their
+    `unheld_tokens` KV tokens (`unheld_pages` pages) can never come back.
+    `held_twice` slots are held by two records; `wrong_length` slots are
+    held at another length than the pools own (a stale record); `stale`
+    slots are held at another generation than the slot's (a record from
+    before the slot was released and handed out again, whatever its length).
     """
 
     unheld: tuple[int, ...] = ()
@@ -40,9 +44,10 @@ class Leaks:
     unheld_pages: int = 0
     held_twice: tuple[int, ...] = ()
     wrong_length: tuple[int, ...] = ()
+    stale: tuple[int, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.unheld or self.held_twice or self.wrong_length)
+        return bool(self.unheld or self.held_twice or self.wrong_length or self.stale)
 
     def __str__(self) -> str:
         if not self:
@@ -57,6 +62,11 @@ class Leaks:
             parts.append(f"slots {list(self.held_twice)} are held twice")
         if self.wrong_length:
             parts.append(f"slots {list(self.wrong_length)} are held at another length")
+        if self.stale:
+            parts.append(
+                f"slots {list(self.stale)} are held at another generation"
+                " (released and handed out again)"
+            )
         return "; ".join(parts)
 
 
@@ -66,22 +76,30 @@ def find_leaks(pools: Pools, holders: Iterable[Holder]) -> Leaks:
     Pass every live record: the running batch, each held `Chunked`, a
     `Mixed` or `Verifying` between its transition and the next, and each
     `Departed` not yet released. A `Verifying` holds its slots at a length
-    only the device knows, so its lengths are not compared.
+    only the device knows, so its lengths are not compared (its generations
+    are). A slot is owned from its allocation (its generation is not 0),
+    before it holds any token.
+
+    Raises:
+        StalePools: `pools` is not the newest pools.
     """
     expect_pools(pools)
-    owned = pools.slot_tokens
+    owned, slot_gens = pools.slot_tokens, pools.slot_gens
     seen: dict[int, int] = {}
     twice: set[int] = set()
     wrong: set[int] = set()
+    stale: set[int] = set()
     for holder in holders:
-        for slot, length in _held(holder):
+        for slot, length, gen in _held(holder):
             if slot in seen:
                 twice.add(slot)
             seen[slot] = length
             in_table = 1 <= slot < owned.shape[0]
-            if not in_table or (length >= 0 and int(owned[slot]) != length):
+            if in_table and int(slot_gens[slot]) != gen:
+                stale.add(slot)
+            elif not in_table or (length >= 0 and int(owned[slot]) != length):
                 wrong.add(slot)
-    owned_slots = owned.nonzero()[0].tolist()
+    owned_slots = slot_gens.nonzero()[0].tolist()
     unheld = tuple(slot for slot in owned_slots if slot not in seen)
     page = pools.page_size
     tokens = [int(owned[slot]) for slot in unheld]
@@ -91,6 +109,7 @@ def find_leaks(pools: Pools, holders: Iterable[Holder]) -> Leaks:
         sum(-(-count // page) for count in tokens),
         tuple(sorted(twice)),
         tuple(sorted(wrong)),
+        tuple(sorted(stale)),
     )
 
 
@@ -101,8 +120,8 @@ def check_leaks(pools: Pools, holders: Iterable[Holder]) -> None:
         raise InvariantViolation(f"leak check: {leaks}")
 
 
-def _held(holder: Holder) -> list[tuple[int, int]]:
-    # (slot, tokens it holds) per row; -1 where only the device knows the length.
+def _held(holder: Holder) -> list[tuple[int, int, int]]:
+    # (slot, tokens it holds, generation) per row; -1 where only the device knows the length.
     if not hasattr(holder, "_held_slots"):
         raise TypeError(f"find_leaks: {type(holder).__name__} holds no request slots")
     return holder._held_slots()

@@ -20,6 +20,8 @@ import numpy.typing as npt
 import torch
 from typing_extensions import TypeVar
 
+from batchstate._copies import read_only_copies
+
 __all__ = [
     "DeviceOnly",
     "HostArray",
@@ -35,6 +37,7 @@ Scalar = TypeVar("Scalar", bound=np.generic, default=np.int64)
 HostArray = npt.NDArray[np.int64]  # a 1-D int64 host array: slots, lengths, ids
 
 
+@read_only_copies
 @final
 @attrs.frozen(eq=False, init=False, repr=False)
 class Mirrored(Generic[Scalar]):

@@ -270,6 +270,7 @@ def _build(
         rows.device,
         chunks.reqs + rows.reqs,
         frozen(np.concatenate((host_int64([req.rid for req in chunks.reqs]), rows.rids))),
+        rows.gens if not num_extend else frozen(pools.slot_gens[slots]),
         keep_slots,
         seq_lens,
         seq_lens_sum,
@@ -319,7 +320,7 @@ def _build(
         ("partial", partial),
     ):
         _put(mixed, name, value)  # NOTE: skips the checks: columns built row for row above
-    return MixStep(mixed, after)
+    return MixStep(mixed, after._commit())
 
 
 def _prompt_ids(chunks: _Chunks) -> HostArray:
@@ -338,10 +339,9 @@ def _prompt_ids(chunks: _Chunks) -> HostArray:
 def _problem(item: Req | Chunked[C], pools: Pools) -> NotHeld | EmptyPrompt | ContextTooLong | None:
     req, cached = (item.req, item.cached) if isinstance(item, Chunked) else (item, 0)
     if isinstance(item, Chunked):
-        slot = item.slot
-        owned = int(pools.slot_tokens[slot]) if 1 <= slot <= pools.max_reqs else 0
-        if not owned or owned != cached:
-            return NotHeld(req.rid, slot, cached, owned)
+        problem = item._not_held(pools)
+        if problem is not None:
+            return problem
     if len(req.input_ids) <= cached:
         return EmptyPrompt(req.rid, len(req.input_ids), cached)
     if len(req.input_ids) > pools.max_context_len:

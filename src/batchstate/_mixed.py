@@ -32,6 +32,7 @@ from batchstate._columns import (
     C,
     slice_columns,
 )
+from batchstate._copies import read_only_copies
 from batchstate._errors import (
     PhaseError,
     RecordShapeError,
@@ -44,6 +45,7 @@ from batchstate._rows import Rows, check_host
 __all__ = ["MixStep", "Mixed", "Settled", "settle"]
 
 
+@read_only_copies
 @final
 @attrs.frozen(eq=False)
 class Mixed(Generic[C]):
@@ -108,7 +110,7 @@ class Mixed(Generic[C]):
         """Tokens in the forward: the extend tokens, then one per decode row."""
         return self.num_extend_tokens + len(self.rows) - self.num_extend_rows
 
-    def _held_slots(self) -> list[tuple[int, int]]:
+    def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
         return _rows_held(self.rows)
 
@@ -152,13 +154,14 @@ def settle(batch: Mixed[C]) -> Settled[C]:
         [*range(num_extend, len(rows)), *(row for row in range(num_extend) if row not in partial)]
     )
     settled = rows.gather(order)  # decode rows first, then the prompts that are done
-    slots, lens = rows.req_pool_indices.host, rows.seq_lens.host
+    slots, lens, gens = rows.req_pool_indices.host, rows.seq_lens.host, rows.gens
     held = tuple(
         Chunked(
             rows.reqs[row],
             int(slots[row]),
             int(lens[row]),
             slice_columns(rows.columns, row, row + 1),  # a view of its row: no copy
+            gen=int(gens[row]),
         )
         for row in batch.partial
     )

@@ -10,6 +10,7 @@ import torch
 from typing_extensions import TypeVar
 
 from batchstate._columns import C
+from batchstate._copies import read_only_copies
 from batchstate._errors import RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray
 from batchstate._pools import Pools
@@ -33,12 +34,13 @@ class Idle(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
-    def _held_slots(self) -> list[tuple[int, int]]:
+    def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
         return _rows_held(self.rows)
 
 
 @final
+@read_only_copies
 @attrs.frozen(eq=False)
 class Extended(Generic[C]):
     """Ready for an extend (prefill) forward: each row computes its uncached tokens.
@@ -101,7 +103,7 @@ class Extended(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
-    def _held_slots(self) -> list[tuple[int, int]]:
+    def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
         return _rows_held(self.rows)
 
@@ -138,7 +140,7 @@ class Decoding(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
-    def _held_slots(self) -> list[tuple[int, int]]:
+    def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
         return _rows_held(self.rows)
 
@@ -154,13 +156,15 @@ class Filtered(Generic[C]):
     def device(self) -> torch.device:
         return self.rows.device
 
-    def _held_slots(self) -> list[tuple[int, int]]:
+    def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds) per row: what `find_leaks` compares with the pools.
         return _rows_held(self.rows)
 
 
-def _rows_held(rows: Rows[C]) -> list[tuple[int, int]]:
-    return list(zip(rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist(), strict=True))
+def _rows_held(rows: Rows[C]) -> list[tuple[int, int, int]]:
+    # (slot, tokens it holds, generation) per row: what `find_leaks` compares with the pools.
+    slots, lens = rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist()
+    return list(zip(slots, lens, rows.gens.tolist(), strict=True))
 
 
 _new = object.__new__

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from returns.result import Failure, Result, Success
 
-from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots
+from batchstate._copies import read_only_copies
+from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots, StalePools
 from batchstate._free_list import FreeList
 from batchstate._mirrored import HostArray, describe, frozen, host_int64
 from batchstate._prefix_cache import PrefixCache, Tokens
@@ -22,6 +23,22 @@ from batchstate._token_table import TokenTable
 __all__ = ["Allocation", "Pools", "expect_pools", "flush", "make_pools"]
 
 
+@final
+class _Stamp:
+    # The version stamp every `Pools` of one lineage shares (from one `make_pools`),
+    # beside the table and free-list buffers they share: the newest committed value's
+    # version. Versions are issued once each, so no two values ever carry the same one.
+    __slots__ = ("current", "issued")
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.issued = 0
+
+    def issue(self) -> int:
+        self.issued += 1
+        return self.issued
+
+
 class Allocation(NamedTuple):
     """KV token locations for new positions, and the pools that no longer hold them."""
 
@@ -29,6 +46,7 @@ class Allocation(NamedTuple):
     pools: Pools
 
 
+@read_only_copies
 @final
 @attrs.frozen(eq=False, repr=False)
 class Pools:
@@ -53,11 +71,19 @@ class Pools:
     least recently used first, when free pages run short. With the cache
     off it never matches nor holds a page: every page is free or private.
 
-    NOTE: pools are linear: thread the newest value through. Two
-    transitions from the same `Pools` would hand out the same memory, and
-    two releases from it would give back into the same free-list cells.
-    A value that a transition failed on, or whose result was dropped, is
-    still the newest and stays valid.
+    Each slot allocation gets a new generation (`slot_gens`), which every
+    record holding the slot carries: a holder from before the slot was
+    released and handed out again is refused, whatever its lengths.
+
+    NOTE: pools are linear, and that is enforced: every value of one
+    lineage (one `make_pools`) shares the table and free-list buffers, and
+    a version stamp beside them. A successful transition commits its
+    result, which makes every earlier value stale: handing a stale value to
+    a transition, to a public allocate or free method, or to `check_pools`
+    or `find_leaks` raises `StalePools` before anything is read or written.
+    A failed transition commits nothing: the pools it was given stay the
+    newest. Reading a stale value's fields is allowed, but its `table` is
+    the shared one, written by later values.
     """
 
     table: TokenTable
@@ -69,6 +95,28 @@ class Pools:
     cache: PrefixCache  # disabled: never matches, never holds a page
     # slot -> the cached prefix its row reads (whole pages), for slots that read one.
     prefixes: MappingProxyType[int, Tokens]
+    # read-only int64 [max_reqs + 1], slot -> the generation its owner holds it at (0: free)
+    slot_gens: HostArray
+    next_gen: int  # the generation the next slot allocation gets, >= 1
+    _stamp: _Stamp  # shared by the lineage: which version is the newest
+    _version: int  # this value's version
+
+    @property
+    def is_newest(self) -> bool:
+        """Whether this is its lineage's newest committed value (transitions accept only it)."""
+        return self._stamp.current == self._version
+
+    def _expect_newest(self) -> None:
+        if self._stamp.current != self._version:
+            raise StalePools(
+                "these pools are stale: a later value was derived from them by a successful"
+                " transition; pass the newest pools (the one the last transition returned)"
+            )
+
+    def _commit(self) -> Pools:
+        # A transition succeeded with these pools as its result: they are the newest now.
+        self._stamp.current = self._version
+        return self
 
     @property
     def free_slots(self) -> HostArray:
@@ -132,18 +180,31 @@ class Pools:
         return (self.num_pages + 1) * self.page_size
 
     def allocate_slots(self, num_slots: int) -> Result[tuple[HostArray, Pools], OutOfReqSlots]:
-        """Take `num_slots` free request slots (read-only int64), owning no tokens yet."""
+        """Take `num_slots` free request slots (read-only int64), owning no tokens yet.
+
+        Like every public method that allocates or frees, it refuses stale
+        pools (`StalePools`) and commits its result. The slots' generation is
+        `pools.slot_gens[slots]` of the pools returned.
+        """
+        self._expect_newest()
         allocated = self._allocate_slots(num_slots)
-        return Failure(allocated) if isinstance(allocated, OutOfReqSlots) else Success(allocated)
+        if isinstance(allocated, OutOfReqSlots):
+            return Failure(allocated)
+        allocated[1]._commit()
+        return Success(allocated)
 
     def _allocate_slots(self, num_slots: int) -> tuple[HostArray, Pools] | OutOfReqSlots:
         # `allocate_slots` without the Result wrapper, for the transitions' hot paths.
         if num_slots > self.num_free_slots:
             return OutOfReqSlots(num_slots, self.num_free_slots)
         slots, rest = self.slot_list.take(num_slots)
+        slot_gens = self.slot_gens.copy()
+        slot_gens[slots] = self.next_gen  # one generation per allocation call
         # A copy: the rows keep these as their mirror, and a view would tie that mirror to
         # the free list's buffer, which later values write.
-        return frozen(slots.copy()), self._evolve(slot_list=rest)
+        return frozen(slots.copy()), self._evolve(
+            slot_list=rest, slot_gens=frozen(slot_gens), next_gen=self.next_gen + 1
+        )
 
     def allocate_tokens(
         self, slots: HostArray, old_lens: HostArray, new_lens: HostArray
@@ -155,8 +216,9 @@ class Pools:
         Does not write the table: the caller does, once all allocations of
         its transition have succeeded.
         """
+        self._expect_newest()
         allocation = self._allocate_tokens(slots, old_lens, new_lens)
-        return Failure(allocation) if isinstance(allocation, OutOfKVTokens) else Success(allocation)
+        return _committed(allocation)
 
     def _allocate_tokens(
         self, slots: HostArray, old_lens: HostArray, new_lens: HostArray
@@ -196,8 +258,9 @@ class Pools:
         The extend fast path: pages are counted in Python and each row's
         locations are its whole pages laid out in order.
         """
+        self._expect_newest()
         allocation = self._allocate_fresh(slots, seq_lens)
-        return Failure(allocation) if isinstance(allocation, OutOfKVTokens) else Success(allocation)
+        return _committed(allocation)
 
     def _allocate_fresh(
         self, slots: HostArray, seq_lens: Sequence[int]
@@ -227,8 +290,9 @@ class Pools:
         The same as `allocate_tokens(slots, new_lens - 1, new_lens)` in fewer
         host ops: a row needs a page only where its new position starts one.
         """
+        self._expect_newest()
         allocation = self._allocate_next(slots, new_lens)
-        return Failure(allocation) if isinstance(allocation, OutOfKVTokens) else Success(allocation)
+        return _committed(allocation)
 
     def _allocate_next(self, slots: HostArray, new_lens: HostArray) -> Allocation | OutOfKVTokens:
         # `allocate_next` without the Result wrapper, for the transitions' hot paths.
@@ -272,6 +336,8 @@ class Pools:
         slots: HostArray,
         seq_lens: HostArray | None = None,
         tokens: Sequence[Tokens] | None = None,
+        *,
+        gens: HostArray | None = None,
     ) -> Result[Pools, NotOwned]:
         """Give back request slots and every KV page they own, caching what the cache takes.
 
@@ -289,13 +355,31 @@ class Pools:
             tokens: per slot, the tokens whose KV it holds from position 0
                 (only its first `slot_tokens` count); each must start with
                 the slot's cached prefix. Default: cache nothing new.
+            gens: int64 `[num_slots]`, the generation the caller holds each
+                slot at, if known: a slot at another generation was released
+                and handed out again (the caller is stale). `release` always
+                passes them.
 
         Returns:
             `Success(Pools)`; `Failure(NotOwned)` naming the slots that are
-            out of range, free, repeated or held at another length. `self`
-            is unchanged either way.
+            out of range, free, repeated, held at another length or at
+            another generation. `self` is unchanged either way.
+
+        Raises:
+            StalePools: `self` is not the newest pools.
         """
-        owned = self._owned_tokens(slots, None if seq_lens is None else seq_lens.tolist())
+        self._expect_newest()
+        freed = self._free(slots, seq_lens, tokens, gens)
+        return freed if isinstance(freed, Failure) else Success(freed.unwrap()._commit())
+
+    def _free(
+        self,
+        slots: HostArray,
+        seq_lens: HostArray | None,
+        tokens: Sequence[Tokens] | None,
+        gens: HostArray | None,
+    ) -> Result[Pools, NotOwned]:
+        owned = self._owned_tokens(slots, None if seq_lens is None else seq_lens.tolist(), gens)
         if isinstance(owned, NotOwned):
             return Failure(owned)
         if not owned:
@@ -323,6 +407,7 @@ class Pools:
                 slot_list=self.slot_list.give(slots),
                 page_list=self.page_list.give(pages),
                 slot_tokens=frozen(slot_tokens),
+                slot_gens=_cleared(self.slot_gens, slots),
             )
         )
 
@@ -339,6 +424,7 @@ class Pools:
             slot_list=self.slot_list.give(slots),
             page_list=self.page_list.give(freed),
             slot_tokens=frozen(slot_tokens),
+            slot_gens=_cleared(self.slot_gens, slots),
             cache=cache,
             prefixes=MappingProxyType(prefixes),
         )
@@ -392,7 +478,13 @@ class Pools:
         Raises:
             ValueError: a new length below 1 (or the cached prefix) or above
                 what the slot owns.
+            StalePools: `self` is not the newest pools.
         """
+        self._expect_newest()
+        shrunk = self._shrink(slots, new_lens)
+        return shrunk if isinstance(shrunk, Failure) else Success(shrunk.unwrap()._commit())
+
+    def _shrink(self, slots: HostArray, new_lens: HostArray) -> Result[Pools, NotOwned]:
         owned = self._owned_tokens(slots, None)
         if isinstance(owned, NotOwned):
             return Failure(owned)
@@ -420,18 +512,22 @@ class Pools:
         )
 
     def _owned_tokens(
-        self, slots: HostArray, expected: list[int] | None
+        self, slots: HostArray, expected: list[int] | None, gens: HostArray | None = None
     ) -> list[tuple[int, int]] | NotOwned:
         # (slot, tokens it owns) for each of `slots`; NotOwned if one is out of
-        # range, free, repeated, or owns other than `expected` tokens. Few
-        # slots leave at a time: check them in Python.
+        # range, free, repeated, owns other than `expected` tokens, or is at
+        # another generation than `gens`. Few slots leave at a time: check them
+        # in Python.
         values = slots.tolist()
         if not values:
             return []
         unowned = [slot for slot in values if not 1 <= slot <= self.max_reqs]
         if not unowned:
             owned = list(zip(values, self.slot_tokens[slots].tolist(), strict=True))
-            unowned = [slot for slot, tokens in owned if tokens == 0]
+            held = self.slot_gens[slots]
+            unowned = [slot for slot, gen in zip(values, held.tolist(), strict=True) if not gen]
+            if gens is not None and not unowned and not np.array_equal(held, gens):
+                unowned = [slot for slot, g, h in zip(values, gens, held, strict=True) if g != h]
             if expected is not None and not unowned:
                 pairs = zip(owned, expected, strict=True)
                 unowned = [slot for (slot, tokens), length in pairs if tokens != length]
@@ -449,8 +545,11 @@ class Pools:
         slot_tokens: HostArray | None = None,
         cache: PrefixCache | None = None,
         prefixes: MappingProxyType[int, Tokens] | None = None,
+        slot_gens: HostArray | None = None,
+        next_gen: int | None = None,
     ) -> Pools:
-        # A copy with some fields replaced; attrs.evolve costs four times as much.
+        # A copy with some fields replaced, at a new version not yet committed (the
+        # transition commits its result); attrs.evolve costs four times as much.
         return Pools(
             self.table,
             self.page_size,
@@ -460,6 +559,10 @@ class Pools:
             self.slot_tokens if slot_tokens is None else slot_tokens,
             self.cache if cache is None else cache,
             self.prefixes if prefixes is None else prefixes,
+            self.slot_gens if slot_gens is None else slot_gens,
+            self.next_gen if next_gen is None else next_gen,
+            self._stamp,
+            self._stamp.issue(),
         )
 
     def __repr__(self) -> str:
@@ -476,9 +579,29 @@ class Pools:
 
 
 def expect_pools(pools: object) -> None:
-    """Raise `TypeError` unless `pools` is a `Pools` (arguments swapped, say)."""
+    """Raise unless `pools` is the newest `Pools` of its lineage.
+
+    Raises:
+        TypeError: `pools` is not a `Pools` (arguments swapped, say).
+        StalePools: a later value was derived from `pools` and committed.
+    """
     if not isinstance(pools, Pools):
         raise TypeError(f"expected Pools, got {type(pools).__name__}")
+    pools._expect_newest()
+
+
+def _committed(allocation: Allocation | OutOfKVTokens) -> Result[Allocation, OutOfKVTokens]:
+    if isinstance(allocation, OutOfKVTokens):
+        return Failure(allocation)
+    allocation.pools._commit()
+    return Success(allocation)
+
+
+def _cleared(slot_gens: HostArray, slots: HostArray) -> HostArray:
+    # The generations with `slots` free again (0).
+    cleared = slot_gens.copy()
+    cleared[slots] = 0
+    return frozen(cleared)
 
 
 def flush(pools: Pools) -> Pools:
@@ -498,7 +621,7 @@ def flush(pools: Pools) -> Pools:
     cache, evicted = cache._evict(cache.num_evictable)
     return pools._evolve(
         page_list=pools.page_list.give(np.array(evicted, dtype=np.int64)), cache=cache
-    )
+    )._commit()
 
 
 _ONE: Final = np.int64(1)
@@ -552,6 +675,7 @@ def make_pools(
             f" got {num_kv_tokens}"
         )
     num_pages = num_kv_tokens // page_size
+    stamp = _Stamp()
     return Pools(
         TokenTable.zeros(max_reqs, max_context_len, device),
         page_size,
@@ -561,4 +685,8 @@ def make_pools(
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
         PrefixCache._empty(page_size, enabled=prefix_cache),
         _NO_PREFIXES,
+        frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
+        1,
+        stamp,
+        stamp.current,  # version 0: the newest
     )

@@ -48,12 +48,15 @@ def release(
     Returns:
         `Success(Pools)` with the memory free (or cached); `Failure(StillRunning)`
         if a slot is still in `running`; `Failure(NotOwned)` if a slot was
-        already released, or now holds another count of tokens (`left` is
-        stale). `pools` is unchanged either way. Reads nothing from the device.
+        already released, is held at another generation (released and handed
+        out again) or now holds another count of tokens (`left` is stale):
+        releasing twice is always refused. `pools` is unchanged either way.
+        Reads nothing from the device.
 
     Raises:
         PhaseError: `left` or `running` is not a batch (arguments swapped, say).
         TypeError: `pools` is not `Pools`.
+        StalePools: `pools` is not the newest pools.
         ValueError: `tokens` has another number of rows, or a row's tokens
             do not start with its `input_ids`.
     """
@@ -65,7 +68,7 @@ def release(
     if not isinstance(running, Idle | Extended | Decoding | Filtered):
         raise PhaseError(f"release takes a batch as running, got {type(running).__name__}")
     expect_pools(pools)
-    reqs, slots, seq_lens = _held(left, pools)
+    reqs, slots, seq_lens, gens = _held(left, pools)
     if tokens is not None:
         _expect_tokens(reqs, tokens)
     # Rows that stayed in the same split as `left` cannot share its slots.
@@ -76,24 +79,26 @@ def release(
     if seq_lens is None:
         return Failure(NotOwned(tuple(slots.tolist())))
     if not pools.cache.enabled:
-        return pools.free(slots, seq_lens)
+        return pools.free(slots, seq_lens, gens=gens)
     row_tokens = [req.input_ids for req in reqs] if tokens is None else [tuple(t) for t in tokens]
-    return pools.free(slots, seq_lens, row_tokens)
+    return pools.free(slots, seq_lens, row_tokens, gens=gens)
 
 
 def _held(
     left: Departed | Batch[C] | Chunked[C] | Verifying[C], pools: Pools
-) -> tuple[tuple[Req, ...], HostArray, HostArray | None]:
-    # The rows' requests, slots, and the tokens each holds (None: pools without the window).
+) -> tuple[tuple[Req, ...], HostArray, HostArray | None, HostArray]:
+    # The rows' requests, slots, the tokens each holds (None: pools without the window),
+    # and the generation each holds its slot at.
     if isinstance(left, Departed):
-        return left.reqs, left.slots, left.seq_lens
+        return left.reqs, left.slots, left.seq_lens, left.gens
     if isinstance(left, Chunked):
-        return (left.req,), host_int64([left.slot]), host_int64([left.cached])
+        one = host_int64([left.slot]), host_int64([left.cached]), host_int64([left.gen])
+        return (left.req,), *one
     if isinstance(left, Verifying):
         slots = left.req_pool_indices.host
-        return left.reqs, slots, window_lens(pools, left)
+        return left.reqs, slots, window_lens(pools, left), left.gens
     rows = left.rows
-    return rows.reqs, rows.req_pool_indices.host, rows.seq_lens.host
+    return rows.reqs, rows.req_pool_indices.host, rows.seq_lens.host, rows.gens
 
 
 def _expect_tokens(reqs: Sequence[Req], tokens: Sequence[Sequence[int]]) -> None:

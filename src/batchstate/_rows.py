@@ -20,6 +20,7 @@ from batchstate._columns import (
     empty_columns,
     take_pending,
 )
+from batchstate._copies import read_only_copies
 from batchstate._errors import ColumnError, RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64, upload
 
@@ -43,6 +44,7 @@ class Req:
     input_ids: tuple[int, ...]
 
 
+@read_only_copies
 @final
 @attrs.frozen(eq=False)
 class Rows(Generic[C]):
@@ -58,6 +60,8 @@ class Rows(Generic[C]):
     device: torch.device
     reqs: tuple[Req, ...]
     rids: HostArray  # read-only int64 [num_reqs], row -> reqs[row].rid
+    # read-only int64 [num_reqs], row -> the generation it holds its slot at (see Pools)
+    gens: HostArray
     req_pool_indices: Mirrored  # int64 [num_reqs], row -> request slot
     seq_lens: Mirrored  # int64 [num_reqs], row -> KV tokens after this step
     orig_seq_lens: DeviceOnly  # int32 [num_reqs], equals seq_lens (before truncation tricks)
@@ -74,7 +78,8 @@ class Rows(Generic[C]):
         return Rows(
             device,
             (),
-            host_int64([]),
+            _NONE,
+            _NONE,
             Mirrored.empty(np.int64, device),
             Mirrored.empty(np.int64, device),
             DeviceOnly.empty(torch.int32, device),
@@ -90,12 +95,20 @@ class Rows(Generic[C]):
         slots: Sequence[int],
         seq_lens: Sequence[int],
         columns: C,
+        *,
+        gens: Sequence[int] | None = None,
     ) -> Rows[C]:
-        """Build every column and its mirror from host lists, in one upload."""
+        """Build every column and its mirror from host lists, in one upload.
+
+        `gens` is the generation each row holds its slot at (`pools.slot_gens`
+        of the pools that own the slots); by default 0, which no owned slot
+        has: rows a transition will refuse as stale.
+        """
         rows, _ = build_rows(
             device,
             tuple(reqs),
             host_int64([req.rid for req in reqs]),
+            host_int64([0] * len(reqs) if gens is None else gens),
             host_int64(slots),
             host_int64(seq_lens),
             sum(seq_lens),
@@ -121,6 +134,7 @@ class Rows(Generic[C]):
             self.device,
             _take_tuple(self.reqs, index),
             frozen(self.rids.take(index)),
+            frozen(self.gens.take(index)),
             self.req_pool_indices.host.take(index),
             seq_lens,
             int(seq_lens.sum()),
@@ -152,6 +166,7 @@ class Rows(Generic[C]):
             self.device,
             reqs,
             frozen(self.rids.take(kept)),
+            frozen(self.gens.take(kept)),
             self.req_pool_indices.host.take(kept),
             seq_lens,
             self.seq_lens_sum - sum(dropped_lens),
@@ -166,6 +181,7 @@ class Rows(Generic[C]):
             self.device,
             self.reqs + other.reqs,
             frozen(np.concatenate((self.rids, other.rids))),
+            frozen(np.concatenate((self.gens, other.gens))),
             np.concatenate((self.req_pool_indices.host, other.req_pool_indices.host)),
             np.concatenate((self.seq_lens.host, other.seq_lens.host)),
             self.seq_lens_sum + other.seq_lens_sum,
@@ -185,6 +201,7 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     device: torch.device,
     reqs: tuple[Req, ...],
     rids: HostArray,
+    gens: HostArray,
     slots: Mirrored | HostArray,
     seq_lens: HostArray,
     seq_lens_sum: int,
@@ -221,6 +238,7 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     put(rows, "device", device)
     put(rows, "reqs", reqs)
     put(rows, "rids", rids)
+    put(rows, "gens", gens)
     put(rows, "req_pool_indices", slots)
     put(rows, "seq_lens", Mirrored._pair(frozen(seq_lens), sides[0]))
     put(rows, "orig_seq_lens", DeviceOnly(sides[1]))
@@ -228,6 +246,9 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     put(rows, "max_seq_len", max_seq_len)
     put(rows, "columns", columns)
     return rows, sides[2:]
+
+
+_NONE: Final = host_int64([])
 
 
 def _take_tuple(items: tuple[Req, ...], index: HostArray) -> tuple[Req, ...]:
@@ -246,6 +267,7 @@ def check_columns(rows: Rows[C]) -> None:
     num_reqs = len(rows.reqs)
     hosts = (
         ("rids", rows.rids),
+        ("gens", rows.gens),
         ("req_pool_indices.host", rows.req_pool_indices.host),
         ("seq_lens.host", rows.seq_lens.host),
     )

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from batchstate._columns import C
+from batchstate._copies import read_only_copies
 from batchstate._errors import BatchConflict, PhaseError, RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray, describe, frozen, upload
 from batchstate._phases import Filtered
@@ -26,6 +27,7 @@ from batchstate.audit import permitted_reads
 __all__ = ["Sampled", "follow", "join_sampled", "read_sampled"]
 
 
+@read_only_copies
 @final
 @attrs.frozen(eq=False, repr=False)
 class Sampled:

@@ -8,10 +8,11 @@ import numpy as np
 
 from batchstate._columns import C
 from batchstate._errors import InvariantViolation
+from batchstate._mirrored import HostArray
 from batchstate._phases import Batch
 from batchstate._pools import Pools
 
-__all__ = ["check_shared_pools"]
+__all__ = ["check_shared_pools", "expect_generations", "owned_by_generation"]
 
 
 def check_shared_pools(
@@ -106,7 +107,7 @@ def _check_slots(pools: Pools, batches: list[Batch[C]], *, compare_device: bool)
     # pages, every row of `batches` owning its slot at its length.
     max_reqs, page_size, table = pools.max_reqs, pools.page_size, pools.table.host
     slot_tokens = pools.slot_tokens
-    owned = slot_tokens.nonzero()[0]
+    owned = owned_by_generation(pools)
     uses = np.bincount(np.concatenate((pools.free_slots, owned)), minlength=max_reqs + 1)
     _expect(
         int(slot_tokens[0]) == 0 and int(uses[0]) == 0 and bool((uses[1:] == 1).all()),
@@ -131,9 +132,37 @@ def _check_slots(pools: Pools, batches: list[Batch[C]], *, compare_device: bool)
                 1 <= slot <= max_reqs and int(slot_tokens[slot]) == seq_len,
                 f"slot {slot}: row has {seq_len} tokens, the pools hold another count",
             )
+        expect_generations(pools, rows.req_pool_indices.host, rows.gens)
     if compare_device:
         device_table = pools.table.device.cpu().numpy()
         _expect(np.array_equal(table, device_table), "table: host != device")
+
+
+def owned_by_generation(pools: Pools) -> HostArray:
+    """The owned slots (a generation, or tokens), checked against the tokens they own."""
+    # Slot 0 owning tokens is the padding check's to name (as owned, below).
+    slot_gens, slot_tokens = pools.slot_gens, pools.slot_tokens
+    _expect(int(slot_gens[0]) == 0, "padding slot 0 has a generation")
+    orphans = (((slot_tokens[1:] != 0) & (slot_gens[1:] == 0)).nonzero()[0] + 1).tolist()
+    _expect(not orphans, f"slots {orphans} own tokens at no generation (free)")
+    _expect(
+        int(slot_gens.max()) < pools.next_gen,
+        f"a slot's generation {int(slot_gens.max())} was never handed out"
+        f" (next is {pools.next_gen})",
+    )
+    owned: HostArray = ((slot_gens != 0) | (slot_tokens != 0)).nonzero()[0]
+    return owned
+
+
+def expect_generations(pools: Pools, slots: HostArray, gens: HostArray) -> None:
+    """Raise `InvariantViolation` unless each of `slots` (in the table) is at `gens`."""
+    held = pools.slot_gens[slots.clip(0, pools.max_reqs)]
+    for slot, gen, current in zip(slots.tolist(), gens.tolist(), held.tolist(), strict=True):
+        _expect(
+            gen == current,
+            f"slot {slot}: row holds it at generation {gen}, the pools' slot is at"
+            f" generation {current} (released and handed out again: the row is stale)",
+        )
 
 
 def _check_tree(pools: Pools) -> None:

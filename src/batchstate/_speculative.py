@@ -22,8 +22,16 @@ import torch
 from returns.result import Failure, Result, Success
 
 from batchstate._columns import NO_COLUMNS, C, check_column_set
-from batchstate._decode import DecodeError
-from batchstate._errors import ColumnError, ContextTooLong, DraftError, PhaseError, RecordShapeError
+from batchstate._copies import read_only_copies
+from batchstate._decode import DecodeError, _expect_current
+from batchstate._errors import (
+    ColumnError,
+    ContextTooLong,
+    DraftError,
+    OutOfKVTokens,
+    PhaseError,
+    RecordShapeError,
+)
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate._phases import Decoding, Filtered, Step
 from batchstate._pools import Pools, expect_pools
@@ -36,6 +44,7 @@ __all__ = ["Drafts", "VerifyStep", "Verifying", "sync", "verify", "window_lens"]
 Drafts: TypeAlias = Sequence[int] | npt.NDArray[np.integer] | torch.Tensor
 
 
+@read_only_copies
 @final
 @attrs.frozen(eq=False, repr=False)
 class Verifying(Generic[C]):
@@ -59,6 +68,7 @@ class Verifying(Generic[C]):
     device: torch.device
     reqs: tuple[Req, ...]
     rids: HostArray  # read-only int64 [num_reqs], row -> reqs[row].rid
+    gens: HostArray  # read-only int64 [num_reqs], row -> the generation it holds its slot at
     req_pool_indices: Mirrored  # int64 [num_reqs], row -> request slot; speculation never moves it
     draft_lens: HostArray  # read-only int64 [num_reqs], row -> draft tokens with KV reserved
     seq_lens: DeviceOnly  # int64 [num_reqs], row -> KV tokens the verify forward attends over
@@ -68,6 +78,7 @@ class Verifying(Generic[C]):
     def __attrs_post_init__(self) -> None:
         num_reqs = len(self.reqs)
         check_host("Verifying.rids", self.rids, np.int64, num_reqs)
+        check_host("Verifying.gens", self.gens, np.int64, num_reqs)
         check_host(
             "Verifying.req_pool_indices.host", self.req_pool_indices.host, np.int64, num_reqs
         )
@@ -87,9 +98,10 @@ class Verifying(Generic[C]):
         except ColumnError as error:
             raise RecordShapeError(str(error)) from error
 
-    def _held_slots(self) -> list[tuple[int, int]]:
-        # (slot, -1) per row: only the device knows the length it holds.
-        return [(slot, -1) for slot in self.req_pool_indices.host.tolist()]
+    def _held_slots(self) -> list[tuple[int, int, int]]:
+        # (slot, -1, generation) per row: only the device knows the length it holds.
+        slots = self.req_pool_indices.host.tolist()
+        return [(slot, -1, gen) for slot, gen in zip(slots, self.gens.tolist(), strict=True)]
 
     def __repr__(self) -> str:
         return (
@@ -128,6 +140,8 @@ def verify(
         PhaseError: `batch` is not `Decoding`.
         BatchConflict: `batch` and `pools` live on different devices.
         DraftError: `draft_lens` is not one non-negative integer per row on the CPU.
+        StaleRecord: a row's slot does not own exactly that row's tokens, at
+            the row's generation, in `pools`.
 
     >>> from batchstate import Req, decode, extend, idle, make_pools
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"))
@@ -154,11 +168,12 @@ def verify(
         return Failure(
             ContextTooLong(rows.reqs[row].rid, int(reserved[row]), pools.max_context_len)
         )
+    _expect_current(rows, pools)
     slots = rows.req_pool_indices.host
-    allocation = pools.allocate_tokens(slots, committed, reserved)
-    if not isinstance(allocation, Success):
-        return Failure(allocation.failure())
-    draft_locs, after = allocation.unwrap()
+    allocation = pools._allocate_tokens(slots, committed, reserved)
+    if isinstance(allocation, OutOfKVTokens):
+        return Failure(allocation)
+    draft_locs, after = allocation
     window_rows, positions = _window_layout(committed, drafts)
     is_draft = positions >= committed[window_rows]  # the rest lead their rows: decode tokens
     draft_rows, draft_positions = window_rows[is_draft], positions[is_draft]
@@ -173,6 +188,7 @@ def verify(
         rows.device,
         rows.reqs,
         rows.rids,
+        rows.gens,
         rows.req_pool_indices,
         frozen(drafts),
         DeviceOnly(forward_lens),
@@ -181,9 +197,11 @@ def verify(
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write(
-        *(Mirrored._pair(frozen(host), side) for host, side in zip(cells, cell_sides, strict=True))
+        Mirrored._pair(frozen(cells[0]), cell_sides[0]),
+        Mirrored._pair(frozen(cells[1]), cell_sides[1]),
+        Mirrored._pair(frozen(cells[2]), cell_sides[2]),
     )
-    return Success(VerifyStep(verifying, after))
+    return Success(VerifyStep(verifying, after._commit()))
 
 
 def sync(
@@ -256,13 +274,14 @@ def sync(
         row = int(bad.argmax())
         raise DraftError(f"row {row} accepted {int(accepted[row])} of {int(drafts[row])} drafts")
     seq_lens = committed + accepted
-    shrunk = pools.shrink(slots, seq_lens)
+    shrunk = pools._shrink(slots, seq_lens)
     if not isinstance(shrunk, Success):
         raise DraftError(f"the pools do not own this batch's slots: {shrunk.failure()}")
     rows, _ = build_rows(
         batch.device,
         batch.reqs,
         batch.rids,
+        batch.gens,
         batch.req_pool_indices,
         seq_lens,
         int(seq_lens.sum()),
@@ -270,7 +289,7 @@ def sync(
         batch.columns,
     )
     check_columns(rows)
-    return Step(Filtered(rows), shrunk.unwrap())
+    return Step(Filtered(rows), shrunk.unwrap()._commit())
 
 
 def _window_layout(committed: HostArray, drafts: HostArray) -> tuple[HostArray, HostArray]:
@@ -285,7 +304,8 @@ def _window_layout(committed: HostArray, drafts: HostArray) -> tuple[HostArray, 
 def window_lens(pools: Pools, batch: Verifying[C]) -> HostArray | None:
     """The tokens each row's slot holds (drafts included), if `pools` hold `batch`'s window.
 
-    None for pools that do not: a slot out of range, or one whose table
+    None for pools that do not: a slot out of range or at another
+    generation (released and handed out again), or one whose table
     cells from the decode token on are not the locations `verify` wrote
     (counts alone would pass pools from before `verify` whose slots hold
     more tokens than their drafts). Host work only.
@@ -293,6 +313,8 @@ def window_lens(pools: Pools, batch: Verifying[C]) -> HostArray | None:
     slots = batch.req_pool_indices.host
     if slots.shape[0] and not (int(slots.min()) >= 1 and int(slots.max()) <= pools.max_reqs):
         return None
+    if not np.array_equal(pools.slot_gens[slots], batch.gens):
+        return None  # a slot released and handed out again
     held = pools.slot_tokens[slots]
     committed = held - batch.draft_lens
     if (committed < 1).any():

@@ -10,12 +10,14 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate._copies import read_only_copies
 from batchstate._errors import BatchConflict
 from batchstate._mirrored import Mirrored, describe, writing
 
 __all__ = ["TokenTable"]
 
 
+@read_only_copies
 @final
 @attrs.frozen(eq=False, repr=False)
 class TokenTable:
@@ -40,6 +42,10 @@ class TokenTable:
         # A view of a read-only owner: numpy refuses to make it writable again.
         self._cells.flags.writeable = False
         return self._cells.view()
+
+    def _rebuilt(self) -> None:
+        # A copy's `host` must be a view of its own cells again, as `write*` writes those.
+        object.__setattr__(self, "host", self._read_only())
 
     @classmethod
     def zeros(cls, max_reqs: int, max_context_len: int, device: torch.device) -> TokenTable:
