@@ -97,7 +97,7 @@ def test_bad_sizes_are_a_config_error() -> None:
         SimulationConfig(cuda_graph_sizes=(8, 4)).validate()
 
 
-@pytest.mark.parametrize("drafts", [0, 2])
+@pytest.mark.parametrize("drafts", [2])  # verify windows run eagerly beside padded forwards
 def test_data_parallel_ranks_pad_to_the_largest_ranks_bucket(drafts: int) -> None:
     """Every rank pads its forward (an idle rank brings padding tokens) to the bucket of the
     largest rank's, so the shared layers see one size: a rank bringing another count would

@@ -109,7 +109,8 @@ def test_the_matrix_is_under_memory_pressure() -> None:
     assert retractions > 0 and evictions > 0
 
 
-@pytest.mark.parametrize("mode", [(True, 8, False, True, 2), (False, 0, True, False, 2)], ids=_name)
+# One cell with every capability on: each rank process costs seconds to start.
+@pytest.mark.parametrize("mode", [(True, 8, False, True, 2)], ids=_name)
 def test_two_ranks_run_the_modes_with_the_oracle_exact(
     mode: tuple[bool, int, bool, bool, int],
 ) -> None:
