@@ -78,9 +78,11 @@ def release(
             return Failure(StillRunning(tuple(still.tolist())))
     if seq_lens is None:
         return Failure(NotOwned(tuple(slots.tolist())))
-    if not pools.cache.enabled:
-        return pools.free(slots, seq_lens, gens=gens)
-    row_tokens = [req.input_ids for req in reqs] if tokens is None else [tuple(t) for t in tokens]
+    row_tokens = None  # the cache off takes none
+    if pools.cache.enabled:
+        row_tokens = (
+            [req.input_ids for req in reqs] if tokens is None else [tuple(t) for t in tokens]
+        )
     return pools.free(slots, seq_lens, row_tokens, gens=gens)
 
 

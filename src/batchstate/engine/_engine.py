@@ -279,8 +279,10 @@ class Engine:
             batch = self._decode()
             last = [self.live[rid].generated[-1] for rid in batch.rows.rids.tolist()]
             sampled = self.tokens.after_decode(batch, self.pools, last)
-        keep, done = self._record(batch, sampled)
-        self._timed(lambda: self._retire(batch, keep, done))
+        rids = batch.rows.rids.tolist()
+        done = self._record_tokens(zip(rids, sampled, strict=True))
+        keep = [row for row, rid in enumerate(rids) if rid not in done]
+        self._timed(lambda: self._retire(batch, keep))
         self.trace.append(
             is_extend=isinstance(batch, Extended),
             batch_size=len(batch.rows),
@@ -425,10 +427,16 @@ class Engine:
         return done
 
     def _retire_rows(self, running: Filtered[Sampling], keep: list[int]) -> None:
-        kept, left = split(running, keep)
-        if len(keep) < len(running.rows):
+        self.running = self._kept(running, keep)
+
+    def _kept(
+        self, batch: Extended[Sampling] | Decoding[Sampling] | Filtered[Sampling], keep: list[int]
+    ) -> Filtered[Sampling]:
+        # The rows at `keep`; the others leave, and their memory goes back to the pools.
+        kept, left = split(batch, keep)
+        if len(keep) < len(batch.rows):
             self.pools = self._release(left, kept)
-        self.running = kept
+        return kept
 
     def _uploaded(self, running: Filtered[Sampling]) -> Sampled:
         last = [self.live[rid].generated[-1] for rid in running.rows.rids.tolist()]
@@ -521,9 +529,7 @@ class Engine:
 
     def _retire_prebuilt(self, batch: Filtered[Sampling], keep: list[int]) -> None:
         # Rows whose first token finished them leave at once; the rest join the running batch.
-        kept, left = split(batch, keep)
-        if len(keep) < len(batch.rows):
-            self.pools = self._release(left, kept)
+        kept = self._kept(batch, keep)
         if self.config.overlap and len(kept.rows):
             # Their first tokens, known on the host, join the running rows' on the device.
             self.device_tokens = self._joined(self.running, self._uploaded(kept))
@@ -700,9 +706,7 @@ class Engine:
         return done
 
     def _retire_mixed(self, running: Filtered[Sampling], keep: list[int], done: set[int]) -> None:
-        kept, left = split(running, keep)
-        if len(keep) < len(running.rows):
-            self.pools = self._release(left, kept)
+        kept = self._kept(running, keep)
         parked = self._parked
         self._parked = None
         if parked is None:
@@ -711,9 +715,7 @@ class Engine:
         if done and isinstance(parked, Filtered):
             # Overlap: rows that sat out this prefill step may have finished one step late.
             stay = [row for row, rid in enumerate(parked.rows.rids.tolist()) if rid not in done]
-            parked, gone = split(parked, stay)
-            if gone.reqs:
-                self.pools = self._release(gone, parked)
+            parked = self._kept(parked, stay)
         self.running = merge(parked, kept)
 
     def _tokens_after(self, sampled: Sampled) -> Sampled:
@@ -770,39 +772,14 @@ class Engine:
         # prompt and what it generated so far; the oldest rows keep going.
         last = len(running.rows) - 1
 
-        def drop_last() -> Filtered[Sampling]:
-            kept, left = split(running, list(range(last)))
-            self.pools = self._release(left, kept)
-            return kept
-
-        self.running = self._timed(drop_last)
+        self.running = self._timed(partial(self._kept, running, list(range(last))))
         victim = self.live[running.rows.reqs[last].rid]
         self.unread_rids.discard(victim.spec.rid)  # its unread token is computed again
         self.waiting.appendleft(Req(victim.spec.rid, victim.spec.prompt + tuple(victim.generated)))
         self.trace.num_retractions += 1
 
-    def _record(
-        self, batch: Extended[Sampling] | Decoding[Sampling], sampled: list[int]
-    ) -> tuple[list[int], list[int]]:
-        keep: list[int] = []
-        done: list[int] = []
-        for row, (rid, token) in enumerate(zip(batch.rows.rids.tolist(), sampled, strict=True)):
-            live = self.live[rid]
-            live.generated.append(token)
-            if token == END_TOKEN or len(live.generated) >= live.spec.max_new_tokens:
-                done.append(row)
-                self.outputs[rid] = tuple(live.generated)
-                del self.live[rid]
-            else:
-                keep.append(row)
-        return keep, done
-
-    def _retire(
-        self, batch: Extended[Sampling] | Decoding[Sampling], keep: list[int], done: list[int]
-    ) -> None:
-        kept, left = split(batch, keep)
-        if done:
-            self.pools = self._release(left, kept)
+    def _retire(self, batch: Extended[Sampling] | Decoding[Sampling], keep: list[int]) -> None:
+        kept = self._kept(batch, keep)
         self.running = merge(self.running, kept) if isinstance(batch, Extended) else kept
 
     def _release(self, left: Departed, running: Filtered[Sampling]) -> Pools:
