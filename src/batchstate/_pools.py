@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Final, NamedTuple, final
@@ -17,7 +16,7 @@ from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots, StalePool
 from batchstate._free_list import FreeList
 from batchstate._mirrored import HostArray, describe, frozen, host_int64
 from batchstate._prefix_cache import PrefixCache, Tokens
-from batchstate._sharing import give_back, lock_prefixes, publish
+from batchstate._sharing import give_back, lanes, lock_prefixes, publish
 from batchstate._token_table import TokenTable
 
 __all__ = ["Allocation", "Pools", "expect_pools", "flush", "make_pools"]
@@ -274,7 +273,7 @@ class Pools:
         new_pages, pools = taken
         if page_size == 1:
             return Allocation(new_pages, pools)
-        tokens = (new_pages[:, None] * page_size + _lanes(page_size)).ravel()
+        tokens = (new_pages[:, None] * page_size + lanes(page_size)).ravel()
         first_page = 0
         runs = []
         for length, num_pages in zip(seq_lens, pages_per_row, strict=True):
@@ -629,12 +628,6 @@ _NO_PAGES: Final = frozen(np.empty(0, dtype=np.int64))
 _NO_PREFIXES: Final[MappingProxyType[int, Tokens]] = MappingProxyType({})
 # Up to this many slots freed at once, reading each one's row beats index tensors.
 _MAX_ROW_READS: Final = 8
-
-
-@functools.cache
-def _lanes(page_size: int) -> HostArray:
-    # Offsets of the tokens within a page, `[page_size]`; shared, never written.
-    return frozen(np.arange(page_size, dtype=np.int64))
 
 
 def make_pools(

@@ -8,6 +8,7 @@ from the cache and keeps locked; its pages past it are private to it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,7 +17,13 @@ import numpy.typing as npt
 from batchstate._mirrored import HostArray, frozen
 from batchstate._prefix_cache import PrefixCache, Tokens
 
-__all__ = ["give_back", "lock_prefixes", "prefix_cells", "publish"]
+__all__ = ["give_back", "lanes", "lock_prefixes", "prefix_cells", "publish"]
+
+
+@functools.cache
+def lanes(page_size: int) -> HostArray:
+    """Offsets of the tokens within a page, read-only int64 `[page_size]`; shared, never written."""
+    return frozen(np.arange(page_size, dtype=np.int64))
 
 
 def lock_prefixes(
@@ -128,10 +135,10 @@ def prefix_cells(
 
     `prefix_rows` holds (slot, the cached pages the row reads) per row.
     """
-    lanes = np.arange(page_size, dtype=np.int64)
+    offsets = lanes(page_size)
     slot_parts, position_parts, loc_parts = [], [], []
     for slot, pages in prefix_rows:
-        locs = (pages[:, None] * page_size + lanes).ravel()
+        locs = (pages[:, None] * page_size + offsets).ravel()
         slot_parts.append(np.full(locs.shape[0], slot, dtype=np.int64))
         position_parts.append(np.arange(locs.shape[0], dtype=np.int64))
         loc_parts.append(locs.astype(np.int32))
