@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, final
 
@@ -25,9 +26,16 @@ class _Node(NamedTuple):
     children: dict[Tokens, _Node]
     locks: int  # live rows whose cached prefix runs through this node
     used: int  # the cache's clock when a match or insert last went through it
+    id: int  # the same across the node's copies; a split gives its upper part a new one
 
 
-_ROOT = _Node((), (), {}, 0, 0)
+# An evictable (unlocked) leaf, as the eviction heap orders them: least recently used
+# first, then by prefix, which is unique. `prefix` is every token from the root to the
+# leaf's end: a split of the leaf keeps it.
+_Leaf = tuple[int, Tokens, int]  # (used, prefix, node id)
+
+_ROOT = _Node((), (), {}, 0, 0, 0)
+_node_ids = itertools.count(1)
 
 
 @final
@@ -61,10 +69,13 @@ class PrefixCache:
     num_pages: int  # pages the cache holds
     num_locked: int  # of which, pages that live rows read
     num_evicted: int  # pages evicted since the cache was made: a running total, for reports
+    # node id -> the unlocked leaf, for every unlocked leaf: what eviction pops, kept
+    # beside the tree so that it never scans it. Copied on change, never mutated.
+    _leaves: dict[int, _Leaf]
 
     @classmethod
     def _empty(cls, page_size: int, *, enabled: bool = True) -> PrefixCache:
-        return cls(page_size, enabled, _ROOT, 0, 0, 0, 0)
+        return cls(page_size, enabled, _ROOT, 0, 0, 0, 0, {})
 
     @property
     def num_evictable(self) -> int:
@@ -120,54 +131,76 @@ class PrefixCache:
     def _lock(self, tokens: Tokens, length: int) -> PrefixCache:
         # One more row reads the cached prefix `tokens[:length]` (whole pages, all cached).
         clock = self.clock + 1
-        root, newly = _update(self._root, tokens, length, self.page_size, 1, clock)
+        root, newly, end = _update(self._root, tokens, length, self.page_size, 1, clock)
+        leaves = self._leaves
+        if end.id in leaves:  # an unlocked leaf, locked now
+            leaves = dict(leaves)
+            del leaves[end.id]
         return PrefixCache(
             self.page_size, self.enabled, root, clock, self.num_pages, self.num_locked + newly,
-            self.num_evicted,
+            self.num_evicted, leaves,
         )  # fmt: skip
 
     def _unlock(self, tokens: Tokens, length: int) -> PrefixCache:
         # A row that read `tokens[:length]` left.
-        root, freed = _update(self._root, tokens, length, self.page_size, -1, self.clock)
+        root, freed, end = _update(self._root, tokens, length, self.page_size, -1, self.clock)
+        leaves = self._leaves
+        if not end.children and not end.locks:  # the last row reading this leaf left
+            leaves = {**leaves, end.id: (end.used, tokens[:length], end.id)}
         return PrefixCache(
             self.page_size, self.enabled, root, self.clock, self.num_pages, self.num_locked - freed,
-            self.num_evicted,
+            self.num_evicted, leaves,
         )  # fmt: skip
 
     def _insert(self, tokens: Tokens, pages: Sequence[int]) -> tuple[PrefixCache, int]:
         # Cache `tokens` (whole pages) at `pages`; returns the new cache and how many
         # leading tokens were cached already (their `pages` stay the caller's to free).
         clock = self.clock + 1
-        root, present = _insert(self._root, tokens, pages, self.page_size, clock)
+        root, present, end = _insert(self._root, tokens, pages, self.page_size, clock)
         added = (len(tokens) - present) // self.page_size
+        leaves = dict(self._leaves)
+        if added:  # a new leaf under `end`, which is no leaf now
+            leaves.pop(end.id, None)
+            leaf = end.children[tokens[present : present + self.page_size]]
+            leaves[leaf.id] = (clock, tokens, leaf.id)
+        elif end.id in leaves:  # all cached already, and used now
+            leaves[end.id] = (clock, tokens, end.id)
         cache = PrefixCache(
             self.page_size, self.enabled, root, clock, self.num_pages + added, self.num_locked,
-            self.num_evicted,
+            self.num_evicted, leaves,
         )  # fmt: skip
         return cache, present
 
     def _evict(self, num_pages: int) -> tuple[PrefixCache, list[int]]:
         # Drop unlocked leaves, least recently used first, until `num_pages` pages are
         # out (or none is left); returns the cache and the pages dropped, whole leaves.
-        # Scans every leaf once, then pops a heap: O(nodes + evicted * log nodes).
-        heap = [
-            (node.used, prefix, node)
-            for prefix, node in self._nodes()
-            if not node.children and not node.locks
-        ]
+        # Heaps the unlocked leaves it keeps: O(leaves + evicted * log leaves), no scan.
+        heap = list(self._leaves.values())
         heapq.heapify(heap)
+        leaves = dict(self._leaves)
         root, freed = self._root, list[int]()
         while heap and len(freed) < num_pages:
-            _, prefix, node = heapq.heappop(heap)
-            root, parent = _remove(root, prefix, len(node.tokens), self.page_size)
-            freed.extend(node.pages)
+            _, prefix, node_id = heapq.heappop(heap)
+            del leaves[node_id]
+            root, leaf, parent = _remove(root, prefix, self.page_size)
+            freed.extend(leaf.pages)
             if parent.tokens and not parent.children and not parent.locks:
-                heapq.heappush(heap, (parent.used, prefix[: -len(node.tokens)], parent))
+                entry = (parent.used, prefix[: -len(leaf.tokens)], parent.id)
+                leaves[parent.id] = entry
+                heapq.heappush(heap, entry)
         cache = PrefixCache(
             self.page_size, self.enabled, root, self.clock, self.num_pages - len(freed),
-            self.num_locked, self.num_evicted + len(freed),
+            self.num_locked, self.num_evicted + len(freed), leaves,
         )  # fmt: skip
         return cache, freed
+
+    def _unlocked_leaves(self) -> dict[int, _Leaf]:
+        # The unlocked leaves found by a scan of the tree, for checks: `_leaves` must equal it.
+        return {
+            node.id: (node.used, prefix, node.id)
+            for prefix, node in self._nodes()
+            if not node.children and not node.locks
+        }
 
     def _walk(self, tokens: Tokens, limit: int) -> tuple[int, list[int]]:
         # Longest cached prefix of tokens[:limit]: (length, pages).
@@ -219,7 +252,13 @@ def _split(node: _Node, cut: int, page_size: int) -> _Node:
         tokens=node.tokens[:cut],
         pages=node.pages[: cut // page_size],
         children={lower.tokens[:page_size]: lower},
+        id=next(_node_ids),
     )
+
+
+def _with_children(node: _Node, children: dict[Tokens, _Node]) -> _Node:
+    # `node._replace(children=...)` at a third of its cost: updates copy many nodes.
+    return _Node(node.tokens, node.pages, children, node.locks, node.used, node.id)
 
 
 def _descend(
@@ -246,29 +285,32 @@ def _rebuild(root: _Node, path: Sequence[tuple[Tokens, _Node]]) -> _Node:
     node = path[-1][1]
     for index in range(len(path) - 1, 0, -1):
         key, parent = path[index][0], path[index - 1][1]
-        node = parent._replace(children={**parent.children, key: node})
-    return root._replace(children={**root.children, path[0][0]: node})
+        node = _with_children(parent, {**parent.children, key: node})
+    return _with_children(root, {**root.children, path[0][0]: node})
 
 
 def _update(  # noqa: PLR0917  # a private helper, called twice
     root: _Node, tokens: Tokens, length: int, page_size: int, delta: int, clock: int
-) -> tuple[_Node, int]:
-    # Add `delta` locks along tokens[:length]; returns the root and the pages
-    # whose nodes went from unlocked to locked (or back, for a negative delta).
+) -> tuple[_Node, int, _Node]:
+    # Add `delta` locks along tokens[:length] (non-empty); returns the root, the pages
+    # whose nodes went from unlocked to locked (or back, for a negative delta), and
+    # the updated node that ends at `length`.
     flipped = 0
     updated = []
     for key, node in _descend(root, tokens, length, page_size):
         locks = node.locks + delta
         if (node.locks == 0) != (locks == 0):
             flipped += len(node.pages)
-        updated.append((key, node._replace(locks=locks, used=max(node.used, clock))))
-    return _rebuild(root, updated), flipped
+        used = max(node.used, clock)
+        updated.append((key, _Node(node.tokens, node.pages, node.children, locks, used, node.id)))
+    return _rebuild(root, updated), flipped, updated[-1][1]
 
 
 def _insert(
     root: _Node, tokens: Tokens, pages: Sequence[int], page_size: int, clock: int
-) -> tuple[_Node, int]:
-    # Insert tokens (whole pages) at `pages`; returns the root and the cached length before.
+) -> tuple[_Node, int, _Node]:
+    # Insert tokens (whole pages) at `pages`; returns the root, the cached length
+    # before, and the updated node that ends there (the new leaf's parent, if any).
     node, at = root, 0
     path: list[tuple[Tokens, _Node]] = []
     while at < len(tokens):
@@ -280,30 +322,42 @@ def _insert(
         split = common < len(child.tokens)
         if split:
             child = _split(child, common, page_size)
-        path.append((key, child._replace(used=clock)))
+        path.append(
+            (key, _Node(child.tokens, child.pages, child.children, child.locks, clock, child.id))
+        )
         node, at = child, at + common
         if split:
             break
     present = at
     if at < len(tokens):
-        leaf = _Node(tokens[at:], tuple(pages[at // page_size :]), {}, 0, clock)
+        leaf = _Node(tokens[at:], tuple(pages[at // page_size :]), {}, 0, clock, next(_node_ids))
         key = tokens[at : at + page_size]
         if not path:
-            return root._replace(children={**root.children, key: leaf}), present
+            root = _with_children(root, {**root.children, key: leaf})
+            return root, present, root
         last_key, last = path[-1]
-        path[-1] = (last_key, last._replace(children={**last.children, key: leaf}))
-    return _rebuild(root, path), present
-
-
-def _remove(root: _Node, prefix: Tokens, size: int, page_size: int) -> tuple[_Node, _Node]:
-    # Drop the leaf ending `prefix` (its edge `size` tokens); returns the root and its parent.
-    path = _descend(root, prefix, len(prefix) - size, page_size)
-    key = prefix[len(prefix) - size : len(prefix) - size + page_size]
-    parent = path[-1][1] if path else root
-    children = dict(parent.children)
-    del children[key]
-    parent = parent._replace(children=children)
+        path[-1] = (last_key, _with_children(last, {**last.children, key: leaf}))
     if not path:
-        return parent, parent
+        return root, present, root
+    return _rebuild(root, path), present, path[-1][1]
+
+
+def _remove(root: _Node, prefix: Tokens, page_size: int) -> tuple[_Node, _Node, _Node]:
+    # Drop the leaf ending `prefix`; returns the root, the leaf and its parent.
+    path: list[tuple[Tokens, _Node]] = []
+    node, at = root, 0
+    while True:
+        key = prefix[at : at + page_size]
+        leaf = node.children[key]
+        at += len(leaf.tokens)
+        if at == len(prefix):
+            break
+        path.append((key, leaf))
+        node = leaf
+    children = dict(node.children)
+    del children[key]
+    parent = _with_children(node, children)
+    if not path:
+        return parent, leaf, parent
     path[-1] = (path[-1][0], parent)
-    return _rebuild(root, path), parent
+    return _rebuild(root, path), leaf, parent

@@ -187,6 +187,10 @@ def _check_tree(pools: Pools) -> None:
         f"cache counts {cache.num_pages} pages ({cache.num_locked} locked),"
         f" the tree holds {total} ({locked})",
     )
+    _expect(
+        cache._leaves == cache._unlocked_leaves(),
+        "the cache's index of unlocked leaves (what eviction pops) differs from its tree",
+    )
 
 
 def _expect(condition: bool, message: str) -> None:
