@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from batchstate import PrefixCache
 
@@ -75,3 +76,42 @@ def test_a_disabled_cache_matches_nothing_and_prints_so() -> None:
     assert (off.num_pages, off.num_evictable, off.num_tokens) == (0, 0, 0)
     assert repr(off) == "PrefixCache(disabled, page_size=4)"
     assert repr(PrefixCache._empty(4)) == "PrefixCache(pages=0, locked=0, page_size=4)"
+
+
+def _shape(cache: PrefixCache) -> dict[tuple[int, ...], tuple[tuple[int, ...], int, int]]:
+    # Every node by its prefix: its pages, locks and recency (the eviction order's key).
+    return {prefix: (node.pages, node.locks, node.used) for prefix, node in cache._nodes()}
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+@pytest.mark.parametrize("read", [0, 1, 2])
+def test_publishing_a_row_is_insert_lock_and_unlock_in_one_walk(page_size: int, read: int) -> None:
+    # A row reading `read` cached pages of (1, 2, ...) computed four pages more.
+    cache = PrefixCache._empty(page_size)
+    prompts: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 7, 8, 9, 9), (5, 6))
+    for prompt in prompts:
+        cache, _ = cache._insert(prompt, list(range(100, 100 + len(prompt) // page_size)))
+    start = read * page_size
+    tokens = (1, 2, 3, 4)[:start] + tuple(range(20, 20 + 4 * page_size))
+    if start:
+        cache = cache._lock(tokens, start)
+    pages = list(range(200, 204))
+    one_walk = cache._publish(tokens, start, pages)
+    stepwise, present = cache._insert(tokens, [0] * read + pages)
+    stepwise = stepwise._lock(tokens, len(tokens))
+    if start:
+        stepwise = stepwise._unlock(tokens, start)
+    assert present == start and one_walk is not None
+    assert _shape(one_walk) == _shape(stepwise)
+    assert (one_walk.clock, one_walk.num_pages, one_walk.num_locked) == (
+        stepwise.clock,
+        stepwise.num_pages,
+        stepwise.num_locked,
+    )
+    assert one_walk._leaves == one_walk._unlocked_leaves() == stepwise._leaves
+
+
+def test_publishing_past_a_page_another_row_cached_changes_nothing() -> None:
+    cache = _cache((1, 2, 3))
+    locked = cache._lock((1, 2, 3), 1)
+    assert locked._publish((1, 2, 4), 1, [24, 34]) is None  # (1, 2) is cached already

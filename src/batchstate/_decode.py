@@ -14,12 +14,12 @@ from batchstate._errors import (
     PhaseError,
     StaleRecord,
 )
-from batchstate._mirrored import DeviceOnly, Mirrored, frozen
+from batchstate._mirrored import DeviceOnly, Mirrored, frozen, same
 from batchstate._phases import Decoding, Extended, Filtered, Running, Step
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Rows, build_rows
 
-__all__ = ["DecodeError", "decode"]
+__all__ = ["DecodeError", "decode", "grow"]
 
 DecodeError: TypeAlias = OutOfKVTokens | ContextTooLong
 
@@ -50,12 +50,25 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
     pools.table.expect_on(rows.device)
     if rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(batch, pools.max_context_len))
-    slots = rows.req_pool_indices
     _expect_current(rows, pools)
+    grown = grow(rows, pools)
+    if isinstance(grown, OutOfKVTokens):
+        return Failure(grown)
+    new_rows, out_cache_loc, after = grown
+    return Success(Step(Decoding._trusted(new_rows, out_cache_loc), after._commit()))
+
+
+def grow(rows: Rows[C], pools: Pools) -> tuple[Rows[C], DeviceOnly, Pools] | OutOfKVTokens:
+    """One more token per row of current `rows`: the grown rows, their KV locations, the pools.
+
+    What `decode` and `decode_sampled` share; the pools are not committed.
+    Writes the table after the allocation has succeeded.
+    """
+    slots = rows.req_pool_indices
     seq_lens = rows.seq_lens.host + 1
     allocation = pools._allocate_next(slots.host, seq_lens)
     if isinstance(allocation, OutOfKVTokens):
-        return Failure(allocation)
+        return allocation
     locs, after = allocation
     locs32 = locs.astype(np.int32)
     # One upload: the new lengths (both dtypes), the locations (both dtypes).
@@ -73,7 +86,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
     )
     # The new token sits at position old seq_len of its row.
     after.table.write(slots, rows.seq_lens, Mirrored._pair(frozen(locs32), table_locs))
-    return Success(Step(Decoding._trusted(grown, DeviceOnly(out_cache_loc)), after._commit()))
+    return grown, DeviceOnly(out_cache_loc), after
 
 
 def _expect_current(rows: Rows[C], pools: Pools) -> None:
@@ -87,7 +100,7 @@ def _expect_current(rows: Rows[C], pools: Pools) -> None:
         pass  # a slot outside the table: say which below
     else:
         # A negative slot would read from the end: Rows' checks refuse slots < 1.
-        if (held == lengths).all() and (gens == rows.gens).all():
+        if same(held, lengths) and same(gens, rows.gens):
             return
     owned = pools.slot_tokens[slots.clip(0, pools.max_reqs)].tolist()
     rows_seen = zip(slots.tolist(), lengths.tolist(), owned, strict=True)

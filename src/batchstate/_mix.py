@@ -26,7 +26,7 @@ from batchstate._columns import (
     check_column_set,
     join_pending,
 )
-from batchstate._decode import DecodeError, _expect_current, _too_long
+from batchstate._decode import DecodeError, _expect_current, _too_long, grow
 from batchstate._errors import (
     AllocError,
     BatchConflict,
@@ -40,7 +40,7 @@ from batchstate._errors import (
     OutOfReqSlots,
     PhaseError,
 )
-from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
+from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64, same
 from batchstate._mixed import Mixed, MixStep
 from batchstate._phases import Filtered, Idle
 from batchstate._pools import Pools, expect_pools
@@ -172,8 +172,29 @@ def decode_sampled(
     if len(rows) and rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(batch, pools.max_context_len))
     _expect_current(rows, pools)
-    built = _build(rows, _Chunks((), [], [], []), pools, sampled, ())
-    return Failure(built) if isinstance(built, OutOfKVTokens | OutOfReqSlots) else Success(built)  # type: ignore[arg-type]  # no new slots: never OutOfReqSlots
+    grown = grow(rows, pools)
+    if isinstance(grown, OutOfKVTokens):
+        return Failure(grown)
+    new_rows, out_cache_loc, after = grown
+    mixed = _new(Mixed)
+    for name, value in (
+        ("rows", new_rows),
+        ("input_ids", sampled.tokens),  # on the device, not read
+        ("positions", DeviceOnly(rows.seq_lens.device)),  # each token's position: the old length
+        ("out_cache_loc", out_cache_loc),
+        ("prefix_lens", rows.seq_lens.host),
+        ("extend_lens", _ones(len(rows))),
+        ("num_extend_rows", 0),
+        ("num_extend_tokens", 0),
+        ("partial", ()),
+    ):
+        _put(mixed, name, value)  # NOTE: skips the checks: `grow` built the rows row for row
+    return Success(MixStep(mixed, after._commit()))
+
+
+def _ones(num_rows: int) -> HostArray:
+    # A decode row's extend length, read-only.
+    return frozen(np.ones(num_rows, dtype=np.int64))
 
 
 class _Chunks(NamedTuple):
@@ -364,7 +385,7 @@ def _expect_disjoint(admit: Sequence[Req | Chunked[C]], rows: Rows[C]) -> None:
 
 def _expect_tokens(tokens: Tokens, rows: Rows[C]) -> None:
     if isinstance(tokens, Sampled):
-        if not np.array_equal(tokens.rids, rows.rids):
+        if not same(tokens.rids, rows.rids):
             raise BatchConflict(
                 f"sampled tokens are for requests {tokens.rids.tolist()}, the running rows are"
                 f" {rows.rids.tolist()}: follow() them to the running batch first"

@@ -14,7 +14,7 @@ from returns.result import Failure, Result, Success
 from batchstate._copies import read_only_copies
 from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots, StalePools
 from batchstate._free_list import FreeList
-from batchstate._mirrored import HostArray, describe, frozen, host_int64
+from batchstate._mirrored import HostArray, describe, frozen, host_int64, same
 from batchstate._prefix_cache import PrefixCache, Tokens
 from batchstate._sharing import give_back, lanes, lock_prefixes, publish
 from batchstate._token_table import TokenTable
@@ -525,7 +525,7 @@ class Pools:
             owned = list(zip(values, self.slot_tokens[slots].tolist(), strict=True))
             held = self.slot_gens[slots]
             unowned = [slot for slot, gen in zip(values, held.tolist(), strict=True) if not gen]
-            if gens is not None and not unowned and not np.array_equal(held, gens):
+            if gens is not None and not unowned and not same(held, gens):
                 unowned = [slot for slot, g, h in zip(values, gens, held, strict=True) if g != h]
             if expected is not None and not unowned:
                 pairs = zip(owned, expected, strict=True)

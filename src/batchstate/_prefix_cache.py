@@ -171,6 +171,34 @@ class PrefixCache:
         )  # fmt: skip
         return cache, present
 
+    def _publish(self, tokens: Tokens, start: int, pages: Sequence[int]) -> PrefixCache | None:
+        # A row that reads (locks) the cached `tokens[:start]` computed the rest (whole
+        # pages, at `pages`): cache them and move its lock to their end, in one walk. The
+        # same value as `_insert` then `_lock` then `_unlock` of the old prefix, clock
+        # included; None if the cache holds a page past `start` already (another row's).
+        page_size = self.page_size
+        path = _descend(self._root, tokens, start, page_size)
+        parent = path[-1][1] if path else self._root
+        key = tokens[start : start + page_size]
+        if key in parent.children:
+            return None
+        clock = self.clock + 2  # an insert's tick and a lock's
+        leaf = _Node(tokens[start:], tuple(pages), {}, 1, clock, next(_node_ids))
+        updated = [
+            (edge, _Node(node.tokens, node.pages, node.children, node.locks, clock, node.id))
+            for edge, node in path
+        ]  # the row's lock moves past these: their counts stay, their clock moves on
+        if updated:
+            last_key, last = updated[-1]
+            updated[-1] = (last_key, _with_children(last, {**last.children, key: leaf}))
+            root = _rebuild(self._root, updated)
+        else:
+            root = _with_children(self._root, {**self._root.children, key: leaf})
+        return PrefixCache(
+            page_size, self.enabled, root, clock, self.num_pages + len(pages),
+            self.num_locked + len(pages), self.num_evicted, self._leaves,
+        )  # fmt: skip
+
     def _evict(self, num_pages: int) -> tuple[PrefixCache, list[int]]:
         # Drop unlocked leaves, least recently used first, until `num_pages` pages are
         # out (or none is left); returns the cache and the pages dropped, whole leaves.

