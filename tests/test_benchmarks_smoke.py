@@ -12,7 +12,8 @@ from benchmarks.columns import run as run_columns
 from benchmarks.measure import count_blocks, count_work, final_outcomes
 from benchmarks.production import final_outcomes as production_outcomes
 from benchmarks.production import run as run_production
-from benchmarks.scenario import Config
+from benchmarks.profile import profile_point
+from benchmarks.scenario import PHASES, Config
 from benchmarks.step import run
 
 
@@ -124,3 +125,11 @@ def test_the_production_benchmark_reports_each_point() -> None:
         assert all(value > 0 for value in steps.values())
         assert point["a_over_b"] == pytest.approx(steps["batchstate"] / steps["mutable"])
         assert point["a_over_c"] == pytest.approx(steps["batchstate"] / steps["floor"])
+
+
+def test_the_profile_lists_each_phase_and_the_functions_that_cost_most() -> None:
+    report = profile_point(4, 1, num_steps=20, top=5)
+    assert report.startswith("batch 4, page 1: median µs per phase: decode ")
+    assert all(f"{phase} " in report.splitlines()[0] for phase in (*PHASES, "step"))
+    table = [line for line in report.splitlines() if line.startswith("| `")]
+    assert len(table) == 5
