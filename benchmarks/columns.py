@@ -1,13 +1,15 @@
-"""What a column set costs: the step with and without `Sampling` columns, interleaved.
+"""What a column set costs: the step with no columns, `Sampling` and eight columns, interleaved.
 
     python -m benchmarks.columns                 # sizes 1 8 64 256 1024, pages 1 16
     python -m benchmarks.columns --sizes 8 64 --repeats 200
 
-The same step as `benchmarks.step` ((a) batchstate), run twice in one
+The same step as `benchmarks.step` ((a) batchstate), run three times in one
 process, step by step in rotating order: once with no columns (the
 default), once with the standard `Sampling` set (five mirrored columns; each
 request joins with its own parameters, built with `Sampling.of`, which the
-extend phase includes). It prints the step medians, their ratio, and the
+extend phase includes), and once with `EightColumns` (eight mirrored
+columns of float32, int32 and int64, built with `build_columns` from host
+lists). It prints the step medians, their ratios to no columns, and the
 host-to-device copies and device kernels per step counted on the meta
 device.
 """
@@ -30,31 +32,33 @@ __all__ = ["main", "run"]
 
 VARIANTS: Final[tuple[Callable[[Plan], Implementation], ...]] = (
     BatchstateStep,
-    functools.partial(BatchstateStep, sampling=True),
+    functools.partial(BatchstateStep, columns="sampling"),
+    functools.partial(BatchstateStep, columns="eight"),
 )
-_PLAIN, _SAMPLED = "batchstate", "batchstate+sampling"
+_NAMES: Final = ("batchstate", "batchstate+sampling", "batchstate+eight")
 
 
 def run(sizes: Sequence[int], pages: Sequence[int], repeats: int, warmup: int) -> list[str]:
     """One markdown row per (page size, batch size)."""
     rows = [
-        "| page | batch | no columns µs | `Sampling` µs | ratio | copies per step"
-        " (none / sampling) | kernels per step (none / sampling) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| page | batch | no columns µs | `Sampling` µs | ratio | 8 columns µs | ratio"
+        " | copies per step (none / sampling / 8) | kernels per step (none / sampling / 8) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for page_size in pages:
         for batch_size in sizes:
             config = Config(batch_size, page_size)
             timings = time_config(config, repeats, warmup, VARIANTS)
-            plain = statistics.median(timings[_PLAIN]["step"]) / 1e3
-            sampled = statistics.median(timings[_SAMPLED]["step"]) / 1e3
+            plain, sampled, eight = (
+                statistics.median(timings[name]["step"]) / 1e3 for name in _NAMES
+            )
             work = count_work(config, 4, VARIANTS)
-            copies = [work[name]["step"]["copies"] for name in (_PLAIN, _SAMPLED)]
-            kernels = [work[name]["step"]["kernels"] for name in (_PLAIN, _SAMPLED)]
+            copies = " / ".join(f"{work[name]['step']['copies']:.0f}" for name in _NAMES)
+            kernels = " / ".join(f"{work[name]['step']['kernels']:.0f}" for name in _NAMES)
             rows.append(
                 f"| {page_size} | {batch_size} | {plain:.0f} | {sampled:.0f}"
-                f" | {sampled / plain:.2f} | {copies[0]:.0f} / {copies[1]:.0f}"
-                f" | {kernels[0]:.0f} / {kernels[1]:.0f} |"
+                f" | {sampled / plain:.2f} | {eight:.0f} | {eight / plain:.2f}"
+                f" | {copies} | {kernels} |"
             )
             print(rows[-1], flush=True)
     return rows

@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final, Literal
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 import torch
 from returns.result import Result
 
 from batchstate import (
+    Columns,
     Decoding,
     Departed,
     Extended,
     ExtendError,
     Filtered,
     Idle,
+    Mirrored,
     Pools,
     Req,
     Sampling,
     SamplingParams,
     Step,
+    build_columns,
     decode,
     extend,
     idle,
@@ -32,20 +36,42 @@ from batchstate import (
 )
 from benchmarks.scenario import Join, Outcome, Plan
 
-__all__ = ["BatchstateStep"]
+__all__ = ["BatchstateStep", "ColumnChoice", "EightColumns"]
+
+# The column set the batch carries: none, the standard `Sampling` set (five
+# columns, built from `SamplingParams`), or `EightColumns` (built from host lists).
+ColumnChoice = Literal["none", "sampling", "eight"]
+
+
+@attrs.frozen(eq=False)
+class EightColumns(Columns):
+    """Eight mirrored columns of three dtypes: what a scheduler with many per-row knobs carries."""
+
+    temperature: Mirrored[np.float32]
+    top_p: Mirrored[np.float32]
+    min_p: Mirrored[np.float32]
+    penalty: Mirrored[np.float32]
+    top_k: Mirrored[np.int32]
+    adapter: Mirrored[np.int32]
+    seed: Mirrored[np.int64]
+    priority: Mirrored[np.int64]
+
+
+_EIGHT_VALUES: Final = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.0, "penalty": 1.1}
+_EIGHT_IDS: Final = ("top_k", "adapter", "seed", "priority")
 
 
 class BatchstateStep:
     """The harness holds the newest record and pools; each phase replaces them.
 
-    With `sampling`, the batch carries the standard `Sampling` column set:
-    every request joins with its own parameters, and every transition moves
+    With `columns` other than "none", the batch carries that column set:
+    every request joins with its own values, and every transition moves
     them with the other columns.
     """
 
-    def __init__(self, plan: Plan, *, sampling: bool = False) -> None:
-        self.name = "batchstate+sampling" if sampling else "batchstate"
-        self._sampling = sampling
+    def __init__(self, plan: Plan, *, columns: ColumnChoice = "none") -> None:
+        self.name = "batchstate" if columns == "none" else f"batchstate+{columns}"
+        self._columns = columns
         self._device = plan.device
         pools = make_pools(
             plan.config.batch_size + 1,
@@ -54,7 +80,10 @@ class BatchstateStep:
             plan.device,
             plan.config.page_size,
         )
-        self._idle: Idle[Any] = idle(plan.device, Sampling) if sampling else idle(plan.device)
+        column_set = {"none": None, "sampling": Sampling, "eight": EightColumns}[columns]
+        self._idle: Idle[Any] = (
+            idle(plan.device) if column_set is None else idle(plan.device, column_set)
+        )
         reqs = [Req(rid, input_ids) for rid, input_ids in plan.initial]
         extended, self.pools = self._admit(reqs, pools).unwrap()
         self.batch: Decoding[Any] | Filtered[Any] = merge(self._idle, extended)
@@ -62,11 +91,18 @@ class BatchstateStep:
         self._incoming: Extended[Any] | None = None
 
     def _admit(self, reqs: list[Req], pools: Pools) -> Result[Step[Extended[Any]], ExtendError]:
-        if not self._sampling:
-            return extend(self._idle, reqs, pools)
         # What a scheduler pays per admission: its requests' parameters as columns.
-        params = [SamplingParams(0.7, top_p=0.9, top_k=40, seed=req.rid) for req in reqs]
-        return extend(self._idle, reqs, pools, Sampling.of(params, self._device))
+        if self._columns == "sampling":
+            params = [SamplingParams(0.7, top_p=0.9, top_k=40, seed=req.rid) for req in reqs]
+            return extend(self._idle, reqs, pools, Sampling.of(params, self._device))
+        if self._columns == "eight":
+            values: dict[str, list[float] | list[int]] = {
+                name: [value] * len(reqs) for name, value in _EIGHT_VALUES.items()
+            }
+            values.update((name, [req.rid for req in reqs]) for name in _EIGHT_IDS)
+            eight = build_columns(EightColumns, values, self._device)
+            return extend(self._idle, reqs, pools, eight)
+        return extend(self._idle, reqs, pools)
 
     def decode(self) -> None:
         self.batch, self.pools = decode(self.batch, self.pools).unwrap()

@@ -73,13 +73,14 @@ def test_allocation_counter_sees_allocations() -> None:
 
 
 def test_a_column_set_adds_one_upload_per_step_and_no_kernel() -> None:
-    """With Sampling columns: the joining request's columns are the one extra copy."""
-    plain, sampled = (
+    """With Sampling or eight columns: the joining request's columns are the one extra copy."""
+    names = ("batchstate", "batchstate+sampling", "batchstate+eight")
+    plain, sampled, eight = (
         count_work(Config(8, 1), steps=4, implementations=[make])[name]["step"]
-        for make, name in zip(VARIANTS, ("batchstate", "batchstate+sampling"), strict=True)
+        for make, name in zip(VARIANTS, names, strict=True)
     )
-    assert sampled["copies"] == plain["copies"] + 1
-    assert sampled["kernels"] == plain["kernels"]
+    assert sampled["copies"] == eight["copies"] == plain["copies"] + 1
+    assert sampled["kernels"] == eight["kernels"] == plain["kernels"]
 
 
 def test_the_column_benchmark_reports_each_point() -> None:
@@ -88,7 +89,7 @@ def test_the_column_benchmark_reports_each_point() -> None:
     assert len(rows) == 3
     cells = rows[2].strip("|").split("|")
     assert [cell.strip() for cell in cells[:2]] == ["1", "1"]
-    assert cells[5].strip() == "3 / 4"
+    assert cells[7].strip() == "3 / 4 / 4"
 
 
 @pytest.mark.parametrize(
