@@ -11,7 +11,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import chain
-from typing import Any, NamedTuple, TypeAlias, overload
+from typing import Any, Final, NamedTuple, TypeAlias, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -46,7 +46,7 @@ from batchstate._phases import Filtered, Idle
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, Rows, build_rows
 from batchstate._sampled import Sampled
-from batchstate._sharing import prefix_cells
+from batchstate._sharing import match_prefix, prefix_cells
 
 __all__ = ["MixError", "Tokens", "decode_sampled", "mix"]
 
@@ -203,11 +203,13 @@ class _Chunks(NamedTuple):
     slots: list[int]  # 0 for a new request (a slot comes from the pools)
     prefix_lens: list[int]  # a chunk's held tokens, or a new request's cached prefix
     extend_lens: list[int]
+    prefix_pages: list[HostArray]  # each new request's cached prefix pages, in order
 
 
 def _fill(admit: Sequence[Req | Chunked[C]], budget: int, pools: Pools) -> _Chunks:
     reqs: list[Req] = []
     slots, prefix_lens, extend_lens = [], [], []
+    prefix_pages: list[HostArray] = []
     left = budget
     cache = pools.cache
     for item in admit:
@@ -217,16 +219,15 @@ def _fill(admit: Sequence[Req | Chunked[C]], budget: int, pools: Pools) -> _Chun
             req, slot, cached = item.req, item.slot, item.cached
         else:
             req, slot = item, 0
-            # Leave the last token to compute, as `extend` matches.
-            usable = (len(req.input_ids) - 1) // cache.page_size * cache.page_size
-            cached = cache.match(req.input_ids[:usable])[0] if cache.enabled else 0
+            cached, pages = match_prefix(cache, req.input_ids) if cache.enabled else (0, _NO_PAGES)
+            prefix_pages.append(pages)
         take = min(len(req.input_ids) - cached, left)
         left -= take
         reqs.append(req)
         slots.append(slot)
         prefix_lens.append(cached)
         extend_lens.append(take)
-    return _Chunks(tuple(reqs), slots, prefix_lens, extend_lens)
+    return _Chunks(tuple(reqs), slots, prefix_lens, extend_lens, prefix_pages)
 
 
 def _build(
@@ -237,12 +238,15 @@ def _build(
     new_ids = [
         req.input_ids for req, slot in zip(chunks.reqs, chunks.slots, strict=True) if not slot
     ]
-    matched: list[int] = []
-    prefix_pages: list[HostArray] = []
+    # The new requests' cached prefixes, matched by `_fill` on these pools' cache.
+    matched = [
+        length for length, slot in zip(chunks.prefix_lens, chunks.slots, strict=True) if not slot
+    ]
+    prefix_pages = chunks.prefix_pages
     if num_new:
         if num_new > pools.num_free_slots:
             return OutOfReqSlots(num_new, pools.num_free_slots)
-        pools, matched, prefix_pages = pools._locked(new_ids)
+        pools = pools._lock_matched(new_ids, matched)
         allocated = pools._allocate_slots(num_new)
         assert not isinstance(allocated, OutOfReqSlots), "slots were counted above"
         taken, pools = allocated
@@ -417,5 +421,6 @@ def _expect_columns(rows: Rows[C], admit: Sequence[Req | Chunked[C]], columns: C
                 )
 
 
+_NO_PAGES: Final = frozen(np.empty(0, dtype=np.int64))
 _new = object.__new__
 _put = object.__setattr__  # what attrs' frozen __init__ does

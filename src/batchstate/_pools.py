@@ -16,7 +16,7 @@ from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots, StalePool
 from batchstate._free_list import FreeList
 from batchstate._mirrored import HostArray, describe, frozen, host_int64, same
 from batchstate._prefix_cache import PrefixCache, Tokens
-from batchstate._sharing import give_back, lanes, lock_prefixes, publish
+from batchstate._sharing import give_back, lanes, lock_matched, lock_prefixes, publish
 from batchstate._token_table import TokenTable
 
 __all__ = ["Allocation", "Pools", "expect_pools", "flush", "make_pools"]
@@ -436,6 +436,12 @@ class Pools:
             return self, [0] * len(token_lists), [empty] * len(token_lists)
         cache, lengths, pages = lock_prefixes(self.cache, token_lists)
         return self._evolve(cache=cache), lengths, pages
+
+    def _lock_matched(self, token_lists: Sequence[Tokens], lengths: Sequence[int]) -> Pools:
+        # `_locked` for prompts matched already (`match_prefix` on this cache).
+        if not any(lengths):
+            return self
+        return self._evolve(cache=lock_matched(self.cache, token_lists, lengths))
 
     def _published(  # the rows that read, then the rows that publish
         self,

@@ -17,7 +17,15 @@ import numpy.typing as npt
 from batchstate._mirrored import HostArray, frozen
 from batchstate._prefix_cache import PrefixCache, Tokens
 
-__all__ = ["give_back", "lanes", "lock_prefixes", "prefix_cells", "publish"]
+__all__ = [
+    "give_back",
+    "lanes",
+    "lock_matched",
+    "lock_prefixes",
+    "match_prefix",
+    "prefix_cells",
+    "publish",
+]
 
 
 @functools.cache
@@ -35,19 +43,26 @@ def lock_prefixes(
     transition do not share the pages they compute (they are not cached
     until it returns).
     """
-    page_size = cache.page_size
-    lengths: list[int] = []
-    pages: list[HostArray] = []
-    locked = cache
-    for tokens in token_lists:
-        # Leave the last token to compute: the forward samples after it.
-        usable = (len(tokens) - 1) // page_size * page_size
-        length, found = cache.match(tokens[:usable])
+    matches = [match_prefix(cache, tokens) for tokens in token_lists]
+    lengths = [length for length, _ in matches]
+    return lock_matched(cache, token_lists, lengths), lengths, [pages for _, pages in matches]
+
+
+def match_prefix(cache: PrefixCache, tokens: Tokens) -> tuple[int, HostArray]:
+    """A prompt's longest cached prefix that leaves a token to compute: its length and pages."""
+    # Leave the last token to compute: the forward samples after it.
+    usable = (len(tokens) - 1) // cache.page_size * cache.page_size
+    return cache.match(tokens[:usable])
+
+
+def lock_matched(
+    cache: PrefixCache, token_lists: Sequence[Tokens], lengths: Sequence[int]
+) -> PrefixCache:
+    """The cache with each prompt's matched prefix (`lengths[i]` tokens, cached) locked."""
+    for tokens, length in zip(token_lists, lengths, strict=True):
         if length:
-            locked = locked._lock(tuple(tokens), length)
-        lengths.append(length)
-        pages.append(found)
-    return locked, lengths, pages
+            cache = cache._lock(tuple(tokens), length)
+    return cache
 
 
 def publish(
