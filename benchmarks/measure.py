@@ -72,19 +72,30 @@ def time_config(
     repeats: int,
     warmup: int,
     implementations: Sequence[Callable[[Plan], Implementation]] = IMPLEMENTATIONS,
+    *,
+    interleave: bool = True,
 ) -> Timings:
     """Time `repeats` steps of each implementation, interleaved step by step.
 
     Each step runs all three implementations, in an order that rotates, so
     that noise from other processes and cache effects fall on all alike.
+    Without `interleave`, each implementation runs all its steps alone, one
+    after another: each keeps the CPU's caches to itself, as a scheduler
+    between forwards does not.
     """
     plan = make_plan(config, warmup + repeats)
     impls = [make(plan) for make in implementations]
     timings: Timings = {impl.name: {phase: [] for phase in (*PHASES, "step")} for impl in impls}
-    for index, join in enumerate(plan.steps):
+    for index, join in enumerate(plan.steps if interleave else ()):
         turn = index % len(impls)
         order = impls[turn:] + impls[:turn]
         for impl in order:
+            if index < warmup:
+                run_step(impl, join)
+            else:
+                timed_step(impl, join, timings[impl.name])
+    for impl in () if interleave else impls:
+        for index, join in enumerate(plan.steps):
             if index < warmup:
                 run_step(impl, join)
             else:

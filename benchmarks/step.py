@@ -36,14 +36,21 @@ _BEGIN, _END = "<!-- results: begin -->", "<!-- results: end -->"
 
 
 def run(
-    sizes: Sequence[int], pages: Sequence[int], repeats: int, warmup: int, *, quiet: bool = False
+    sizes: Sequence[int],
+    pages: Sequence[int],
+    repeats: int,
+    warmup: int,
+    *,
+    quiet: bool = False,
+    interleave: bool = True,
 ) -> tuple[list[Point], dict[str, Any]]:
     """Time every (page size, batch size) point, then count ops, allocations and bytes."""
     points = []
     for page_size in pages:
         for batch_size in sizes:
             config = Config(batch_size, page_size)
-            points.append(summarise(config, time_config(config, repeats, warmup)))
+            timings = time_config(config, repeats, warmup, interleave=interleave)
+            points.append(summarise(config, timings))
             if not quiet:
                 print(text_table(points[-1:]).splitlines()[-1], flush=True)
     probe = Config(64 if 64 in sizes else sizes[0], pages[0])
@@ -69,12 +76,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=_ROOT / "benchmarks" / "results")
     parser.add_argument("--docs", action="store_true", help="rewrite docs/performance.md results")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="time each implementation's steps in one block, not interleaved (no --docs)",
+    )
     args = parser.parse_args(argv)
+    if args.alone and args.docs:
+        parser.error("--docs records the interleaved run: drop --alone")
     # Engines pin host threads; on a small machine torch's pool makes tiny host
     # ops erratic (a 64-element op taking milliseconds), for all three alike.
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    points, extras = run(args.sizes, args.pages, args.repeats, args.warmup)
+    points, extras = run(
+        args.sizes, args.pages, args.repeats, args.warmup, interleave=not args.alone
+    )
     extras["wall_s"] = round(time.perf_counter() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "step.json").write_text(json.dumps({"points": points, **extras}, indent=1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from benchmarks.columns import VARIANTS
 from benchmarks.columns import run as run_columns
-from benchmarks.measure import count_blocks, count_work, final_outcomes
+from benchmarks.measure import count_blocks, count_work, final_outcomes, time_config
 from benchmarks.production import final_outcomes as production_outcomes
 from benchmarks.production import run as run_production
 from benchmarks.profile import profile_point
@@ -49,6 +49,15 @@ def test_run_reports_every_point() -> None:
         assert point["a_over_c"] == pytest.approx(medians["batchstate"] / medians["floor"])
     assert set(extras["work"]) == {1, 16}
     assert set(extras["work"][1]) == {"batchstate", "mutable", "floor"}
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_each_implementation_times_every_step_interleaved_or_alone(interleave: bool) -> None:
+    timings = time_config(Config(4, 1), repeats=5, warmup=2, interleave=interleave)
+    assert set(timings) == {"batchstate", "mutable", "floor"}
+    for phases in timings.values():
+        assert set(phases) == {*PHASES, "step"}
+        assert all(len(durations) == 5 for durations in phases.values())
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
