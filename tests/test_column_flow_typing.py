@@ -58,6 +58,7 @@ MISMATCHED: Final = {
         "extend",
     ),
     "prebuilt_nested": ("unwrap(prebuilt(lora_idle, reqs, pools, sampling))", "prebuilt"),
+    "prebuilt_where_any_goes": ("anything(prebuilt(lora_idle, reqs, pools, sampling))", "prebuilt"),
     "mix_columns_of_another_set": ("mix(f, reqs, 8, pools, (), lora)", "mix"),
     "mix_where_any_goes": ("anything(mix(f, reqs, 8, pools, (), lora))", "mix"),
     "mix_nested": (

@@ -3,12 +3,16 @@
 A column set is a frozen attrs class deriving from `Columns`, one field per
 column, each one of:
 
-- `Mirrored[np.float32]` (any numpy scalar type): a device tensor and its
-  read-only host mirror, taken and concatenated on the host and uploaded
-  with the transition's other columns, in the same copy;
+- `Mirrored[np.float32]` (a numpy scalar type of `SCALAR_NAMES`): a device
+  tensor and its read-only host mirror, taken and concatenated on the host
+  and uploaded with the transition's other columns, in the same copy;
 - `DeviceOnly`: a device tensor the host never reads, gathered and
   concatenated on the device (the host does not know its values);
 - `HostColumn[np.int64]` (a read-only numpy array): host data only.
+
+Any other field, or a set that is not frozen attrs of its own, is a
+`ColumnError` when a transition first reads the class, and a mypy error
+where it is written with `batchstate.mypy_plugin` enabled.
 
 Filter, split, merge and decode handle every field through the functions
 here, so a column can be forgotten in no lifecycle method: there is none to
