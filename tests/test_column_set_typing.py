@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import re
+import subprocess
+import sys
 import tomllib
 from typing import Any, Final
 
@@ -234,3 +236,14 @@ def test_a_declared_field_type_is_what_the_run_time_reads() -> None:
     assert columns.a.device.dtype == torch.int64
     assert columns.b.device.dtype == torch.int32
     assert columns.c.dtype == np.intc
+
+
+def test_the_plugin_loads_neither_torch_nor_numpy() -> None:
+    """mypy imports the plugin in its own process: it pays for mypy only."""
+    code = (
+        "import sys, batchstate.mypy_plugin; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["False", "False"]

@@ -1,7 +1,7 @@
 """`outcome`: a `Result` taken apart into a closed union that `match` keeps typed.
 
-mypy cannot narrow a `Result[T, E]` by matching `case Success(value)`: the
-pattern's class carries no `T` of its own, so `value` comes out as `Any`.
+mypy narrows a `Result[T, E]` matched by `case Success(value)` (or tested
+with `isinstance`) to `Success[Any]`: `value` comes out as `Any`.
 `Ok` and `Err` are two final frozen records with one field each; `outcome`
 turns a `Result[T, E]` into `Ok[T] | Err[E]`, so that `case Ok(step)` types
 `step` as `T`, `case Err(OutOfKVTokens(...))` matches the failure record, and

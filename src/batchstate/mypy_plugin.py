@@ -5,8 +5,8 @@ Enable it beside returns' plugin, after it:
     [tool.mypy]
     plugins = ["returns.contrib.mypy.returns_plugin", "batchstate.mypy_plugin"]
 
-It adds two checks that mypy's types alone cannot make (see docs/api.md,
-"Typing"):
+It adds two checks that mypy's types alone cannot make (docs/api.md,
+"Checking column sets with mypy"):
 
 - a class deriving from `Columns` must be a frozen attrs class whose every
   field is `Mirrored[S]`, `DeviceOnly` or `HostColumn[S]`, `S` a numpy
