@@ -146,7 +146,7 @@ def test_merging_different_column_sets_is_refused_at_run_time_too() -> None:
     probed, pools = extend(idle(CPU, Probe), _reqs([1]), pools, make_probe([1])).unwrap()
     plain, pools = extend(idle(CPU), _reqs([2]), pools).unwrap()
     with pytest.raises(ColumnError, match="cannot merge NoColumns columns into Probe ones"):
-        merge(filter_batch(probed, [0]), plain)  # type: ignore[misc]  # the runtime check
+        merge(filter_batch(probed, [0]), plain)  # type: ignore[misc, arg-type]  # the runtime check
 
 
 def test_a_hand_built_column_set_of_the_wrong_length_is_refused() -> None:
@@ -162,7 +162,7 @@ def test_columns_that_are_not_a_column_set_are_refused() -> None:
 
     @attrs.frozen(eq=False)
     class Wrong(Columns):
-        weight: list[float]
+        weight: list[float]  # type: ignore[column-set]  # the run-time refusal
 
     with pytest.raises(ColumnError, match=r"Wrong\.weight: a column is Mirrored"):
         build_columns(Wrong, {"weight": [1.0]}, CPU)
@@ -246,7 +246,7 @@ def test_mix_refuses_columns_that_do_not_fit_before_allocating() -> None:
     with pytest.raises(ColumnError, match=r"Probe\.weight\.host: expected a read-only float32"):
         mix(running, _reqs([4, 5]), 8, pools, [7], make_probe([4]))
     with pytest.raises(ColumnError, match="the batch carries Probe columns, got NoColumns"):
-        mix(running, _reqs([4]), 8, pools, [7], NoColumns())  # type: ignore[misc]  # on purpose
+        mix(running, _reqs([4]), 8, pools, [7], NoColumns())  # type: ignore[misc, arg-type]  # on purpose
     assert_unchanged(before, pools, "pools")
 
 

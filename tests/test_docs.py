@@ -21,6 +21,7 @@ import batchstate.audit
 import batchstate.backends
 import batchstate.cli
 import batchstate.engine
+import batchstate.mypy_plugin
 from batchstate._render import render_transitions
 
 DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
@@ -33,6 +34,7 @@ PUBLIC_MODULES: Final = (
     batchstate.backends,
     batchstate.engine,
     batchstate.cli,
+    batchstate.mypy_plugin,
 )
 # A mkdocstrings directive: `::: batchstate.extend` on a line of its own.
 DIRECTIVE: Final = re.compile(r"^::: (\S+)$", re.M)

@@ -28,7 +28,7 @@ CPU = torch.device("cpu")
 
 
 @attrs.define(eq=False)
-class _Mutable(Columns):
+class _Mutable(Columns):  # type: ignore[column-set]  # the run-time refusal
     adapter: Mirrored[np.int32]
 
 

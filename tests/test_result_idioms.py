@@ -1,4 +1,9 @@
-"""The result idioms docs/api.md recommends keep mypy's types; the one it warns about loses them."""
+"""The result idioms docs/api.md recommends keep mypy's types; the one it warns about loses them.
+
+`outcome` is the typed way to `match` a result: `case Ok(step)` and `case
+Err(error)` bind typed names, `assert_never` proves the two cases cover it,
+and a nested `match` on the error proves its records are covered.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,13 @@ from typing import Final
 
 import pytest
 
-from tests.typecheck import mypy_errors
+from tests.typecheck import Report, mypy_reports
 
 # Under xdist, one worker runs every test that runs mypy: one cache, warm after the first.
 pytestmark = pytest.mark.xdist_group("mypy")
 
 _PRELUDE: Final = """\
-from typing import assert_type
+from typing import assert_never, assert_type
 from returns.pipeline import is_successful
 from returns.result import Result, Success
 from batchstate import *
@@ -40,6 +45,49 @@ SNIPPETS: Final = {
     assert_type(result.value_or(None), Step[Decoding] | None)
     assert_type(unwrap(result), Step[Decoding])
 """,
+    "outcome_match_is_typed": """\
+    match outcome(result):
+        case Ok(step):
+            assert_type(step, Step[Decoding])
+            reveal_type(step.batch)
+        case Err(OutOfKVTokens(requested_pages=pages)):
+            assert_type(pages, int)
+        case Err(error):
+            reveal_type(error)
+""",
+    "outcome_is_exhaustive": """\
+    match outcome(result):
+        case Ok(step):
+            print(step.pools)
+        case Err(error):
+            match error:
+                case OutOfKVTokens(requested_pages=pages):
+                    assert_type(pages, int)
+                case ContextTooLong(rid=rid):
+                    assert_type(rid, int)
+                case _:
+                    assert_never(error)
+        case other:
+            assert_never(other)
+""",
+    "outcome_missing_a_case_is_an_error": """\
+    match outcome(result):
+        case Ok(step):
+            print(step)
+        case other:
+            assert_never(other)
+""",
+    "outcome_missing_a_record_is_an_error": """\
+    match outcome(result):
+        case Ok(step):
+            print(step)
+        case Err(error):
+            match error:
+                case OutOfKVTokens():
+                    pass
+                case _:
+                    assert_never(error)
+""",
     "isinstance_success_loses_types": """\
     if isinstance(result, Success):
         assert_type(result.unwrap(), Step[Decoding])
@@ -48,8 +96,12 @@ SNIPPETS: Final = {
 
 
 @functools.cache
+def _reports() -> dict[str, Report]:
+    return mypy_reports({name: _PRELUDE + body for name, body in SNIPPETS.items()})
+
+
 def _errors() -> dict[str, list[str]]:
-    return mypy_errors({name: _PRELUDE + body for name, body in SNIPPETS.items()})
+    return {name: report.errors for name, report in _reports().items()}
 
 
 def test_recommended_idioms_are_typed() -> None:
@@ -59,3 +111,30 @@ def test_recommended_idioms_are_typed() -> None:
 
 def test_isinstance_on_success_gives_any_as_the_docs_warn() -> None:
     assert any('"Any"' in error for error in _errors()["isinstance_success_loses_types"])
+
+
+def test_outcome_match_binds_typed_names() -> None:
+    """Under --strict: the step, a record's field and the error union, none of them Any."""
+    report = _reports()["outcome_match_is_typed"]
+    assert report.errors == []
+    assert report.revealed == [
+        "batchstate._phases.Decoding[batchstate._columns.NoColumns]",
+        "batchstate._errors.OutOfKVTokens | batchstate._errors.ContextTooLong",
+    ]
+
+
+def test_outcome_match_is_proved_exhaustive() -> None:
+    assert _errors()["outcome_is_exhaustive"] == []
+
+
+@pytest.mark.parametrize(
+    ("name", "left"),
+    [
+        ("outcome_missing_a_case_is_an_error", "Err[OutOfKVTokens | ContextTooLong]"),
+        ("outcome_missing_a_record_is_an_error", "ContextTooLong"),
+    ],
+)
+def test_outcome_match_missing_a_case_is_an_error(name: str, left: str) -> None:
+    assert _errors()[name] == [
+        f'Argument 1 to "assert_never" has incompatible type "{left}"; expected "Never"  [arg-type]'
+    ]

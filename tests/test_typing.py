@@ -1,7 +1,7 @@
 """What mypy must reject and accept: illegal transitions, half mirrors, frozen fields.
 
 All snippets go through one mypy run (the project's strict configuration and
-the returns plugin); each test then reads its snippet's errors.
+the returns and batchstate plugins); each test then reads its snippet's errors.
 """
 
 from __future__ import annotations

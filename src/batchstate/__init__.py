@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from batchstate._mirrored import DeviceOnly, Mirrored
     from batchstate._mix import MixError, decode_sampled, mix
     from batchstate._mixed import Mixed, MixStep, Settled, settle
+    from batchstate._outcome import Err, Ok, Outcome, outcome
     from batchstate._padding import (
         FILL_FIELDS,
         SGLANG_FILLS,
@@ -102,6 +103,7 @@ __all__ = [
     "DraftError",
     "EmptyExtend",
     "EmptyPrompt",
+    "Err",
     "ExtendError",
     "Extended",
     "Filtered",
@@ -123,8 +125,10 @@ __all__ = [
     "NoColumns",
     "NotHeld",
     "NotOwned",
+    "Ok",
     "OutOfKVTokens",
     "OutOfReqSlots",
+    "Outcome",
     "Padded",
     "PaddedOutput",
     "PaddingError",
@@ -171,6 +175,7 @@ __all__ = [
     "make_pools",
     "merge",
     "mix",
+    "outcome",
     "pad",
     "prebuilt",
     "read_sampled",

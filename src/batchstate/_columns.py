@@ -3,12 +3,16 @@
 A column set is a frozen attrs class deriving from `Columns`, one field per
 column, each one of:
 
-- `Mirrored[np.float32]` (any numpy scalar type): a device tensor and its
-  read-only host mirror, taken and concatenated on the host and uploaded
-  with the transition's other columns, in the same copy;
+- `Mirrored[np.float32]` (a numpy scalar type of `SCALAR_NAMES`): a device
+  tensor and its read-only host mirror, taken and concatenated on the host
+  and uploaded with the transition's other columns, in the same copy;
 - `DeviceOnly`: a device tensor the host never reads, gathered and
   concatenated on the device (the host does not know its values);
 - `HostColumn[np.int64]` (a read-only numpy array): host data only.
+
+Any other field, or a set that is not frozen attrs of its own, is a
+`ColumnError` when a transition first reads the class, and a mypy error
+where it is written with `batchstate.mypy_plugin` enabled.
 
 Filter, split, merge and decode handle every field through the functions
 here, so a column can be forgotten in no lifecycle method: there is none to
@@ -37,6 +41,7 @@ from typing_extensions import TypeVar
 
 from batchstate._errors import ColumnError
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, torch_dtype, upload
+from batchstate._scalars import SCALAR_NAMES
 
 __all__ = [
     "Columns",
@@ -91,7 +96,9 @@ _FIELDS: dict[type[Columns], tuple[_Field, ...]] = {}
 
 
 def _read_fields(cls: type[Columns]) -> tuple[_Field, ...]:
-    if not attrs.has(cls):
+    # Its own decoration: an undecorated subclass of a set would inherit its fields and
+    # silently drop the ones it declares itself.
+    if not attrs.has(cls) or "__attrs_attrs__" not in vars(cls):
         raise ColumnError(f"{cls.__name__}: a column set must be an attrs class")
     # A mutable set would be shared by a transition's input and output: writing one
     # would change the other. attrs gives a frozen class its own __setattr__.
@@ -113,15 +120,38 @@ def _read_fields(cls: type[Columns]) -> tuple[_Field, ...]:
         if hint is DeviceOnly:
             fields.append(_Field(field.name, "device", None))
         elif origin is Mirrored or hint is Mirrored:
-            fields.append(_Field(field.name, "mirrored", np.dtype(args[0] if args else np.int64)))
+            scalar = args[0] if args else np.int64
+            fields.append(
+                _Field(field.name, "mirrored", _dtype(f"{cls.__name__}.{field.name}", scalar))
+            )
         elif origin is np.ndarray and len(args) == 2:
-            fields.append(_Field(field.name, "host", np.dtype(typing.get_args(args[1])[0])))
+            scalar = typing.get_args(args[1])[0]
+            fields.append(
+                _Field(field.name, "host", _dtype(f"{cls.__name__}.{field.name}", scalar))
+            )
         else:
             raise ColumnError(
                 f"{cls.__name__}.{field.name}: a column is Mirrored[...], DeviceOnly or"
                 f" HostColumn[...], got {hint}"
             )
     return tuple(fields)
+
+
+def _dtype(where: str, scalar: type[np.generic]) -> np.dtype[np.generic]:
+    # A column's numpy scalar type must be one of SCALAR_NAMES, the mypy plugin's list too.
+    try:
+        dtype: np.dtype[np.generic] | None = np.dtype(scalar)
+    except TypeError:  # an abstract type (np.integer), which has no dtype
+        dtype = None
+    if dtype is None or dtype not in _SCALARS:
+        raise ColumnError(
+            f"{where}: a column's scalar type is one of"
+            f" {', '.join(f'np.{scalar}' for scalar in SCALAR_NAMES)}, got {scalar}"
+        )
+    return dtype
+
+
+_SCALARS: Final = frozenset(np.dtype(getattr(np, scalar)) for scalar in SCALAR_NAMES)
 
 
 _NAMES: Final = {

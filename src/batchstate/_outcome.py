@@ -1,0 +1,64 @@
+"""`outcome`: a `Result` taken apart into a closed union that `match` keeps typed.
+
+mypy narrows a `Result[T, E]` matched by `case Success(value)` (or tested
+with `isinstance`) to `Success[Any]`: `value` comes out as `Any`.
+`Ok` and `Err` are two final frozen records with one field each; `outcome`
+turns a `Result[T, E]` into `Ok[T] | Err[E]`, so that `case Ok(step)` types
+`step` as `T`, `case Err(OutOfKVTokens(...))` matches the failure record, and
+`assert_never` proves the two cases exhaustive.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeAlias, final
+
+import attrs
+from returns.pipeline import is_successful
+from returns.result import Result
+from typing_extensions import TypeVar
+
+__all__ = ["Err", "Ok", "Outcome", "outcome"]
+
+_Value = TypeVar("_Value")
+_Error = TypeVar("_Error")
+_Value_co = TypeVar("_Value_co", covariant=True)
+_Error_co = TypeVar("_Error_co", covariant=True)
+
+
+@final
+@attrs.frozen
+class Ok(Generic[_Value_co]):
+    """A transition's value, from a `Success`: match it as `Ok(value)`."""
+
+    value: _Value_co
+
+
+@final
+@attrs.frozen
+class Err(Generic[_Error_co]):
+    """A transition's failure record, from a `Failure`: match it as `Err(error)`."""
+
+    error: _Error_co
+
+
+Outcome: TypeAlias = Ok[_Value] | Err[_Error]
+
+
+def outcome(result: Result[_Value, _Error]) -> Outcome[_Value, _Error]:
+    """`Ok(value)` for a `Success`, `Err(error)` for a `Failure`: one typed `match` for both.
+
+    >>> import torch
+    >>> from batchstate import OutOfReqSlots, Req, extend, idle, make_pools
+    >>> pools = make_pools(1, 8, 16, torch.device("cpu"))
+    >>> match outcome(extend(idle("cpu"), [Req(0, (1, 2)), Req(1, (3,))], pools)):
+    ...     case Ok(step):
+    ...         print(len(step.batch.rows), "rows")
+    ...     case Err(OutOfReqSlots(requested=wanted, available=free)):
+    ...         print(f"{wanted} slots wanted, {free} free")
+    ...     case Err(error):
+    ...         print(error)
+    2 slots wanted, 1 free
+    """
+    if is_successful(result):
+        return Ok(result.unwrap())
+    return Err(result.failure())

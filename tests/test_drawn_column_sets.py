@@ -1,0 +1,272 @@
+"""Column sets Hypothesis draws, of every kind and scalar type, through every transition.
+
+Each example makes a column set at run time (`attrs.make_class`, frozen,
+deriving from `Columns`), one to four fields of drawn kinds and dtypes, and
+drives one pools lineage through every transition of `TRANSITIONS` that
+moves rows (and `release`, `follow`, `join_sampled`), with the prefix cache
+off or on. Each row's value in each column is a function of its rid, so
+after every step each record's columns must hold, host and device side, in
+the declared dtype, exactly the values of its rows' rids in row order; and
+`check_batch` and `check_pools` (both sides compared) must pass.
+
+A `DeviceOnly` column is drawn only of the dtypes torch gathers on the
+device: torch 2.13 has no `index_select` for uint16, uint32 and uint64
+(docs/reliability.md, "Known limits").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchstate import (
+    TRANSITIONS,
+    Batch,
+    Chunked,
+    Columns,
+    Decoding,
+    DeviceOnly,
+    Extended,
+    Filtered,
+    HostColumn,
+    Idle,
+    Mirrored,
+    Pools,
+    Req,
+    Sampled,
+    Verifying,
+    build_columns,
+    check_batch,
+    check_pools,
+    decode,
+    decode_sampled,
+    extend,
+    filter_batch,
+    find_leaks,
+    follow,
+    forward_inputs,
+    idle,
+    join_sampled,
+    merge,
+    mix,
+    pad,
+    prebuilt,
+    release,
+    settle,
+    split,
+    sync,
+    unwrap,
+    verify,
+)
+from batchstate._mirrored import torch_dtype
+from batchstate._scalars import SCALAR_NAMES
+from tests.builders import CPU, make_reqs, make_test_pools
+
+# What torch cannot gather on the device (`index_select`), so no DeviceOnly column holds it.
+_NOT_GATHERED: Final = ("uint16", "uint32", "uint64")
+_KINDS: Final = ("mirrored", "device", "host")
+
+
+class Field(NamedTuple):
+    """One drawn column: its kind and the numpy dtype of its values."""
+
+    kind: str
+    dtype: np.dtype[Any]
+
+
+@st.composite
+def column_sets(draw: st.DrawFn) -> tuple[Field, ...]:
+    """One to four columns, each of a drawn kind and an admitted scalar type."""
+    fields = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(_KINDS))
+        names = [n for n in SCALAR_NAMES if kind != "device" or n not in _NOT_GATHERED]
+        fields.append(Field(kind, np.dtype(getattr(np, draw(st.sampled_from(names))))))
+    return tuple(fields)
+
+
+def _declare(fields: Sequence[Field]) -> type[Columns]:
+    # The set as a frozen attrs class made at run time, as a scheduler might declare it.
+    kinds: dict[str, Any] = {"mirrored": Mirrored, "host": HostColumn}
+    hints = {
+        f"c{index}": DeviceOnly if field.kind == "device" else kinds[field.kind][field.dtype.type]
+        for index, field in enumerate(fields)
+    }
+    attributes = {name: attrs.field(type=hint) for name, hint in hints.items()}
+    return attrs.make_class("Drawn", attributes, bases=(Columns,), frozen=True, eq=False)
+
+
+def _values(field: Field, index: int, rids: Sequence[int]) -> npt.NDArray[Any]:
+    # Column `index`'s values for rows `rids`: a function of each rid, in the column's dtype.
+    kind = field.dtype.kind
+    if kind == "b":
+        values: list[object] = [(rid + index) % 2 == 1 for rid in rids]
+    elif kind in "iu":
+        values = [(rid * 3 + index) % 100 for rid in rids]
+    elif kind == "f":
+        values = [(rid + index) / 4 for rid in rids]
+    else:
+        values = [complex(rid, index) for rid in rids]
+    return np.array(values, dtype=field.dtype)
+
+
+class Story:
+    """The drawn set, its values by rid, and the checks every step's records must pass."""
+
+    def __init__(self, fields: tuple[Field, ...]) -> None:
+        self.fields = fields
+        self.cls = _declare(fields)
+
+    def columns(self, rids: Sequence[int]) -> Any:
+        """The set's columns for new rows `rids`, in one upload."""
+        return build_columns(
+            self.cls,
+            {f"c{i}": _values(field, i, rids) for i, field in enumerate(self.fields)},
+            CPU,
+        )
+
+    def columns_of(self, reqs: Sequence[Req]) -> Any:
+        return self.columns([req.rid for req in reqs])
+
+    def expect(self, columns: object, rids: Sequence[int]) -> None:
+        """Every column holds rows `rids`' values, in order, in its dtype, on both sides."""
+        assert type(columns) is self.cls
+        for index, field in enumerate(self.fields):
+            value = getattr(columns, f"c{index}")
+            expected = _values(field, index, rids)
+            if field.kind == "host":
+                assert value.dtype == field.dtype
+                assert not value.flags.writeable
+                assert np.array_equal(value, expected)
+                continue
+            side = value.device
+            if field.kind == "mirrored":
+                assert value.host.dtype == field.dtype
+                assert not value.host.flags.writeable
+                assert np.array_equal(value.host, expected)
+                assert side.dtype == torch_dtype(field.dtype)
+            elif len(rids):  # an Idle's empty device column is int64: it has no rows to type
+                assert side.dtype == torch_dtype(field.dtype)
+            assert np.array_equal(side.cpu().numpy(), expected)
+
+    def check(self, pools: Pools, *holders: object) -> None:
+        """Each holder's columns follow its rows; the invariants hold, device sides compared."""
+        batches: list[Batch[Any]] = []
+        for holder in holders:
+            if isinstance(holder, Chunked):
+                self.expect(holder.columns, [holder.req.rid])
+            elif isinstance(holder, Verifying):
+                self.expect(holder.columns, holder.rids.tolist())
+            else:
+                rows = holder.rows  # type: ignore[attr-defined]  # a batch or a Mixed
+                self.expect(rows.columns, rows.rids.tolist())
+                if isinstance(holder, Idle | Extended | Decoding | Filtered):
+                    check_batch(holder, compare_device=True)
+                    batches.append(holder)
+        check_pools(pools, batches, compare_device=True)
+
+
+# The public functions the story calls: each transition of the table is among them.
+COVERED: Final = frozenset(
+    {idle, extend, prebuilt, decode, filter_batch, split, merge, verify, sync, mix}
+    | {decode_sampled, settle, forward_inputs, pad, release, follow, join_sampled}
+)
+
+
+def test_the_story_covers_every_transition_of_the_table() -> None:
+    assert {row.function for row in TRANSITIONS} <= COVERED
+
+
+@settings(max_examples=100, deadline=None)
+@given(fields=column_sets(), cache=st.booleans(), page_size=st.sampled_from([1, 16]))
+def test_drawn_columns_follow_their_rows_through_every_transition(
+    fields: tuple[Field, ...], cache: bool, page_size: int
+) -> None:
+    story = Story(fields)
+    pools = make_test_pools(page_size, max_reqs=16, num_kv_tokens=1024, prefix_cache=cache)
+    empty = idle(CPU, story.cls)
+    story.check(pools, empty)
+    running, pools = _admit(story, empty, pools)
+    running, pools = _mix(story, running, pools)
+    running, pools = _speculate_and_join(story, empty, running, pools)
+    # Everything leaves: nothing is held, nothing leaked.
+    pools = unwrap(release(running, empty, pools))
+    story.check(pools, empty)
+    leaks = find_leaks(pools, [])
+    assert not leaks.unheld and not leaks.held_twice and not leaks.wrong_length
+
+
+def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any], Pools]:
+    # Admit, run a forward, decode, let a row leave, filter, and merge a prebuilt batch in.
+    first = make_reqs([3, 9, 5, 2], first_rid=0)
+    extended, pools = unwrap(extend(empty, first, pools, story.columns_of(first)))
+    story.check(pools, extended)
+    inputs = forward_inputs(extended, pools.table, pools.page_size)
+    assert unwrap(pad(inputs, [64])).num_real_rows == 4
+    decoding, pools = unwrap(decode(extended, pools))
+    story.check(pools, decoding)
+    kept, left = split(decoding, [0, 2, 3])
+    pools = unwrap(release(left, kept, pools))
+    story.check(pools, kept)
+    assert kept.rows.rids.tolist() == [0, 2, 3]
+    # Filter without releasing: both parts still hold their rows.
+    stay, gone = filter_batch(kept, [0, 2]), filter_batch(kept, [1])
+    story.check(pools, stay, gone)
+    pools = unwrap(release(gone, stay, pools))
+    arrived = make_reqs([4, 6], first_rid=100)
+    built, pools = unwrap(prebuilt(empty, arrived, pools, story.columns_of(arrived)))
+    merged = merge(stay, built)
+    story.check(pools, merged)
+    assert merged.rows.rids.tolist() == [0, 3, 100, 101]
+    return merged, pools
+
+
+def _mix(story: Story, running: Filtered[Any], pools: Pools) -> tuple[Filtered[Any], Pools]:
+    # Two new prompts, the long one cut by the budget and held; the held chunk continued
+    # on its own row of columns; then a decode fed the last forward's device tokens.
+    prompts = make_reqs([2, 30], first_rid=200)
+    tokens = [7] * len(running.rows)
+    mixed, pools = unwrap(mix(running, prompts, 12, pools, tokens, story.columns_of(prompts)))
+    story.check(pools, mixed)
+    running, held = settle(mixed)
+    story.check(pools, running, *held)
+    assert [chunk.req.rid for chunk in held] == [201]
+    tokens = [5] * len(running.rows)
+    again, pools = unwrap(mix(running, held, 64, pools, tokens, story.columns([])))
+    story.check(pools, again)
+    running, held = settle(again)
+    assert held == ()
+    sampled = Sampled.of(again.rows, torch.arange(len(again.rows), dtype=torch.int64))
+    fed, pools = unwrap(decode_sampled(running, follow(sampled, running), pools))
+    story.check(pools, fed)
+    return settle(fed).running, pools
+
+
+def _speculate_and_join(
+    story: Story, empty: Idle[Any], running: Filtered[Any], pools: Pools
+) -> tuple[Filtered[Any], Pools]:
+    # A verify window synced with one draft accepted per row; then a row prefilled beside
+    # the running ones, merged, and the two forwards' device tokens joined to feed both.
+    decoding, pools = unwrap(decode(running, pools))
+    window, pools = unwrap(verify(decoding, [2] * len(decoding.rows), pools))
+    story.check(pools, window)
+    synced, pools = sync(window, np.ones(len(decoding.rows), dtype=np.int64), pools)
+    story.check(pools, synced)
+    late = make_reqs([3], first_rid=300)
+    prefill, pools = unwrap(extend(empty, late, pools, story.columns_of(late)))
+    both = merge(synced, prefill)
+    story.check(pools, both)
+    old = Sampled.of(synced.rows, torch.full((len(synced.rows),), 3, dtype=torch.int64))
+    new = Sampled.of(prefill.rows, torch.tensor([4], dtype=torch.int64))
+    fed, pools = unwrap(decode_sampled(both, follow(join_sampled(old, new), both), pools))
+    story.check(pools, fed)
+    final = settle(fed).running
+    assert final.rows.rids.tolist() == [*synced.rows.rids.tolist(), 300]
+    return final, pools
