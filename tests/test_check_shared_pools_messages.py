@@ -11,13 +11,13 @@ page, 7, is partly filled, so its prefill did not publish it: it is private.
 from __future__ import annotations
 
 import copy
-from types import MappingProxyType
 from typing import Any
 
 import attrs
 import numpy as np
 import pytest
 import torch
+from immutables import Map
 
 from batchstate import (
     Extended,
@@ -77,7 +77,7 @@ def _with_tree(pools: Pools, **changes: Any) -> Pools:
 def _with_prefixes(pools: Pools, lens: dict[int, int]) -> Pools:
     """The pools with each slot reading its first `lens[slot]` tokens of a count: 0, 1, ..."""
     prefixes = {slot: tuple(range(10, 10 + length)) for slot, length in lens.items()}
-    return attrs.evolve(pools, prefixes=MappingProxyType(prefixes))
+    return attrs.evolve(pools, prefixes=Map(prefixes))
 
 
 def _with_free_pages(pools: Pools, pages: list[int]) -> Pools:
@@ -347,7 +347,7 @@ def test_a_row_whose_input_does_not_start_with_its_slots_prefix() -> None:
 def test_a_prefix_whose_tokens_the_cache_does_not_hold() -> None:
     """Slot 3 reads pages 1 and 2, locked once each, but under other tokens than theirs."""
     _, pools, _ = _running()
-    other = attrs.evolve(pools, prefixes=MappingProxyType({3: (99,) * 8}))
+    other = attrs.evolve(pools, prefixes=Map({3: (99,) * 8}))
     with raises_exactly("slot 3: its cached prefix is not the cache's pages for its tokens"):
         check_pools(other)
 

@@ -7,10 +7,10 @@ are accepted, and `check_pools` names what no longer agrees.
 from __future__ import annotations
 
 import re
-from types import MappingProxyType
 
 import attrs
 import pytest
+from immutables import Map
 from returns.result import Failure
 
 from batchstate import (
@@ -57,7 +57,7 @@ def test_prefix_lens_are_derived_from_the_prefixes_and_read_only() -> None:
     pools = _reading()
     lens = pools.prefix_lens
     assert lens.tolist() == [0, 8, 0, 0, 0] and not lens.flags.writeable
-    moved = attrs.evolve(pools, prefixes=MappingProxyType({2: tuple(range(4))}))
+    moved = attrs.evolve(pools, prefixes=Map({2: tuple(range(4))}))
     assert moved.prefix_lens.tolist() == [0, 0, 4, 0, 0]
     with _violation("slot 2: cached prefix 4 of 0 tokens is not whole pages of its row"):
         check_pools(moved)
@@ -66,7 +66,7 @@ def test_prefix_lens_are_derived_from_the_prefixes_and_read_only() -> None:
 @pytest.mark.parametrize("slot", [9, -1])
 def test_a_prefix_for_a_slot_past_the_pools_is_caught(slot: int) -> None:
     pools = _reading()
-    outside = attrs.evolve(pools, prefixes=MappingProxyType({slot: tuple(range(8))}))
+    outside = attrs.evolve(pools, prefixes=Map({slot: tuple(range(8))}))
     with pytest.raises(InvariantViolation, match=rf"outside 1\.\.\d+: \[{slot}\]"):
         check_pools(outside)
 

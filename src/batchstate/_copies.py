@@ -11,8 +11,7 @@ table, free lists and version stamp are copies too.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
-from typing import Final, TypeVar, cast, final
+from typing import Final, TypeVar, cast
 
 import attrs
 import numpy as np
@@ -32,7 +31,7 @@ def read_only_copies(cls: type[_T]) -> type[_T]:
     names = tuple(field.name for field in attrs.fields(cls))  # type: ignore[arg-type]  # attrs classes only
 
     def reduce(self: object) -> tuple[Callable[..., object], tuple[object, ...]]:
-        state = {name: _Proxy.wrap(getattr(self, name)) for name in names}
+        state = {name: getattr(self, name) for name in names}
         return (_rebuild, (type(self), state))
 
     cls.__reduce__ = reduce  # type: ignore[method-assign]  # the point
@@ -40,23 +39,9 @@ def read_only_copies(cls: type[_T]) -> type[_T]:
     return cls
 
 
-@final
-class _Proxy:
-    # A read-only mapping field, carried as a dict (a mappingproxy cannot be pickled).
-    __slots__ = ("items",)
-
-    def __init__(self, items: dict[object, object]) -> None:
-        self.items = items
-
-    @staticmethod
-    def wrap(value: object) -> object:
-        return _Proxy(dict(value)) if isinstance(value, MappingProxyType) else value
-
-
 def _rebuild(cls: type[object], state: Mapping[str, object]) -> object:
     value = object.__new__(cls)
-    for name, held in state.items():
-        field = MappingProxyType(held.items) if isinstance(held, _Proxy) else held
+    for name, field in state.items():
         _freeze(field)
         object.__setattr__(value, name, field)
     rebuilt = getattr(value, "_rebuilt", None)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+from immutables import MapMutation
 
 from batchstate._mirrored import HostArray, frozen
 from batchstate._prefix_cache import PrefixCache, Tokens
@@ -68,13 +69,13 @@ def lock_matched(
 def publish(
     cache: PrefixCache,
     table: npt.NDArray[np.int32],
-    prefixes: dict[int, Tokens],
+    prefixes: MapMutation[int, Tokens],
     slots: Sequence[int],
     token_lists: Sequence[Tokens],
-) -> tuple[PrefixCache, dict[int, Tokens]]:
+) -> PrefixCache:
     """Cache each slot's whole pages of `token_lists[i]` and move its lock to them.
 
-    `prefixes` is updated in place (the caller's copy). A slot whose tokens
+    `prefixes` (the caller's mutation of the pools' map) is updated in place. A slot whose tokens
     the cache already holds past its own prefix (another row computed and
     published them first) keeps its pages private: its table row points at
     its own pages, so its lock cannot move onto the other row's.
@@ -92,21 +93,22 @@ def publish(
             continue  # cached past its prefix by another row: stays private
         cache = published
         prefixes[slot] = ids
-    return cache, prefixes
+    return cache
 
 
 def give_back(
     cache: PrefixCache,
     table: npt.NDArray[np.int32],
-    prefixes: dict[int, Tokens],
+    prefixes: MapMutation[int, Tokens],
     owned: Sequence[tuple[int, int]],
     token_lists: Sequence[Tokens] | None,
-) -> tuple[PrefixCache, dict[int, Tokens], HostArray]:
+) -> tuple[PrefixCache, HostArray]:
     """Release `owned` (slot, tokens) rows: unlock, cache their whole pages, list the rest.
 
-    Returns the cache, `prefixes` without the slots (updated in place), and
-    the pages to free: those whose tokens the cache held already past the
-    row's own prefix, and each row's partly filled last page.
+    Returns the cache and the pages to free: those whose tokens the cache
+    held already past the row's own prefix, and each row's partly filled
+    last page. `prefixes` (the caller's mutation of the pools' map) loses
+    the slots in place.
 
     Raises:
         ValueError: `token_lists` has another number of rows, or a row's
@@ -135,7 +137,7 @@ def give_back(
             pages[len(prefix) // page_size : present // page_size],
             pages[full // page_size :],
         ]
-    return cache, prefixes, frozen(np.concatenate(freed))
+    return cache, frozen(np.concatenate(freed))
 
 
 def prefix_cells(
