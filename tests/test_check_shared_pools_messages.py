@@ -62,16 +62,18 @@ def _with_top(pools: Pools, **changes: Any) -> Pools:
     """The pools with the page 1 node (the root's only child) changed."""
     root = pools.cache._root
     ((key, node),) = root.children.items()
-    return _with_cache(pools, root=root._replace(children={key: node._replace(**changes)}))
+    return _with_cache(pools, root=root._replace(children=Map({key: node._replace(**changes)})))
 
 
 def _with_tree(pools: Pools, **changes: Any) -> Pools:
     """The pools with the page 1 node's first child (page 2) changed."""
     root = pools.cache._root
     ((key, node),) = root.children.items()
-    (first, child), *rest = node.children.items()
-    children = {first: child._replace(**changes), **dict(rest)}
-    return _with_cache(pools, root=root._replace(children={key: node._replace(children=children)}))
+    page_2 = (14, 15, 16, 17)  # the key of page 2's node: its first page of tokens
+    children = node.children.set(page_2, node.children[page_2]._replace(**changes))
+    return _with_cache(
+        pools, root=root._replace(children=Map({key: node._replace(children=children)}))
+    )
 
 
 def _with_prefixes(pools: Pools, lens: dict[int, int]) -> Pools:
@@ -124,7 +126,13 @@ def test_a_tree_of_one_token_pages_passes_the_check() -> None:
     pools = release(first, idle(CPU), pools).unwrap()
     batch, pools = extend(idle(CPU), [Req(3, (7, 8, 2))], pools).unwrap()
     # Request 3's lock split (8, 1); its prefill then published its last token, 2.
-    assert [node.tokens for _, node in pools.cache._nodes()] == [(7,), (8,), (9, 1), (1,), (2,)]
+    assert sorted(node.tokens for _, node in pools.cache._nodes()) == [
+        (1,),
+        (2,),
+        (7,),
+        (8,),
+        (9, 1),
+    ]
     check_pools(pools, [batch], compare_device=True)
 
 

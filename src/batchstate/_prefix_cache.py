@@ -9,6 +9,7 @@ from typing import NamedTuple, final
 
 import attrs
 import numpy as np
+from immutables import Map
 
 from batchstate._mirrored import HostArray, frozen
 
@@ -23,7 +24,7 @@ class _Node(NamedTuple):
     # an update copies the nodes on its path and shares every other node.
     tokens: Tokens
     pages: tuple[int, ...]
-    children: dict[Tokens, _Node]
+    children: Map[Tokens, _Node]  # persistent: adding a child copies no sibling
     locks: int  # live rows whose cached prefix runs through this node
     used: int  # the cache's clock when a match or insert last went through it
     id: int  # the same across the node's copies; a split gives its upper part a new one
@@ -34,7 +35,8 @@ class _Node(NamedTuple):
 # leaf's end: a split of the leaf keeps it.
 _Leaf = tuple[int, Tokens, int]  # (used, prefix, node id)
 
-_ROOT = _Node((), (), {}, 0, 0, 0)
+_NO_CHILDREN: Map[Tokens, _Node] = Map()
+_ROOT = _Node((), (), _NO_CHILDREN, 0, 0, 0)
 _node_ids = itertools.count(1)
 
 
@@ -183,17 +185,17 @@ class PrefixCache:
         if key in parent.children:
             return None
         clock = self.clock + 2  # an insert's tick and a lock's
-        leaf = _Node(tokens[start:], tuple(pages), {}, 1, clock, next(_node_ids))
+        leaf = _Node(tokens[start:], tuple(pages), _NO_CHILDREN, 1, clock, next(_node_ids))
         updated = [
             (edge, _Node(node.tokens, node.pages, node.children, node.locks, clock, node.id))
             for edge, node in path
         ]  # the row's lock moves past these: their counts stay, their clock moves on
         if updated:
             last_key, last = updated[-1]
-            updated[-1] = (last_key, _with_children(last, {**last.children, key: leaf}))
+            updated[-1] = (last_key, _with_children(last, last.children.set(key, leaf)))
             root = _rebuild(self._root, updated)
         else:
-            root = _with_children(self._root, {**self._root.children, key: leaf})
+            root = _with_children(self._root, self._root.children.set(key, leaf))
         return PrefixCache(
             page_size, self.enabled, root, clock, self.num_pages + len(pages),
             self.num_locked + len(pages), self.num_evicted, self._leaves,
@@ -279,12 +281,12 @@ def _split(node: _Node, cut: int, page_size: int) -> _Node:
     return node._replace(
         tokens=node.tokens[:cut],
         pages=node.pages[: cut // page_size],
-        children={lower.tokens[:page_size]: lower},
+        children=Map({lower.tokens[:page_size]: lower}),
         id=next(_node_ids),
     )
 
 
-def _with_children(node: _Node, children: dict[Tokens, _Node]) -> _Node:
+def _with_children(node: _Node, children: Map[Tokens, _Node]) -> _Node:
     # `node._replace(children=...)` at a third of its cost: updates copy many nodes.
     return _Node(node.tokens, node.pages, children, node.locks, node.used, node.id)
 
@@ -313,8 +315,8 @@ def _rebuild(root: _Node, path: Sequence[tuple[Tokens, _Node]]) -> _Node:
     node = path[-1][1]
     for index in range(len(path) - 1, 0, -1):
         key, parent = path[index][0], path[index - 1][1]
-        node = _with_children(parent, {**parent.children, key: node})
-    return _with_children(root, {**root.children, path[0][0]: node})
+        node = _with_children(parent, parent.children.set(key, node))
+    return _with_children(root, root.children.set(path[0][0], node))
 
 
 def _update(  # noqa: PLR0917  # a private helper, called twice
@@ -358,13 +360,15 @@ def _insert(
             break
     present = at
     if at < len(tokens):
-        leaf = _Node(tokens[at:], tuple(pages[at // page_size :]), {}, 0, clock, next(_node_ids))
+        leaf = _Node(
+            tokens[at:], tuple(pages[at // page_size :]), _NO_CHILDREN, 0, clock, next(_node_ids)
+        )
         key = tokens[at : at + page_size]
         if not path:
-            root = _with_children(root, {**root.children, key: leaf})
+            root = _with_children(root, root.children.set(key, leaf))
             return root, present, root
         last_key, last = path[-1]
-        path[-1] = (last_key, _with_children(last, {**last.children, key: leaf}))
+        path[-1] = (last_key, _with_children(last, last.children.set(key, leaf)))
     if not path:
         return root, present, root
     return _rebuild(root, path), present, path[-1][1]
@@ -382,9 +386,7 @@ def _remove(root: _Node, prefix: Tokens, page_size: int) -> tuple[_Node, _Node, 
             break
         path.append((key, leaf))
         node = leaf
-    children = dict(node.children)
-    del children[key]
-    parent = _with_children(node, children)
+    parent = _with_children(node, node.children.delete(key))
     if not path:
         return parent, leaf, parent
     path[-1] = (path[-1][0], parent)
