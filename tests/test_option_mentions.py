@@ -25,7 +25,9 @@ OTHER_TOOLS: Final = {
     "torchrun": {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port"},
     "mkdocs": {"--strict"},
     "mypy": {"--strict"},
-    "benchmarks.step": {"--docs", "--sizes", "--pages", "--repeats", "--warmup"},
+    "benchmarks.step": {"--docs", "--sizes", "--pages", "--repeats", "--warmup", "--alone"},
+    "benchmarks.profile": {"--sizes", "--page", "--steps", "--top"},
+    "benchmarks.columns": {"--sizes", "--pages", "--repeats", "--warmup"},
     "benchmarks.production": {
         "--docs",
         "--sizes",
