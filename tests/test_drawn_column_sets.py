@@ -8,10 +8,6 @@ off or on. Each row's value in each column is a function of its rid, so
 after every step each record's columns must hold, host and device side, in
 the declared dtype, exactly the values of its rows' rids in row order; and
 `check_batch` and `check_pools` (both sides compared) must pass.
-
-A `DeviceOnly` column is drawn only of the dtypes torch gathers on the
-device: torch 2.13 has no `index_select` for uint16, uint32 and uint64
-(docs/reliability.md, "Known limits").
 """
 
 from __future__ import annotations
@@ -69,8 +65,6 @@ from batchstate._mirrored import torch_dtype
 from batchstate._scalars import SCALAR_NAMES
 from tests.builders import CPU, make_reqs, make_test_pools
 
-# What torch cannot gather on the device (`index_select`), so no DeviceOnly column holds it.
-_NOT_GATHERED: Final = ("uint16", "uint32", "uint64")
 _KINDS: Final = ("mirrored", "device", "host")
 
 
@@ -87,8 +81,7 @@ def column_sets(draw: st.DrawFn) -> tuple[Field, ...]:
     fields = []
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(_KINDS))
-        names = [n for n in SCALAR_NAMES if kind != "device" or n not in _NOT_GATHERED]
-        fields.append(Field(kind, np.dtype(getattr(np, draw(st.sampled_from(names))))))
+        fields.append(Field(kind, np.dtype(getattr(np, draw(st.sampled_from(SCALAR_NAMES))))))
     return tuple(fields)
 
 

@@ -40,7 +40,15 @@ import torch
 from typing_extensions import TypeVar
 
 from batchstate._errors import ColumnError
-from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, torch_dtype, upload
+from batchstate._mirrored import (
+    DeviceOnly,
+    HostArray,
+    Mirrored,
+    frozen,
+    gather_rows,
+    torch_dtype,
+    upload,
+)
 from batchstate._scalars import SCALAR_NAMES
 
 __all__ = [
@@ -307,7 +315,7 @@ def take_pending(columns: C, index: HostArray) -> C | Pending:
         if gathers:
             positions = sides[-1]
             for name in gathers:
-                built[name] = DeviceOnly(getattr(columns, name).device.index_select(0, positions))
+                built[name] = DeviceOnly(gather_rows(getattr(columns, name).device, positions))
         return type(columns)(**built)
 
     return Pending(tuple(hosts), finish)

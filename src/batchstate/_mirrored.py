@@ -165,7 +165,7 @@ class DeviceOnly:
 
     def take(self, index: Mirrored) -> DeviceOnly:
         """Rows at `index`, gathered on the device (the host does not know them)."""
-        return DeviceOnly(self.device.index_select(0, index.device))
+        return DeviceOnly(gather_rows(self.device, index.device))
 
     def cat(self, other: DeviceOnly) -> DeviceOnly:
         """This tensor's rows followed by `other`'s."""
@@ -206,6 +206,19 @@ def upload(hosts: Sequence[npt.NDArray[np.generic]], device: torch.device) -> li
         )
         start = stop
     return sides
+
+
+def gather_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`tensor.index_select(0, index)` for every dtype a column may hold.
+
+    torch (2.13) has no `index_select` for uint16, uint32 and uint64: those
+    are gathered as the signed type of their width, through views (no copy,
+    no extra kernel).
+    """
+    signed = _SIGNED.get(tensor.dtype)
+    if signed is None:
+        return tensor.index_select(0, index)
+    return tensor.view(signed).index_select(0, index).view(tensor.dtype)
 
 
 def frozen(array: npt.NDArray[Scalar]) -> npt.NDArray[Scalar]:
@@ -277,6 +290,7 @@ def overlap(values: HostArray, among: HostArray) -> HostArray:
 
 
 _MAX_PAIRS: Final = 1 << 16
+_SIGNED: Final = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 _from_numpy = torch.from_numpy
 _new = object.__new__
 _put = object.__setattr__  # what attrs' frozen __init__ does
