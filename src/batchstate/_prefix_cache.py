@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, final
 
@@ -27,17 +26,10 @@ class _Node(NamedTuple):
     children: Map[Tokens, _Node]  # persistent: adding a child copies no sibling
     locks: int  # live rows whose cached prefix runs through this node
     used: int  # the cache's clock when a match or insert last went through it
-    id: int  # the same across the node's copies; a split gives its upper part a new one
 
-
-# An evictable (unlocked) leaf, as the eviction heap orders them: least recently used
-# first, then by prefix, which is unique. `prefix` is every token from the root to the
-# leaf's end: a split of the leaf keeps it.
-_Leaf = tuple[int, Tokens, int]  # (used, prefix, node id)
 
 _NO_CHILDREN: Map[Tokens, _Node] = Map()
-_ROOT = _Node((), (), _NO_CHILDREN, 0, 0, 0)
-_node_ids = itertools.count(1)
+_ROOT = _Node((), (), _NO_CHILDREN, 0, 0)
 
 
 @final
@@ -71,9 +63,10 @@ class PrefixCache:
     num_pages: int  # pages the cache holds
     num_locked: int  # of which, pages that live rows read
     num_evicted: int  # pages evicted since the cache was made: a running total, for reports
-    # node id -> the unlocked leaf, for every unlocked leaf: what eviction pops, kept
-    # beside the tree so that it never scans it. Copied on change, never mutated.
-    _leaves: dict[int, _Leaf]
+    # Every unlocked leaf, by the tokens from the root to its end (a split of the leaf
+    # keeps them) -> its `used`: what eviction pops, kept beside the tree so that it
+    # never scans it. Copied on change, never mutated.
+    _leaves: dict[Tokens, int]
 
     @classmethod
     def _empty(cls, page_size: int, *, enabled: bool = True) -> PrefixCache:
@@ -133,11 +126,11 @@ class PrefixCache:
     def _lock(self, tokens: Tokens, length: int) -> PrefixCache:
         # One more row reads the cached prefix `tokens[:length]` (whole pages, all cached).
         clock = self.clock + 1
-        root, newly, end = _update(self._root, tokens, length, self.page_size, 1, clock)
-        leaves = self._leaves
-        if end.id in leaves:  # an unlocked leaf, locked now
+        root, newly, _ = _update(self._root, tokens, length, self.page_size, 1, clock)
+        leaves, prefix = self._leaves, tokens[:length]
+        if prefix in leaves:  # an unlocked leaf, locked now
             leaves = dict(leaves)
-            del leaves[end.id]
+            del leaves[prefix]
         return PrefixCache(
             self.page_size, self.enabled, root, clock, self.num_pages, self.num_locked + newly,
             self.num_evicted, leaves,
@@ -148,7 +141,7 @@ class PrefixCache:
         root, freed, end = _update(self._root, tokens, length, self.page_size, -1, self.clock)
         leaves = self._leaves
         if not end.children and not end.locks:  # the last row reading this leaf left
-            leaves = {**leaves, end.id: (end.used, tokens[:length], end.id)}
+            leaves = {**leaves, tokens[:length]: end.used}
         return PrefixCache(
             self.page_size, self.enabled, root, self.clock, self.num_pages, self.num_locked - freed,
             self.num_evicted, leaves,
@@ -158,15 +151,14 @@ class PrefixCache:
         # Cache `tokens` (whole pages) at `pages`; returns the new cache and how many
         # leading tokens were cached already (their `pages` stay the caller's to free).
         clock = self.clock + 1
-        root, present, end = _insert(self._root, tokens, pages, self.page_size, clock)
+        root, present = _insert(self._root, tokens, pages, self.page_size, clock)
         added = (len(tokens) - present) // self.page_size
         leaves = dict(self._leaves)
-        if added:  # a new leaf under `end`, which is no leaf now
-            leaves.pop(end.id, None)
-            leaf = end.children[tokens[present : present + self.page_size]]
-            leaves[leaf.id] = (clock, tokens, leaf.id)
-        elif end.id in leaves:  # all cached already, and used now
-            leaves[end.id] = (clock, tokens, end.id)
+        if added:  # a new leaf, under a node that is no leaf now
+            leaves.pop(tokens[:present], None)
+            leaves[tokens] = clock
+        elif tokens in leaves:  # all cached already, and used now
+            leaves[tokens] = clock
         cache = PrefixCache(
             self.page_size, self.enabled, root, clock, self.num_pages + added, self.num_locked,
             self.num_evicted, leaves,
@@ -185,9 +177,9 @@ class PrefixCache:
         if key in parent.children:
             return None
         clock = self.clock + 2  # an insert's tick and a lock's
-        leaf = _Node(tokens[start:], tuple(pages), _NO_CHILDREN, 1, clock, next(_node_ids))
+        leaf = _Node(tokens[start:], tuple(pages), _NO_CHILDREN, 1, clock)
         updated = [
-            (edge, _Node(node.tokens, node.pages, node.children, node.locks, clock, node.id))
+            (edge, _Node(node.tokens, node.pages, node.children, node.locks, clock))
             for edge, node in path
         ]  # the row's lock moves past these: their counts stay, their clock moves on
         if updated:
@@ -205,29 +197,29 @@ class PrefixCache:
         # Drop unlocked leaves, least recently used first, until `num_pages` pages are
         # out (or none is left); returns the cache and the pages dropped, whole leaves.
         # Heaps the unlocked leaves it keeps: O(leaves + evicted * log leaves), no scan.
-        heap = list(self._leaves.values())
+        heap = [(used, prefix) for prefix, used in self._leaves.items()]
         heapq.heapify(heap)
         leaves = dict(self._leaves)
         root, freed = self._root, list[int]()
         while heap and len(freed) < num_pages:
-            _, prefix, node_id = heapq.heappop(heap)
-            del leaves[node_id]
+            _, prefix = heapq.heappop(heap)
+            del leaves[prefix]
             root, leaf, parent = _remove(root, prefix, self.page_size)
             freed.extend(leaf.pages)
             if parent.tokens and not parent.children and not parent.locks:
-                entry = (parent.used, prefix[: -len(leaf.tokens)], parent.id)
-                leaves[parent.id] = entry
-                heapq.heappush(heap, entry)
+                above = prefix[: -len(leaf.tokens)]
+                leaves[above] = parent.used
+                heapq.heappush(heap, (parent.used, above))
         cache = PrefixCache(
             self.page_size, self.enabled, root, self.clock, self.num_pages - len(freed),
             self.num_locked, self.num_evicted + len(freed), leaves,
         )  # fmt: skip
         return cache, freed
 
-    def _unlocked_leaves(self) -> dict[int, _Leaf]:
+    def _unlocked_leaves(self) -> dict[Tokens, int]:
         # The unlocked leaves found by a scan of the tree, for checks: `_leaves` must equal it.
         return {
-            node.id: (node.used, prefix, node.id)
+            prefix: node.used
             for prefix, node in self._nodes()
             if not node.children and not node.locks
         }
@@ -282,13 +274,12 @@ def _split(node: _Node, cut: int, page_size: int) -> _Node:
         tokens=node.tokens[:cut],
         pages=node.pages[: cut // page_size],
         children=Map({lower.tokens[:page_size]: lower}),
-        id=next(_node_ids),
     )
 
 
 def _with_children(node: _Node, children: Map[Tokens, _Node]) -> _Node:
     # `node._replace(children=...)` at a third of its cost: updates copy many nodes.
-    return _Node(node.tokens, node.pages, children, node.locks, node.used, node.id)
+    return _Node(node.tokens, node.pages, children, node.locks, node.used)
 
 
 def _descend(
@@ -332,15 +323,14 @@ def _update(  # noqa: PLR0917  # a private helper, called twice
         if (node.locks == 0) != (locks == 0):
             flipped += len(node.pages)
         used = max(node.used, clock)
-        updated.append((key, _Node(node.tokens, node.pages, node.children, locks, used, node.id)))
+        updated.append((key, _Node(node.tokens, node.pages, node.children, locks, used)))
     return _rebuild(root, updated), flipped, updated[-1][1]
 
 
 def _insert(
     root: _Node, tokens: Tokens, pages: Sequence[int], page_size: int, clock: int
-) -> tuple[_Node, int, _Node]:
-    # Insert tokens (whole pages) at `pages`; returns the root, the cached length
-    # before, and the updated node that ends there (the new leaf's parent, if any).
+) -> tuple[_Node, int]:
+    # Insert tokens (whole pages) at `pages`; returns the root and the cached length before.
     node, at = root, 0
     path: list[tuple[Tokens, _Node]] = []
     while at < len(tokens):
@@ -352,26 +342,19 @@ def _insert(
         split = common < len(child.tokens)
         if split:
             child = _split(child, common, page_size)
-        path.append(
-            (key, _Node(child.tokens, child.pages, child.children, child.locks, clock, child.id))
-        )
+        path.append((key, _Node(child.tokens, child.pages, child.children, child.locks, clock)))
         node, at = child, at + common
         if split:
             break
     present = at
     if at < len(tokens):
-        leaf = _Node(
-            tokens[at:], tuple(pages[at // page_size :]), _NO_CHILDREN, 0, clock, next(_node_ids)
-        )
+        leaf = _Node(tokens[at:], tuple(pages[at // page_size :]), _NO_CHILDREN, 0, clock)
         key = tokens[at : at + page_size]
         if not path:
-            root = _with_children(root, root.children.set(key, leaf))
-            return root, present, root
+            return _with_children(root, root.children.set(key, leaf)), present
         last_key, last = path[-1]
         path[-1] = (last_key, _with_children(last, last.children.set(key, leaf)))
-    if not path:
-        return root, present, root
-    return _rebuild(root, path), present, path[-1][1]
+    return _rebuild(root, path), present
 
 
 def _remove(root: _Node, prefix: Tokens, page_size: int) -> tuple[_Node, _Node, _Node]:
