@@ -69,7 +69,8 @@ if TYPE_CHECKING:
         unpad_tokens,
     )
     from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
-    from batchstate._pools import Allocation, Pools, flush, make_pools
+    from batchstate._pool_lifecycle import flush, make_pools
+    from batchstate._pools import Allocation, Pools
     from batchstate._prefix_cache import PrefixCache
     from batchstate._release import release
     from batchstate._rows import Req, Rows

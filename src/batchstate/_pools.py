@@ -7,7 +7,6 @@ from typing import Final, NamedTuple, final
 
 import attrs
 import numpy as np
-import torch
 from immutables import Map
 from returns.result import Failure, Result, Success
 
@@ -19,7 +18,7 @@ from batchstate._prefix_cache import PrefixCache, Tokens
 from batchstate._sharing import give_back, lanes, lock_matched, lock_prefixes, publish
 from batchstate._token_table import TokenTable
 
-__all__ = ["Allocation", "Pools", "expect_pools", "flush", "make_pools"]
+__all__ = ["Allocation", "Pools", "expect_pools"]
 
 
 @final
@@ -608,83 +607,8 @@ def _cleared(slot_gens: HostArray, slots: HostArray) -> HostArray:
     return frozen(cleared)
 
 
-def flush(pools: Pools) -> Pools:
-    """Evict every cached page no row reads: at shutdown, every page is free after it.
-
-    Pages that live rows read (their cached prefixes) stay cached. With
-    the cache off, `pools` itself. Host work only.
-
-    >>> pools = flush(make_pools(4, 32, 64, torch.device("cpu"), prefix_cache=True))
-    >>> pools.num_free_tokens, pools.cache.num_pages
-    (64, 0)
-    """
-    expect_pools(pools)
-    cache = pools.cache
-    if not cache.num_evictable:
-        return pools
-    cache, evicted = cache._evict(cache.num_evictable)
-    return pools._evolve(
-        page_list=pools.page_list.give(np.array(evicted, dtype=np.int64)), cache=cache
-    )._commit()
-
-
 _ONE: Final = np.int64(1)
 _NO_PAGES: Final = frozen(np.empty(0, dtype=np.int64))
 _NO_PREFIXES: Final[Map[int, Tokens]] = Map()
 # Up to this many slots freed at once, reading each one's row beats index tensors.
 _MAX_ROW_READS: Final = 8
-
-
-def make_pools(
-    max_reqs: int,
-    max_context_len: int,
-    num_kv_tokens: int,
-    device: torch.device,
-    page_size: int = 1,
-    *,
-    prefix_cache: bool = False,
-) -> Pools:
-    """Empty pools: every slot and page free, and an empty prefix cache (on or off).
-
-    Args:
-        max_reqs: request slots; the table gets one more row, row 0, for padding.
-        max_context_len: the table's width, the longest a request may grow.
-        num_kv_tokens: usable KV token slots, a multiple of `page_size`; one
-            more page, page 0, is reserved for padding.
-        device: where the table's device side lives.
-        page_size: tokens per page, >= 1.
-        prefix_cache: whether finished prefills and released rows leave their
-            whole pages cached for later requests with the same prefix.
-
-    Raises:
-        ValueError: a size is not positive, or `num_kv_tokens % page_size`.
-
-    >>> pools = make_pools(4, 32, 64, torch.device("cpu"), page_size=16)
-    >>> pools.num_free_slots, pools.num_free_tokens, pools.kv_cache_size
-    (4, 64, 80)
-    """
-    sizes = {"max_reqs": max_reqs, "max_context_len": max_context_len, "page_size": page_size}
-    for name, value in sizes.items():
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if num_kv_tokens < 0 or num_kv_tokens % page_size:
-        raise ValueError(
-            f"num_kv_tokens must be a non-negative multiple of page_size={page_size},"
-            f" got {num_kv_tokens}"
-        )
-    num_pages = num_kv_tokens // page_size
-    stamp = _Stamp()
-    return Pools(
-        TokenTable.zeros(max_reqs, max_context_len, device),
-        page_size,
-        num_pages,
-        FreeList.of(np.arange(1, max_reqs + 1, dtype=np.int64)),
-        FreeList.of(np.arange(1, num_pages + 1, dtype=np.int64)),
-        frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
-        PrefixCache._empty(page_size, enabled=prefix_cache),
-        _NO_PREFIXES,
-        frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
-        1,
-        stamp,
-        stamp.current,  # version 0: the newest
-    )
