@@ -153,11 +153,10 @@ class PrefixCache:
         clock = self.clock + 1
         root, present = _insert(self._root, tokens, pages, self.page_size, clock)
         added = (len(tokens) - present) // self.page_size
-        leaves = dict(self._leaves)
-        if added:  # a new leaf, under a node that is no leaf now
-            leaves.pop(tokens[:present], None)
-            leaves[tokens] = clock
-        elif tokens in leaves:  # all cached already, and used now
+        leaves = self._leaves
+        if added or tokens in leaves:  # a new leaf, or a cached one used now
+            leaves = dict(leaves)
+            leaves.pop(tokens[:present], None)  # the new leaf's parent is no leaf now
             leaves[tokens] = clock
         cache = PrefixCache(
             self.page_size, self.enabled, root, clock, self.num_pages + added, self.num_locked,
