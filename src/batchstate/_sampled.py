@@ -165,13 +165,7 @@ def _kept_in_order(have: HostArray, wanted: HostArray) -> HostArray | None:
 
 
 def _searched(have: HostArray, wanted: HostArray) -> HostArray:
-    # Where each wanted rid sits in `have`: by a dict for small batches (a quarter of
-    # the sorted search's cost at 8 rows, the same at 64), by a sorted search past them.
-    if have.shape[0] <= _MAX_DICT_ROWS:
-        where = {rid: row for row, rid in enumerate(have.tolist())}
-        found = [where.get(rid, -1) for rid in wanted.tolist()]
-        if -1 not in found:
-            return np.array(found, dtype=np.int64)
+    # Where each wanted rid sits in `have`, in any order: a sorted search on the host.
     order = np.argsort(have, kind="stable")
     at = np.searchsorted(have, wanted, sorter=order).clip(0, max(have.shape[0] - 1, 0))
     index = order[at] if have.shape[0] else np.zeros(wanted.shape[0], dtype=np.int64)
@@ -181,5 +175,4 @@ def _searched(have: HostArray, wanted: HostArray) -> HostArray:
     return index.astype(np.int64)
 
 
-_MAX_DICT_ROWS: Final = 64
 _MAX_LEFT_OUT: Final = 8  # rows a split may leave out for the in-order search
