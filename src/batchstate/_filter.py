@@ -16,7 +16,7 @@ import torch
 from batchstate._columns import C
 from batchstate._copies import read_only_copies
 from batchstate._errors import KeepIndicesError, PhaseError
-from batchstate._mirrored import HostArray, frozen, host_int64
+from batchstate._mirrored import NO_INTS, HostArray, frozen
 from batchstate._phases import Decoding, Extended, Filtered, Running
 from batchstate._rows import Req
 
@@ -202,14 +202,13 @@ def _as_host_int64(keep: Keep) -> HostArray:
     if bool in map(type, keep[:2]):
         raise KeepIndicesError("keep indices must be integers, got a bool")
     try:
-        return frozen(np.frombuffer(array("q", keep), dtype=np.int64)) if keep else _EMPTY
+        return frozen(np.frombuffer(array("q", keep), dtype=np.int64)) if keep else NO_INTS
     except TypeError as error:
         raise KeepIndicesError(f"keep indices must be integers: {error}") from None
     except OverflowError as error:
         raise KeepIndicesError(f"keep indices must fit in int64: {error}") from None
 
 
-_EMPTY: Final = host_int64([])
 _INT64_MAX: Final = int(np.iinfo(np.int64).max)
 _MAX_PYTHON_CHECK: Final = 128
-_NOBODY: Final = Departed((), _EMPTY, _EMPTY, gens=_EMPTY)
+_NOBODY: Final = Departed((), NO_INTS, NO_INTS, gens=NO_INTS)

@@ -23,12 +23,15 @@ from typing_extensions import TypeVar
 from batchstate._copies import read_only_copies
 
 __all__ = [
+    "NO_INTS",
     "DeviceOnly",
     "HostArray",
     "Mirrored",
     "frozen",
+    "gather_rows",
     "host_int64",
     "overlap",
+    "same",
     "upload",
     "writing",
 ]
@@ -255,6 +258,9 @@ def host_int64(values: Sequence[int]) -> HostArray:
     array = np.array(values, dtype=np.int64) if values else np.empty(0, dtype=np.int64)
     array.setflags(write=False)
     return array
+
+
+NO_INTS: Final = host_int64([])  # read-only int64 [0], shared: nobody's slots, no pages
 
 
 @functools.cache

@@ -11,7 +11,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import chain
-from typing import Any, Final, NamedTuple, TypeAlias, overload
+from typing import Any, NamedTuple, TypeAlias, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +40,15 @@ from batchstate._errors import (
     OutOfReqSlots,
     PhaseError,
 )
-from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64, same
+from batchstate._mirrored import (
+    NO_INTS,
+    DeviceOnly,
+    HostArray,
+    Mirrored,
+    frozen,
+    host_int64,
+    same,
+)
 from batchstate._mixed import Mixed, MixStep
 from batchstate._phases import Filtered, Idle
 from batchstate._pools import Pools, expect_pools
@@ -176,19 +184,17 @@ def decode_sampled(
     if isinstance(grown, OutOfKVTokens):
         return Failure(grown)
     new_rows, out_cache_loc, after = grown
-    mixed = _new(Mixed)
-    for name, value in (
-        ("rows", new_rows),
-        ("input_ids", sampled.tokens),  # on the device, not read
-        ("positions", DeviceOnly(rows.seq_lens.device)),  # each token's position: the old length
-        ("out_cache_loc", out_cache_loc),
-        ("prefix_lens", rows.seq_lens.host),
-        ("extend_lens", _ones(len(rows))),
-        ("num_extend_rows", 0),
-        ("num_extend_tokens", 0),
-        ("partial", ()),
-    ):
-        _put(mixed, name, value)  # NOTE: skips the checks: `grow` built the rows row for row
+    mixed = Mixed._trusted(
+        new_rows,
+        sampled.tokens,  # on the device, not read
+        DeviceOnly(rows.seq_lens.device),  # each token's position: its row's old length
+        out_cache_loc,
+        rows.seq_lens.host,
+        _ones(len(rows)),
+        0,
+        0,
+        (),
+    )
     return Success(MixStep(mixed, after._commit()))
 
 
@@ -219,7 +225,7 @@ def _fill(admit: Sequence[Req | Chunked[C]], budget: int, pools: Pools) -> _Chun
             req, slot, cached = item.req, item.slot, item.cached
         else:
             req, slot = item, 0
-            cached, pages = match_prefix(cache, req.input_ids) if cache.enabled else (0, _NO_PAGES)
+            cached, pages = match_prefix(cache, req.input_ids) if cache.enabled else (0, NO_INTS)
             prefix_pages.append(pages)
         take = min(len(req.input_ids) - cached, left)
         left -= take
@@ -332,19 +338,17 @@ def _build(
         for row, (req, length) in enumerate(zip(chunks.reqs, seq_lens.tolist(), strict=False))
         if length < len(req.input_ids)
     )
-    mixed = _new(Mixed)
-    for name, value in (
-        ("rows", built),
-        ("input_ids", DeviceOnly(ids_side)),
-        ("positions", DeviceOnly(positions_side)),
-        ("out_cache_loc", DeviceOnly(locs_side)),
-        ("prefix_lens", frozen(prefix)),
-        ("extend_lens", frozen(extend_lens)),
-        ("num_extend_rows", num_extend),
-        ("num_extend_tokens", sum(chunks.extend_lens)),
-        ("partial", partial),
-    ):
-        _put(mixed, name, value)  # NOTE: skips the checks: columns built row for row above
+    mixed = Mixed._trusted(
+        built,
+        DeviceOnly(ids_side),
+        DeviceOnly(positions_side),
+        DeviceOnly(locs_side),
+        frozen(prefix),
+        frozen(extend_lens),
+        num_extend,
+        sum(chunks.extend_lens),
+        partial,
+    )
     return MixStep(mixed, after._commit())
 
 
@@ -419,8 +423,3 @@ def _expect_columns(rows: Rows[C], admit: Sequence[Req | Chunked[C]], columns: C
                     f"request {item.req.rid}'s chunk carries {type(item.columns).__name__}"
                     f" columns, the batch {kind.__name__}"
                 )
-
-
-_NO_PAGES: Final = frozen(np.empty(0, dtype=np.int64))
-_new = object.__new__
-_put = object.__setattr__  # what attrs' frozen __init__ does

@@ -101,6 +101,33 @@ class Mixed(Generic[C]):
                     f" got {column.dtype} [{len(column)}] on {column.device.device}"
                 )
 
+    @classmethod
+    def _trusted(  # noqa: PLR0917  # the attrs __init__ it stands in for
+        cls,
+        rows: Rows[C],
+        input_ids: DeviceOnly,
+        positions: DeviceOnly,
+        out_cache_loc: DeviceOnly,
+        prefix_lens: HostArray,
+        extend_lens: HostArray,
+        num_extend_rows: int,
+        num_extend_tokens: int,
+        partial: tuple[int, ...],
+    ) -> Mixed[C]:
+        # NOTE: skips the checks: only for columns `mix` and `decode_sampled` built row
+        # for row (the table tests check every such result).
+        batch = _new(cls)
+        _put(batch, "rows", rows)
+        _put(batch, "input_ids", input_ids)
+        _put(batch, "positions", positions)
+        _put(batch, "out_cache_loc", out_cache_loc)
+        _put(batch, "prefix_lens", prefix_lens)
+        _put(batch, "extend_lens", extend_lens)
+        _put(batch, "num_extend_rows", num_extend_rows)
+        _put(batch, "num_extend_tokens", num_extend_tokens)
+        _put(batch, "partial", partial)
+        return batch
+
     @property
     def device(self) -> torch.device:
         return self.rows.device

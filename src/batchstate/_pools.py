@@ -13,7 +13,7 @@ from returns.result import Failure, Result, Success
 from batchstate._copies import read_only_copies
 from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots, StalePools
 from batchstate._free_list import FreeList
-from batchstate._mirrored import HostArray, describe, frozen, host_int64, same
+from batchstate._mirrored import NO_INTS, HostArray, describe, frozen, host_int64, same
 from batchstate._prefix_cache import PrefixCache, Tokens
 from batchstate._sharing import give_back, lanes, lock_matched, lock_prefixes, publish
 from batchstate._token_table import TokenTable
@@ -430,8 +430,7 @@ class Pools:
         # Each prompt's longest cached prefix that leaves a token to compute, locked:
         # the pools whose cache holds the locks, the prefix lengths and their pages.
         if not self.cache.enabled:
-            empty = _NO_PAGES
-            return self, [0] * len(token_lists), [empty] * len(token_lists)
+            return self, [0] * len(token_lists), [NO_INTS] * len(token_lists)
         cache, lengths, pages = lock_prefixes(self.cache, token_lists)
         return self._evolve(cache=cache), lengths, pages
 
@@ -608,7 +607,6 @@ def _cleared(slot_gens: HostArray, slots: HostArray) -> HostArray:
 
 
 _ONE: Final = np.int64(1)
-_NO_PAGES: Final = frozen(np.empty(0, dtype=np.int64))
 _NO_PREFIXES: Final[Map[int, Tokens]] = Map()
 # Up to this many slots freed at once, reading each one's row beats index tensors.
 _MAX_ROW_READS: Final = 8

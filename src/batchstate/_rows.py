@@ -22,7 +22,15 @@ from batchstate._columns import (
 )
 from batchstate._copies import read_only_copies
 from batchstate._errors import ColumnError, RecordShapeError
-from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64, upload
+from batchstate._mirrored import (
+    NO_INTS,
+    DeviceOnly,
+    HostArray,
+    Mirrored,
+    frozen,
+    host_int64,
+    upload,
+)
 
 __all__ = ["Req", "Rows", "build_rows"]
 
@@ -78,8 +86,8 @@ class Rows(Generic[C]):
         return Rows(
             device,
             (),
-            _NONE,
-            _NONE,
+            NO_INTS,
+            NO_INTS,
             Mirrored.empty(np.int64, device),
             Mirrored.empty(np.int64, device),
             DeviceOnly.empty(torch.int32, device),
@@ -246,9 +254,6 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     put(rows, "max_seq_len", max_seq_len)
     put(rows, "columns", columns)
     return rows, sides[2:]
-
-
-_NONE: Final = host_int64([])
 
 
 def _take_tuple(items: tuple[Req, ...], index: HostArray) -> tuple[Req, ...]:
