@@ -26,7 +26,7 @@ class Budget:
 
     Args:
         num_rows: request rows free (slots, and the running cap).
-        num_free_tokens: free KV tokens in the pools.
+        num_free_tokens: KV tokens the pools can hand out: free, plus cached pages eviction frees.
         reserved_tokens: KV tokens held back for the running requests' growth.
         max_prefill_tokens: input ids one extend may compute (at least one request goes).
         page_size: KV tokens per page; a request's prompt costs whole pages.

@@ -492,7 +492,7 @@ class Engine:
         held_tokens = sum(chunk.remaining for chunk in self.held)
         budget = Budget(
             max(min(config.max_running - len(running) - len(self.held), pools.num_free_slots), 0),
-            pools.num_free_tokens - held_tokens,
+            pools.num_available_tokens - held_tokens,
             reserve(
                 map(self._remaining, running.rids.tolist()),
                 pools.page_size,
@@ -746,7 +746,7 @@ class Engine:
         held_tokens = sum(chunk.remaining for chunk in self.held)
         budget = Budget(
             min(num_rows, pools.num_free_slots),
-            pools.num_free_tokens - held_tokens,
+            pools.num_available_tokens - held_tokens,
             reserve(
                 map(self._remaining, running.rids.tolist()),
                 pools.page_size,
