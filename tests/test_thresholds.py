@@ -20,7 +20,7 @@ import torch
 import batchstate._extend
 import batchstate._filter
 import batchstate._mirrored
-import batchstate._pools
+import batchstate._pool_release
 import batchstate._rows
 from batchstate import (
     BatchConflict,
@@ -44,7 +44,7 @@ from batchstate import (
 from batchstate._mirrored import host_int64
 from tests.builders import CPU, make_reqs
 
-ROW_READS = batchstate._pools._MAX_ROW_READS
+ROW_READS = batchstate._pool_release._MAX_ROW_READS
 PAIRS = batchstate._mirrored._MAX_PAIRS
 ROW_WRITES = batchstate._extend._MAX_ROW_WRITES
 PYTHON_CHECK = batchstate._filter._MAX_PYTHON_CHECK

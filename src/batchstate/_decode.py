@@ -16,6 +16,7 @@ from batchstate._errors import (
 )
 from batchstate._mirrored import DeviceOnly, Mirrored, frozen, same
 from batchstate._phases import Decoding, Extended, Filtered, Running, Step
+from batchstate._pool_allocation import take_next
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Rows, build_rows
 
@@ -66,7 +67,7 @@ def grow(rows: Rows[C], pools: Pools) -> tuple[Rows[C], DeviceOnly, Pools] | Out
     """
     slots = rows.req_pool_indices
     seq_lens = rows.seq_lens.host + 1
-    allocation = pools._allocate_next(slots.host, seq_lens)
+    allocation = take_next(pools, slots.host, seq_lens)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation

@@ -28,6 +28,8 @@ from batchstate._errors import (
 )
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
 from batchstate._phases import Extended, Filtered, Idle, Step
+from batchstate._pool_allocation import take_fresh, take_slots, take_tokens
+from batchstate._pool_prefixes import lock_cached_prefixes, publish_rows
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, Rows, build_rows
 from batchstate._sharing import prefix_cells
@@ -190,8 +192,10 @@ def _admit(
     if num_new > pools.num_free_slots:
         return OutOfReqSlots(num_new, pools.num_free_slots)
     new_ids = [item.input_ids for item in inputs if not isinstance(item, Chunked)]
-    locked, matched, pages = pools._locked(new_ids) if match else (pools, [0] * num_new, [])
-    allocated = locked._allocate_slots(num_new)
+    locked, matched, pages = (
+        lock_cached_prefixes(pools, new_ids) if match else (pools, [0] * num_new, [])
+    )
+    allocated = take_slots(locked, num_new)
     assert not isinstance(allocated, OutOfReqSlots), "slots were counted above"
     return _place(batch, inputs, reqs, cached, _Matched(matched, pages), allocated, columns)
 
@@ -215,11 +219,11 @@ def _place_fresh(
         problem = _first_problem(reqs, [0] * len(reqs), pools.max_context_len)
         assert problem is not None
         return problem
-    allocated = pools._allocate_slots(len(reqs))
+    allocated = take_slots(pools, len(reqs))
     if isinstance(allocated, OutOfReqSlots):
         return allocated
     slots, with_slots = allocated
-    allocation = with_slots._allocate_fresh(slots, seq_lens)
+    allocation = take_fresh(with_slots, slots, seq_lens)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation
@@ -272,7 +276,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     slots_host = host_int64(slots)
     prefix_host = host_int64(prefix_lens)
     seq_lens_host = host_int64(seq_lens)
-    allocation = pools._allocate_tokens(slots_host, prefix_host, seq_lens_host)
+    allocation = take_tokens(pools, slots_host, prefix_host, seq_lens_host)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation
@@ -312,7 +316,8 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         )
     )
     if after.cache.enabled:  # after the write: publishing reads the rows' pages from it
-        after = after._published(
+        after = publish_rows(
+            after,
             [slots[row] for row in new_rows],
             matched.lengths,
             [reqs[row].input_ids for row in new_rows],

@@ -51,6 +51,8 @@ from batchstate._mirrored import (
 )
 from batchstate._mixed import Mixed, MixStep
 from batchstate._phases import Filtered, Idle
+from batchstate._pool_allocation import take_slots, take_tokens
+from batchstate._pool_prefixes import lock_matched_prefixes, publish_rows
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, Rows, build_rows
 from batchstate._sampled import Sampled
@@ -252,8 +254,8 @@ def _build(
     if num_new:
         if num_new > pools.num_free_slots:
             return OutOfReqSlots(num_new, pools.num_free_slots)
-        pools = pools._lock_matched(new_ids, matched)
-        allocated = pools._allocate_slots(num_new)
+        pools = lock_matched_prefixes(pools, new_ids, matched)
+        allocated = take_slots(pools, num_new)
         assert not isinstance(allocated, OutOfReqSlots), "slots were counted above"
         taken, pools = allocated
         new_slots = taken.tolist()
@@ -267,7 +269,7 @@ def _build(
         (host_int64(chunks.extend_lens), np.ones(len(rows), dtype=np.int64))
     )
     seq_lens = prefix + extend_lens
-    allocation = pools._allocate_tokens(slots, prefix, seq_lens)
+    allocation = take_tokens(pools, slots, prefix, seq_lens)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation
@@ -326,7 +328,8 @@ def _build(
     if after.cache.enabled and num_extend:
         # Each chunk's end: its whole pages go into the cache and its lock moves to them.
         ends = seq_lens[:num_extend].tolist()
-        after = after._published(
+        after = publish_rows(
+            after,
             new_slots,
             matched,
             new_ids,

@@ -6,8 +6,9 @@ import numpy as np
 import torch
 
 from batchstate._free_list import FreeList
+from batchstate._lineage import Stamp
 from batchstate._mirrored import frozen
-from batchstate._pools import _NO_PREFIXES, Pools, _Stamp, expect_pools
+from batchstate._pools import _NO_PREFIXES, Pools, expect_pools
 from batchstate._prefix_cache import PrefixCache
 from batchstate._token_table import TokenTable
 
@@ -52,7 +53,7 @@ def make_pools(
             f" got {num_kv_tokens}"
         )
     num_pages = num_kv_tokens // page_size
-    stamp = _Stamp()
+    stamp = Stamp()
     return Pools(
         TokenTable.zeros(max_reqs, max_context_len, device),
         page_size,

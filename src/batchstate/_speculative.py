@@ -34,6 +34,8 @@ from batchstate._errors import (
 )
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, same, upload
 from batchstate._phases import Decoding, Filtered, Step
+from batchstate._pool_allocation import take_tokens
+from batchstate._pool_release import shrink_slots
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, build_rows, check_columns, check_device, check_host
 from batchstate.audit import permitted_reads
@@ -170,7 +172,7 @@ def verify(
         )
     _expect_current(rows, pools)
     slots = rows.req_pool_indices.host
-    allocation = pools._allocate_tokens(slots, committed, reserved)
+    allocation = take_tokens(pools, slots, committed, reserved)
     if isinstance(allocation, OutOfKVTokens):
         return Failure(allocation)
     draft_locs, after = allocation
@@ -274,7 +276,7 @@ def sync(
         row = int(bad.argmax())
         raise DraftError(f"row {row} accepted {int(accepted[row])} of {int(drafts[row])} drafts")
     seq_lens = committed + accepted
-    shrunk = pools._shrink(slots, seq_lens)
+    shrunk = shrink_slots(pools, slots, seq_lens)
     if not isinstance(shrunk, Success):
         raise DraftError(f"the pools do not own this batch's slots: {shrunk.failure()}")
     rows, _ = build_rows(
