@@ -30,7 +30,11 @@ from returns.result import Failure, Success
 import batchstate._decode
 import batchstate._extend
 import batchstate._mirrored
+import batchstate._mix
+import batchstate._pool_allocation
+import batchstate._pools
 import batchstate._rows
+import batchstate._speculative
 from batchstate import (
     Chunked,
     Decoding,
@@ -67,13 +71,18 @@ class _Injected(RuntimeError):
 
 # (owner, attribute): every seam the sweep may raise at.
 _SEAMS: Final[tuple[tuple[object, str], ...]] = (
-    (Pools, "_allocate_slots"),
-    (Pools, "_allocate_tokens"),
-    (Pools, "_allocate_next"),
-    (Pools, "_allocate_fresh"),
-    (Pools, "_take_pages"),
-    (Pools, "_free"),  # what `free` and `release` call
-    (Pools, "_shrink"),  # what `shrink` and `sync` call
+    # The allocators, where each transition calls them (a module's own name for each).
+    (batchstate._extend, "take_slots"),
+    (batchstate._extend, "take_fresh"),
+    (batchstate._extend, "take_tokens"),
+    (batchstate._mix, "take_slots"),
+    (batchstate._mix, "take_tokens"),
+    (batchstate._decode, "take_next"),
+    (batchstate._speculative, "take_tokens"),
+    (batchstate._pool_allocation, "_take_pages"),
+    (batchstate._pools, "give_back_slots"),  # what `free` and `release` call
+    (batchstate._pools, "shrink_slots"),  # what `shrink` calls
+    (batchstate._speculative, "shrink_slots"),  # what `sync` calls
     (TokenTable, "write"),
     (TokenTable, "write_rows"),
     (Mirrored, "from_hosts"),
@@ -332,8 +341,8 @@ def test_allocation_fails_midway(fault: _AllocFault) -> None:
     ("method", "failure"),
     [
         # the request slots were granted, then the KV allocator fails
-        ("_allocate_fresh", OutOfKVTokens(1, 0, 16)),
-        ("_allocate_slots", OutOfReqSlots(3, 0)),  # the first allocation fails
+        ("take_fresh", OutOfKVTokens(1, 0, 16)),
+        ("take_slots", OutOfReqSlots(3, 0)),  # the first allocation fails
     ],
 )
 def test_allocator_failure_value(
@@ -347,7 +356,7 @@ def test_allocator_failure_value(
         return failure  # what the transitions' internal allocators return
 
     before = snapshot(pools)
-    monkeypatch.setattr(Pools, method, fail)
+    monkeypatch.setattr(batchstate._extend, method, fail)
     result = extend(idle(CPU), items, pools)
     monkeypatch.undo()
     assert result == Failure(failure)
