@@ -4,7 +4,10 @@ Written clean-room from a description of such an engine's batch, not from its co
 
 One batch object whose lifecycle methods update each device tensor and its
 CPU mirror in place, by hand; a lazily computed `seq_lens_sum`; a Python
-list of requests; a request-slot free list and a KV page free list.
+list of requests; a request-slot free list and a KV page free list. The
+batch and its allocator are `benchmarks.mutable_batch`'s, shared with the
+production baseline; this step adds its extend, its in-place decode and
+its free.
 
 It is a fair baseline, not a straw man: it converts Python lists with the
 same `array` + `frombuffer` trick batchstate uses, and skips the checks an
@@ -21,8 +24,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from benchmarks.mutable_batch import MutableAllocator, MutableBatch
 from benchmarks.scenario import Join, Outcome, Plan
-from benchmarks.torch_host import host_int64, to_device
+from benchmarks.torch_host import to_device
 
 __all__ = ["MutableStep"]
 
@@ -37,23 +41,15 @@ class _Req:
         self.input_ids = input_ids
 
 
-class _Allocator:
-    """Request slots (a Python free list) and KV pages (a tensor free list), mutated in place."""
+class _Allocator(MutableAllocator):
+    """Request slots and KV pages, mutated in place; a finished row gives its pages back."""
 
     def __init__(self, plan: Plan) -> None:
-        self.device = plan.device
-        self.page_size = plan.config.page_size
-        max_reqs = plan.config.batch_size + 1
-        self.free_slots = list(range(1, max_reqs + 1))
-        self.free_pages = torch.arange(1, plan.num_kv_tokens // self.page_size + 1)
-        shape = (max_reqs + 1, plan.max_context_len)
-        self.table_cpu = torch.zeros(shape, dtype=torch.int32)
-        self.table = torch.zeros(shape, dtype=torch.int32, device=self.device)
-
-    def alloc_pages(self, num_pages: int) -> torch.Tensor:
-        pages = self.free_pages[:num_pages]
-        self.free_pages = self.free_pages[num_pages:]
-        return pages
+        config = plan.config
+        max_reqs = config.batch_size + 1
+        super().__init__(
+            plan.device, config.page_size, max_reqs, plan.num_kv_tokens, plan.max_context_len
+        )
 
     def free(self, slot: int, seq_len: int) -> None:
         self.free_slots.append(slot)
@@ -61,30 +57,8 @@ class _Allocator:
         self.free_pages = torch.cat((self.free_pages, locs // self.page_size))
 
 
-class _Batch:
-    """The batch object: every field and its mirror, updated by hand in each method."""
-
-    def __init__(self, allocator: _Allocator) -> None:
-        self.device = allocator.device
-        self.allocator = allocator
-        self.reqs: list[_Req] = []
-        self.req_pool_indices = torch.empty(0, dtype=torch.int64, device=self.device)
-        self.req_pool_indices_cpu = torch.empty(0, dtype=torch.int64)
-        self.seq_lens = torch.empty(0, dtype=torch.int64, device=self.device)
-        self.seq_lens_cpu = torch.empty(0, dtype=torch.int64)
-        self.orig_seq_lens = torch.empty(0, dtype=torch.int32, device=self.device)
-        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=self.device)
-        self.input_ids = torch.empty(0, dtype=torch.int64, device=self.device)
-        self.prefix_lens: list[int] = []
-        self.extend_lens: list[int] = []
-        self._seq_lens_sum: int | None = 0
-
-    @property
-    def seq_lens_sum(self) -> int:
-        # Computed lazily from the host mirror, then cached until a method invalidates it.
-        if self._seq_lens_sum is None:
-            self._seq_lens_sum = int(self.seq_lens_cpu.sum())
-        return self._seq_lens_sum
+class _Batch(MutableBatch[_Req]):
+    """The batch object of a step without a prefix cache or overlap."""
 
     def prepare_for_extend(self, reqs: list[_Req]) -> None:
         alloc = self.allocator
@@ -100,66 +74,17 @@ class _Batch:
             alloc.table_cpu[slot, :seq_len] = slot_locs.to(torch.int32)
             alloc.table[slot, :seq_len] = to_device(slot_locs, self.device).to(torch.int32)
             locs.append(slot_locs)
-        self.reqs = reqs
-        self.req_pool_indices_cpu = host_int64(slots)
-        self.req_pool_indices = to_device(self.req_pool_indices_cpu, self.device)
-        self.seq_lens_cpu = host_int64(seq_lens)
-        self.seq_lens = to_device(self.seq_lens_cpu, self.device)
-        self.orig_seq_lens = self.seq_lens.to(torch.int32)
-        self.out_cache_loc = to_device(torch.cat(locs), self.device)
         ids = [token for req in reqs for token in req.input_ids]
-        self.input_ids = to_device(host_int64(ids), self.device)
-        self.prefix_lens = [0] * len(reqs)
-        self.extend_lens = seq_lens
-        self._seq_lens_sum = sum(seq_lens)
+        self._set_extend_rows(reqs, slots, seq_lens, locs, ids, [0] * len(reqs), seq_lens)
 
     def prepare_for_decode(self) -> None:
-        alloc = self.allocator
-        page_size = alloc.page_size
-        positions = self.seq_lens_cpu  # each new token's position: the old length
-        if page_size == 1:
-            locs = alloc.alloc_pages(len(self.reqs))
-        else:
-            is_new = positions % page_size == 0
-            new_pages = alloc.alloc_pages(int(is_new.sum()))
-            locs = alloc.table_cpu[self.req_pool_indices_cpu, (positions - 1).clamp(min=0)]
-            locs = locs.to(torch.int64) + 1
-            locs[is_new] = new_pages * page_size
-        alloc.table_cpu[self.req_pool_indices_cpu, positions] = locs.to(torch.int32)
-        self.out_cache_loc = to_device(locs, self.device)
-        alloc.table[self.req_pool_indices, self.seq_lens] = self.out_cache_loc.to(torch.int32)
+        self._write_decode_locs()
         # Host mirror out of place, first: on a CPU "device" the two may share storage.
         self.seq_lens_cpu = self.seq_lens_cpu + 1
         self.seq_lens.add_(1)
         self.orig_seq_lens.add_(1)
         if self._seq_lens_sum is not None:
             self._seq_lens_sum += len(self.reqs)
-
-    def filter_batch(self, keep: list[int]) -> None:
-        keep_cpu = host_int64(keep)
-        keep_device = to_device(keep_cpu, self.device)
-        self.reqs = [self.reqs[i] for i in keep]
-        self.req_pool_indices = self.req_pool_indices[keep_device]
-        self.req_pool_indices_cpu = self.req_pool_indices_cpu[keep_cpu]
-        self.seq_lens = self.seq_lens[keep_device]
-        self.seq_lens_cpu = self.seq_lens_cpu[keep_cpu]
-        self.orig_seq_lens = self.orig_seq_lens[keep_device]
-        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=self.device)
-        self._seq_lens_sum = None
-
-    def merge_batch(self, other: _Batch) -> None:
-        self.reqs.extend(other.reqs)
-        self.req_pool_indices = torch.cat((self.req_pool_indices, other.req_pool_indices))
-        self.req_pool_indices_cpu = torch.cat(
-            (self.req_pool_indices_cpu, other.req_pool_indices_cpu)
-        )
-        self.seq_lens = torch.cat((self.seq_lens, other.seq_lens))
-        self.seq_lens_cpu = torch.cat((self.seq_lens_cpu, other.seq_lens_cpu))
-        self.orig_seq_lens = torch.cat((self.orig_seq_lens, other.orig_seq_lens))
-        if self._seq_lens_sum is not None and other._seq_lens_sum is not None:
-            self._seq_lens_sum += other._seq_lens_sum
-        else:
-            self._seq_lens_sum = None
 
 
 class MutableStep:

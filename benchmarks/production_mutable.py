@@ -9,9 +9,10 @@ over the held chunk and it (writing each row's cached prefix into its table
 row, as SGLang does every chunk); after the forward `cache_unfinished_req`
 caches each chunk's whole pages, the finished request goes through
 `cache_finished_req`, and `filter_batch` and `merge_batch` carry
-`output_ids` along on the device. Host mirrors are CPU tensors, converted
-with the same `array` + `frombuffer` trick as batchstate's (see
-`benchmarks.impl_mutable`). Two facts differ from some SGLang versions and
+`output_ids` along on the device. The batch and its allocator are
+`benchmarks.mutable_batch`'s, shared with the plain mutable baseline; this
+step adds its prefix-aware extend, its out-of-place decode, `output_ids`
+and eviction. Two facts differ from some SGLang versions and
 are chosen to match batchstate's bookkeeping: eviction frees the shortfall
 (newer SGLang; older ones evict a whole request's worth), and a held chunk
 keeps its request slot (older SGLang frees it and takes a new one).
@@ -23,34 +24,29 @@ from typing import Final
 
 import torch
 
+from benchmarks.mutable_batch import MutableAllocator, MutableBatch
 from benchmarks.production_plan import FIRST_CHUNK, ProductionPlan, Turn, generated
 from benchmarks.production_state import ProductionOutcome
 from benchmarks.radix_tree import MutableReq, RadixCache
-from benchmarks.torch_host import host_int64, to_device
+from benchmarks.torch_host import to_device
 
 __all__ = ["MutableProduction"]
 
 
-class _Pools:
-    """Request slots (a Python list), KV pages (a tensor free list) and the table, both sides."""
+class _Pools(MutableAllocator):
+    """The shared allocator, with a radix tree: a short free list evicts from the tree first."""
 
     def __init__(self, plan: ProductionPlan) -> None:
-        self.device = plan.device
-        self.page_size = plan.page_size
-        self.free_slots = list(range(1, plan.max_reqs + 1))
-        self.free_pages = torch.arange(1, plan.num_kv_tokens // plan.page_size + 1)
-        shape = (plan.max_reqs + 1, plan.max_context_len)
-        self.table_cpu = torch.zeros(shape, dtype=torch.int32)
-        self.table = torch.zeros(shape, dtype=torch.int32, device=self.device)
+        super().__init__(
+            plan.device, plan.page_size, plan.max_reqs, plan.num_kv_tokens, plan.max_context_len
+        )
         self.tree = RadixCache(self, plan.page_size)
 
     def alloc_pages(self, num_pages: int) -> torch.Tensor:
         short = num_pages - self.free_pages.shape[0]
         if short > 0:
             self.tree.evict(short)
-        pages = self.free_pages[:num_pages]
-        self.free_pages = self.free_pages[num_pages:]
-        return pages
+        return super().alloc_pages(num_pages)
 
     def free(self, locs: torch.Tensor) -> None:
         # KV token locations, starting at a page boundary: give back their pages.
@@ -62,33 +58,15 @@ class _Pools:
         self.free_pages = torch.cat((self.free_pages, pages))
 
 
-class _Batch:
-    """A `ScheduleBatch`-like batch: every field and its mirror, updated by hand."""
+class _Batch(MutableBatch[MutableReq]):
+    """A `ScheduleBatch`-like batch: the shared one, with the last forward's `output_ids`."""
 
     def __init__(self, pools: _Pools) -> None:
-        self.pools = pools
-        device = self.device = pools.device
-        self.reqs: list[MutableReq] = []
-        self.req_pool_indices = torch.empty(0, dtype=torch.int64, device=device)
-        self.req_pool_indices_cpu = torch.empty(0, dtype=torch.int64)
-        self.seq_lens = torch.empty(0, dtype=torch.int64, device=device)
-        self.seq_lens_cpu = torch.empty(0, dtype=torch.int64)
-        self.orig_seq_lens = torch.empty(0, dtype=torch.int32, device=device)
-        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=device)
-        self.input_ids = torch.empty(0, dtype=torch.int64, device=device)
+        super().__init__(pools)
         self.output_ids: torch.Tensor | None = None
-        self.prefix_lens: list[int] = []
-        self.extend_lens: list[int] = []
-        self._seq_lens_sum: int | None = 0
-
-    @property
-    def seq_lens_sum(self) -> int:
-        if self._seq_lens_sum is None:
-            self._seq_lens_sum = int(self.seq_lens_cpu.sum())
-        return self._seq_lens_sum
 
     def prepare_for_extend(self, reqs: list[MutableReq]) -> None:
-        pools, page_size = self.pools, self.pools.page_size
+        pools, page_size = self.allocator, self.allocator.page_size
         slots: list[int] = []
         for req in reqs:
             if req.req_pool_idx is None:  # a held chunk keeps its slot
@@ -129,39 +107,17 @@ class _Batch:
             pools.table_cpu[slot, pre_len:seq_len] = cells
             pools.table[slot, pre_len:seq_len] = to_device(cells, self.device)
             locs.append(row)
-        self.reqs = reqs
-        self.req_pool_indices_cpu = host_int64(slots)
-        self.req_pool_indices = to_device(self.req_pool_indices_cpu, self.device)
-        self.seq_lens_cpu = host_int64(seq_lens)
-        self.seq_lens = to_device(self.seq_lens_cpu, self.device)
-        self.orig_seq_lens = self.seq_lens.to(torch.int32)
-        self.out_cache_loc = to_device(torch.cat(locs), self.device)
         ids = [
             token
             for req, pre in zip(reqs, prefix_lens, strict=True)
             for token in req.fill_ids[pre:]
         ]
-        self.input_ids = to_device(host_int64(ids), self.device)
-        self.prefix_lens = prefix_lens
-        self.extend_lens = extend_lens
-        self._seq_lens_sum = sum(seq_lens)
+        self._set_extend_rows(reqs, slots, seq_lens, locs, ids, prefix_lens, extend_lens)
 
     def prepare_for_decode(self) -> None:
-        pools, page_size = self.pools, self.pools.page_size
         assert self.output_ids is not None
         self.input_ids, self.output_ids = self.output_ids, None  # overlap: the last forward's
-        positions = self.seq_lens_cpu
-        if page_size == 1:
-            locs = pools.alloc_pages(len(self.reqs))
-        else:
-            is_new = positions % page_size == 0
-            new_pages = pools.alloc_pages(int(is_new.sum()))
-            locs = pools.table_cpu[self.req_pool_indices_cpu, (positions - 1).clamp(min=0)]
-            locs = locs.to(torch.int64) + 1
-            locs[is_new] = new_pages * page_size
-        pools.table_cpu[self.req_pool_indices_cpu, positions] = locs.to(torch.int32)
-        self.out_cache_loc = to_device(locs, self.device)
-        pools.table[self.req_pool_indices, self.seq_lens] = self.out_cache_loc.to(torch.int32)
+        self._write_decode_locs()
         # Overlap mode: not in place (the last forward may still read them).
         self.seq_lens_cpu = self.seq_lens_cpu + 1
         self.seq_lens = self.seq_lens + 1
@@ -169,35 +125,17 @@ class _Batch:
         if self._seq_lens_sum is not None:
             self._seq_lens_sum += len(self.reqs)
 
-    def filter_batch(self, keep: list[int]) -> None:
-        keep_cpu = host_int64(keep)
-        keep_device = to_device(keep_cpu, self.device)
-        self.reqs = [self.reqs[i] for i in keep]
-        self.req_pool_indices = self.req_pool_indices[keep_device]
-        self.req_pool_indices_cpu = self.req_pool_indices_cpu[keep_cpu]
-        self.seq_lens = self.seq_lens[keep_device]
-        self.seq_lens_cpu = self.seq_lens_cpu[keep_cpu]
-        self.orig_seq_lens = self.orig_seq_lens[keep_device]
-        self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=self.device)
+    def filter_batch(self, keep: list[int]) -> torch.Tensor:
+        keep_device = super().filter_batch(keep)
         if self.output_ids is not None:
             self.output_ids = self.output_ids[keep_device]
-        self._seq_lens_sum = None
+        return keep_device
 
-    def merge_batch(self, other: _Batch) -> None:
-        self.reqs.extend(other.reqs)
-        self.req_pool_indices = torch.cat((self.req_pool_indices, other.req_pool_indices))
-        self.req_pool_indices_cpu = torch.cat(
-            (self.req_pool_indices_cpu, other.req_pool_indices_cpu)
-        )
-        self.seq_lens = torch.cat((self.seq_lens, other.seq_lens))
-        self.seq_lens_cpu = torch.cat((self.seq_lens_cpu, other.seq_lens_cpu))
-        self.orig_seq_lens = torch.cat((self.orig_seq_lens, other.orig_seq_lens))
+    def merge_batch(self, other: MutableBatch[MutableReq]) -> None:
+        super().merge_batch(other)
+        assert isinstance(other, _Batch)
         if self.output_ids is not None and other.output_ids is not None:
             self.output_ids = torch.cat((self.output_ids, other.output_ids))
-        if self._seq_lens_sum is not None and other._seq_lens_sum is not None:
-            self._seq_lens_sum += other._seq_lens_sum
-        else:
-            self._seq_lens_sum = None
 
 
 class MutableProduction:

@@ -1,9 +1,12 @@
 """A reference continuous-batching engine built only from batchstate's public transitions.
 
 The engine (`Engine`) admits, extends, merges, decodes, retracts, filters
-and releases through `batchstate`; a tiny transformer (`TinyModel`) reads
-and writes a paged KV cache through the batch's metadata and samples each
-row with its own parameters (its `Sampling` columns); the oracle
+and releases through `batchstate`, in the same stages every step; a
+scheduler policy (`SchedulerPolicy`, by default `FirstComeFirstServed`)
+decides who goes first and whom decode retracts. A tiny transformer
+(`TinyModel`) reads and writes a paged KV cache through the batch's
+metadata and samples each row with its own parameters (its `Sampling`
+columns); the oracle
 (`check_oracle`) compares every request's tokens with the same model run
 alone on a contiguous cache. `simulate` wires them from one config; the
 `batchstate simulate` command is its front end. See docs/engine.md.
@@ -21,6 +24,7 @@ from batchstate.engine._launch import RankFailed, launch
 from batchstate.engine._model import Attend, ModelConfig, TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
 from batchstate.engine._paged import KVCache, make_kv_cache, sample_decode, sample_extend
+from batchstate.engine._policy import FirstComeFirstServed, SchedulerPolicy
 from batchstate.engine._ranks import Fault, InjectedFault, PeerLost
 from batchstate.engine._simulate import (
     DEVICES,
@@ -58,6 +62,7 @@ __all__ = [
     "EngineError",
     "Fault",
     "Feeder",
+    "FirstComeFirstServed",
     "InjectedFault",
     "KVCache",
     "ModelConfig",
@@ -70,6 +75,7 @@ __all__ = [
     "RankRun",
     "RequestSpec",
     "SamplingMix",
+    "SchedulerPolicy",
     "Simulation",
     "SimulationConfig",
     "TinyModel",

@@ -1,10 +1,11 @@
-"""Admission policy: which waiting requests to try in the next extend.
+"""The default admission count: which waiting requests to try in the next extend or mix.
 
 Pure host arithmetic over lengths: first come, first served, under the
 running-request cap, the free request slots, a prefill-token budget per
 extend, and the free KV tokens less a reserve for the decode growth of
 everything running. The reserve is an estimate; when decode outgrows it
-anyway, the engine retracts (see `Engine._decode`).
+anyway, the engine retracts (`_decode.decode_rows`). `FirstComeFirstServed`,
+the default scheduler policy, admits by `choose`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""Where sampled tokens come from: the tiny model on a real device, or a seeded host RNG."""
+"""Where sampled tokens come from: the tiny model on a real device, or a seeded host RNG.
+
+`RandomTokens`, the seeded RNG (`meta`), lives in `_random_tokens`.
+"""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Protocol, final
 
@@ -34,6 +36,7 @@ from batchstate.engine._paged import (
     sample_mixed,
     write_prefilled,
 )
+from batchstate.engine._random_tokens import RandomTokens
 from batchstate.engine._verify import Verified, draft_model, propose, sample_verify
 
 __all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
@@ -226,84 +229,6 @@ class ModelTokens:
             sampling,
             feed_forward=self.feed_forward,
         )
-
-
-@final
-class RandomTokens:
-    """Tokens drawn from a seeded host RNG: no model, no device work (the `meta` run)."""
-
-    def __init__(self, vocab_size: int, seed: int, feeder: Feeder | None = None) -> None:
-        self.vocab_size = vocab_size
-        self.rng = random.Random(seed)
-        # With one, each forward's inputs are built (and padded) as a model's would be.
-        self.feeder = feeder
-
-    def after_extend(self, batch: Extended[Sampling], pools: Pools) -> list[int]:
-        """One random token per row (sampling parameters play no part)."""
-        self._inputs(batch, pools)
-        return self._draw(len(batch.rows))
-
-    def after_decode(
-        self, batch: Decoding[Sampling], pools: Pools, last_tokens: Sequence[int]
-    ) -> list[int]:
-        """One random token per row."""
-        self._inputs(batch, pools)
-        return self._draw(len(batch.rows))
-
-    def after_mixed(
-        self, batch: Mixed[Sampling], pools: Pools, sampling: Sampling | None
-    ) -> Sampled:
-        """Placeholder device tokens (meta holds no data); `read` draws the real ones."""
-        self._inputs(batch, pools)
-        return Sampled.of(
-            batch.rows, torch.empty(len(batch.rows), dtype=torch.int64, device=batch.device)
-        )
-
-    def read(self, sampled: Sampled) -> list[int]:
-        """One random token per row, drawn on the host: nothing is read from the device."""
-        return self._draw(len(sampled))
-
-    def after_idle(self, batch: Idle[Sampling] | Filtered[Sampling]) -> None:
-        """Nothing to draw."""
-
-    def transfer(
-        self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
-    ) -> list[int]:
-        """One random first token per row: meta holds no KV to fill."""
-        return self._draw(len(batch.rows))
-
-    def draft(self, histories: Sequence[Sequence[int]], counts: Sequence[int]) -> list[list[int]]:
-        """Random drafts: `counts[row]` tokens per row."""
-        return [self._draw(count) for count in counts]
-
-    def after_verify(
-        self,
-        window: Verifying[Sampling],
-        pools: Pools,
-        committed: npt.NDArray[np.int64],
-        tokens: Sequence[Sequence[int]],
-    ) -> Verified:
-        """A random count of accepted drafts per row, and the target's tokens to match them."""
-        accepted = np.array(
-            [self.rng.randrange(len(row)) for row in tokens], dtype=np.int64
-        )  # in [0, drafts]
-        targets = [
-            [*row[1 : 1 + count], *self._draw(len(row) - count)]
-            for row, count in zip(tokens, accepted.tolist(), strict=True)
-        ]
-        return Verified(accepted, targets)
-
-    def _inputs(
-        self,
-        batch: Extended[Sampling] | Decoding[Sampling] | Mixed[Sampling],
-        pools: Pools,
-    ) -> None:
-        if self.feeder is not None:
-            self.feeder.inputs(batch, pools)
-
-    def _draw(self, num_rows: int) -> list[int]:
-        randrange, vocab_size = self.rng.randrange, self.vocab_size
-        return [randrange(vocab_size) for _ in range(num_rows)]
 
 
 def _params(columns: Sampling, row: int) -> SamplingParams:

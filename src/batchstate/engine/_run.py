@@ -1,0 +1,92 @@
+"""Stage three of a step: run the forward, through the token source.
+
+The source builds the forward's inputs from the batch (`forward_inputs`,
+padded to a captured CUDA-graph size by its `Feeder`), runs the model, and
+samples each row with its own parameters. Host tokens come back for
+extend, decode and transfer; with chunks, mixed steps or overlap the tokens
+stay on the device (`Sampled`) until the record stage reads them.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias, final
+
+import attrs
+
+from batchstate import Mixed, Sampled, Sampling
+from batchstate.engine._forwards import (
+    DecodeForward,
+    ExtendForward,
+    Forward,
+    MixedForward,
+    NoForward,
+    Transfer,
+    VerifyForward,
+)
+from batchstate.engine._state import EngineState
+from batchstate.engine._verify import Verified
+
+__all__ = ["DeviceTokens", "HostTokens", "NoTokens", "Ran", "VerifiedTokens", "run_forward"]
+
+
+@final
+@attrs.frozen
+class HostTokens:
+    """Each row's next token on the host (a transfer's first tokens, an extend's, a decode's)."""
+
+    forward: Transfer | ExtendForward | DecodeForward
+    tokens: list[int]
+
+
+@final
+@attrs.frozen
+class DeviceTokens:
+    """Each row's next token, still on the device."""
+
+    forward: MixedForward
+    sampled: Sampled
+
+
+@final
+@attrs.frozen
+class VerifiedTokens:
+    """The drafts each row accepted and the target's token after each window position."""
+
+    forward: VerifyForward
+    verified: Verified
+
+
+@final
+@attrs.frozen
+class NoTokens:
+    """The forward ran over no rows."""
+
+
+Ran: TypeAlias = HostTokens | DeviceTokens | VerifiedTokens | NoTokens
+
+
+def run_forward(state: EngineState, forward: Forward) -> Ran:
+    """Run `forward` on the model (or, on meta, draw its tokens)."""
+    tokens, pools = state.tokens, state.pools
+    match forward:
+        case Transfer(batch, prompts):
+            return HostTokens(forward, tokens.transfer(batch, pools, prompts))
+        case ExtendForward(batch):
+            return HostTokens(forward, tokens.after_extend(batch, pools))
+        case DecodeForward(batch):
+            last = state.last_tokens(batch.rows.rids.tolist())
+            return HostTokens(forward, tokens.after_decode(batch, pools, last))
+        case MixedForward(batch):
+            return DeviceTokens(forward, tokens.after_mixed(batch, pools, _sampling_of(batch)))
+        case VerifyForward(window, _, committed, rows):
+            return VerifiedTokens(forward, tokens.after_verify(window, pools, committed, rows))
+        case NoForward():
+            tokens.after_idle(state.running)  # ranks sharing a forward join with no rows
+            return NoTokens()
+
+
+def _sampling_of(batch: Mixed[Sampling]) -> Sampling | None:
+    # The rows' parameters, from the batch's columns; None when every row is greedy
+    # (the forward then takes the argmax path, as before columns).
+    columns = batch.rows.columns
+    return columns if columns.temperature.host.any() else None
