@@ -1,0 +1,31 @@
+"""The engine's scheduling knobs: a plain value, importable (and checked) without torch."""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+
+__all__ = ["EngineConfig"]
+
+
+@final
+@attrs.frozen
+class EngineConfig:
+    """Scheduling knobs; the pools' sizes live in the `Pools` handed to the engine."""
+
+    max_running: int = 32
+    max_prefill_tokens: int = 1024
+    new_token_ratio: float = 0.3  # share of remaining output reserved at admission
+    headroom_pages: int = 1  # pages reserved per request at admission
+    check_every: int = 0  # check_batch/check_pools every N steps; 0 = only at the end
+    audit_every: int = 16  # count device reads on every Nth step's decode path
+    chunk_size: int = 0  # prompt tokens per step, cut into chunks; 0: whole prompts
+    mixed: bool = False  # admissions run in the same forward as the decode rows
+    overlap: bool = False  # sampled tokens stay on the device; finish checks one step late
+    speculative: int = 0  # draft tokens verified per decode step; 0: no speculation
+
+    @property
+    def uses_mix(self) -> bool:
+        """Whether admissions go through `mix` (chunks, mixed steps or overlap)."""
+        return bool(self.chunk_size) or self.mixed or self.overlap
