@@ -37,6 +37,8 @@ from batchstate.engine._ranks import (
 )
 from batchstate.engine._router import Router
 
+pytestmark = pytest.mark.slow  # the quick subset, -m "not slow", leaves it out
+
 MODEL: Final = ModelConfig()
 
 

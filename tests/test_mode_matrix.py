@@ -30,6 +30,8 @@ from batchstate.engine import (
     simulate,
 )
 
+pytestmark = pytest.mark.slow  # the quick subset, -m "not slow", leaves it out
+
 WORKLOAD: Final = WorkloadConfig(
     num_requests=12,
     arrival="all",
