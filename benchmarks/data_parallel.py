@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     config = SimulationConfig(
         workload=WorkloadConfig(num_requests=args.requests),
-        engine=EngineConfig(chunk_size=32, mixed=True),  # the command line's default mode
+        engine=EngineConfig(chunk_size=32, mixed=True),  # `--chunk-size 32 --mixed`
         oracle=False,
     )
     torch.set_num_threads(1)

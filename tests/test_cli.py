@@ -17,6 +17,7 @@ import batchstate
 import batchstate.cli
 import batchstate.engine._simulate
 from batchstate.cli import EXIT_CODES, main
+from batchstate.cli._parser import build_parser
 from batchstate.engine import OracleResult
 
 DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
@@ -52,33 +53,47 @@ def test_json_times_the_oracle_when_it_runs(capsys: pytest.CaptureFixture[str]) 
     assert summary["oracle_passed"] is True and summary["oracle_s"] > 0
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--requests", "-3"], "--requests must be >= 0, got -3"),
-        (["--kv-tokens", "64"], "the KV pool is too small for one request"),
-        (["--kv-tokens", "100"], "--kv-tokens must be a non-negative multiple of --page-size=16"),
-        (["--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'cpu', "),
-        (["--max-reqs", "8"], "--max-reqs 8 is below --max-running 32"),
-        (["--page-size", "0"], "--page-size must be >= 1, got 0"),
-        (["--max-running", "-1"], "--max-running must be >= 1, got -1"),
-        (["--prompt-len", "9", "3"], "--prompt-len needs 1 <= MIN <= MAX, got 9 3"),
-        (["--max-context-len", "10"], "--max-context-len 10 is shorter than the longest request"),
-        (["--max-running", "x"], "argument --max-running: invalid int value: 'x'"),
-        (["--arrival", "sometimes"], "argument --arrival: invalid choice"),
-        (["--sampling", "hot"], "argument --sampling: invalid choice: 'hot' (choose from"),
-        (["--temperature", "0.7"], "--temperature sets the parameters of --sampling fixed, not"),
-        (["--sampling", "mixed", "--top-k", "5"], "--top-k sets the parameters of --sampling"),
-        (["--sampling", "fixed", "--temperature", "-1"], "--temperature must be a number >= 0"),
-        (["--sampling", "fixed", "--temperature", "inf"], "--temperature must be a number >= 0"),
-        (["--sampling", "fixed", "--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
-        (["--sampling", "fixed", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
-        (["--sampling", "fixed", "--top-k", "-2"], "--top-k must be >= 0 (0 keeps every token)"),
-        (["--sampling", "fixed", "--min-p", "2"], "--min-p must be in [0, 1], got 2.0"),
-        (["--sampling", "fixed", "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
-        (["--plot", ""], "argument --plot: the path is empty; give a file name such as run.png"),
-    ],
-)
+BAD_ARGUMENTS: Final = [
+    (["--requests", "-3"], "--requests must be >= 0, got -3"),
+    (["--kv-tokens", "64"], "the KV pool is too small for one request"),
+    (["--kv-tokens", "100"], "--kv-tokens must be a non-negative multiple of --page-size=16"),
+    (["--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'cpu', "),
+    (["--max-reqs", "8"], "--max-reqs 8 is below --max-running 32"),
+    (["--page-size", "0"], "--page-size must be >= 1, got 0"),
+    (["--max-running", "-1"], "--max-running must be >= 1, got -1"),
+    (["--prompt-len", "9", "3"], "--prompt-len needs 1 <= MIN <= MAX, got 9 3"),
+    (["--max-context-len", "10"], "--max-context-len 10 is shorter than the longest request"),
+    (["--max-running", "x"], "argument --max-running: invalid int value: 'x'"),
+    (["--arrival", "sometimes"], "argument --arrival: invalid choice"),
+    (["--sampling", "hot"], "argument --sampling: invalid choice: 'hot' (choose from"),
+    (["--temperature", "0.7"], "--temperature sets the parameters of --sampling fixed, not"),
+    (["--sampling", "mixed", "--top-k", "5"], "--top-k sets the parameters of --sampling"),
+    (["--sampling", "fixed", "--temperature", "-1"], "--temperature must be a number >= 0"),
+    (["--sampling", "fixed", "--temperature", "inf"], "--temperature must be a number >= 0"),
+    (["--sampling", "fixed", "--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+    (["--sampling", "fixed", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["--sampling", "fixed", "--top-k", "-2"], "--top-k must be >= 0 (0 keeps every token)"),
+    (["--sampling", "fixed", "--min-p", "2"], "--min-p must be in [0, 1], got 2.0"),
+    (["--sampling", "fixed", "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
+    (["--plot", ""], "argument --plot: the path is empty; give a file name such as run.png"),
+    (
+        ["--shared-prefix", "4.5", "32", "0.5"],
+        "argument --shared-prefix: COUNT must be a whole number, got '4.5'",
+    ),
+    (
+        ["--shared-prefix", "4", "3e1", "0.5"],
+        "argument --shared-prefix: LEN must be a whole number, got '3e1'",
+    ),
+    (["--shared-prefix", "a", "b", "c"], "COUNT must be a whole number, got 'a'"),
+    (["--shared-prefix", "4", "32", "x"], "FRACTION must be a number, got 'x'"),
+    (["--shared-prefix", "4", "32", "1.5"], "--shared-prefix FRACTION must be in [0, 1]"),
+    (["--cuda-graph-sizes", "4", "2"], "--cuda-graph-sizes: captured sizes must be >= 1"),
+    (["--dp", "2", "--device", "meta"], "--dp needs a model device (cpu or cuda)"),
+    (["--dp-fault", "1:x"], "argument --dp-fault: expected RANK:STEP or RANK:STEP:hang"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_ARGUMENTS)
 def test_bad_arguments_get_one_line(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,6 +102,68 @@ def test_bad_arguments_get_one_line(
     err = capsys.readouterr().err
     assert message in err
     assert len(err.strip().splitlines()) == 1
+    assert " _" not in err and "'_" not in err  # no private helper's name
+
+
+# Runs every usage error above in one fresh interpreter: each must exit 2 with torch unloaded.
+_PROBE: Final = """\
+import json, sys
+from batchstate.cli import main
+for args in json.loads(sys.argv[1]):
+    code = main(["simulate", *args])
+    print(code, "torch" in sys.modules, flush=True)
+"""
+
+
+def test_every_usage_error_comes_before_torch_loads() -> None:
+    """Each option's value is checked (configs, memory, plot path) before torch is imported.
+
+    Importing torch takes seconds (6-28 s were measured on a busy 2-core machine);
+    a usage error found before it answers in well under a second.
+    """
+    cases = [args for args, _ in BAD_ARGUMENTS] + [
+        ["--requests", "100000000", "--device", "meta"],
+        ["--plot", "missing/run.png"],
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["2 False"] * len(cases), done.stderr
+
+
+def test_a_plot_folder_that_cannot_be_written_is_refused_before_the_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--plot` tries a file in its folder first: a read-only one is a usage error, not a run."""
+    pytest.importorskip("matplotlib")
+    folder = Path("/proc")  # no file can be made there, by root either
+    if not folder.is_dir():
+        pytest.skip("needs Linux's /proc")
+
+    def must_not_run(*_: object) -> None:
+        raise AssertionError("the simulation ran")
+
+    monkeypatch.setattr(batchstate.engine, "simulate", must_not_run)
+    assert main([*SMALL, "--plot", str(folder / "run.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("batchstate simulate: error: --plot /proc/run.png: the folder /proc")
+    assert "cannot be written" in err and err.count("\n") == 1
+
+
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Piped (CI, `| tee`), stderr gets a line per phase and every few seconds, no bar."""
+    args = ["simulate", "--requests", "24", "--kv-tokens", "512", "--device", "meta"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "engine: 0/24 requests, " in err and "engine: 24/24 requests, " in err
+    assert "\r" not in err and "%|" not in err
 
 
 @pytest.mark.parametrize(
@@ -206,7 +283,7 @@ def test_version_comes_from_the_package_metadata(
 def _simulate_parser() -> argparse.ArgumentParser:
     commands = next(
         action
-        for action in batchstate.cli._parser()._actions
+        for action in build_parser()._actions
         if isinstance(action, argparse._SubParsersAction)
     )
     parser: argparse.ArgumentParser = commands.choices["simulate"]

@@ -22,7 +22,7 @@ import torch
 
 from batchstate import ColumnError, Columns, DeviceOnly, HostColumn, Mirrored, build_columns
 from batchstate._scalars import SCALAR_NAMES
-from tests.test_doc_blocks import PRELUDE, ROOT, read_blocks
+from tests.test_doc_blocks import ROOT, read_blocks
 from tests.typecheck import mypy_errors
 
 # Under xdist, one worker runs every test that runs mypy: one cache, warm after the first.
@@ -211,12 +211,8 @@ def test_the_column_sets_the_docs_declare_pass_the_plugin() -> None:
         if block.language == "python" and re.search(r"^class \w+\(Columns\):", block.code, re.M)
     ]
     assert blocks, "no block declares a column set"
-    prelude = PRELUDE.read_text()  # what a fragment's names come from
     errors = mypy_errors(
-        {
-            f"block_{index}": (prelude if block.fragment else "") + block.code
-            for index, block in enumerate(blocks)
-        }
+        {f"block_{index}": block.program for index, block in enumerate(blocks)}  # after a setup
     )
     assert {name: found for name, found in errors.items() if found} == {}
 

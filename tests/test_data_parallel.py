@@ -37,6 +37,8 @@ from batchstate.engine._ranks import (
 )
 from batchstate.engine._router import Router
 
+pytestmark = pytest.mark.slow  # the quick subset, -m "not slow", leaves it out
+
 MODEL: Final = ModelConfig()
 
 
@@ -87,7 +89,9 @@ def test_mlp_slices_partition_the_hidden_units(world: int) -> None:
 def test_the_ranks_mlp_slices_add_up_to_the_whole_mlp(world: int) -> None:
     """Why ranks may share the MLP by hidden units: the slices' outputs sum to the layer's."""
     model = make_model(MODEL)
-    x = torch.randn(9, MODEL.d_model, dtype=MODEL.dtype, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(
+        9, MODEL.d_model, dtype=MODEL.torch_dtype, generator=torch.Generator().manual_seed(1)
+    )
     for layer in range(MODEL.num_layers):
         parts = sum(
             model.mlp(layer, x, mlp_slice(MODEL.d_ff, rank, world)) for rank in range(world)

@@ -21,6 +21,8 @@ from batchstate.engine import (
     launch,
 )
 
+pytestmark = pytest.mark.slow  # the quick subset, -m "not slow", leaves it out
+
 QUIET: Final = ["--no-progress", "--kv-tokens", "512"]
 
 

@@ -9,7 +9,8 @@ from typing import Final
 import pytest
 import torch
 
-import batchstate.cli
+import batchstate.cli._checks
+import batchstate.cli._run
 import batchstate.engine
 import batchstate.engine._footprint as footprint
 from batchstate import Pools
@@ -127,7 +128,7 @@ def eight_gib(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(footprint, "available_memory", lambda: 8 * GIB)
     monkeypatch.setattr(batchstate.engine, "simulate", must_not_run)
-    monkeypatch.setattr(batchstate.cli, "_simulate_dp", must_not_run)
+    monkeypatch.setattr(batchstate.cli._run, "simulate_dp", must_not_run)
 
 
 @pytest.mark.usefixtures("eight_gib")
@@ -171,11 +172,11 @@ def test_a_cuda_run_is_checked_against_the_free_device_memory(
 ) -> None:
     config = SimulationConfig(device="cuda", num_kv_tokens=1 << 24)  # 16 GiB of KV
     monkeypatch.setattr(footprint, "available_memory", lambda: 64 * GIB)
-    monkeypatch.setattr(batchstate.cli, "_cuda_free_bytes", lambda: 8 * GIB)
+    monkeypatch.setattr(batchstate.cli._checks, "cuda_free_bytes", lambda: 8 * GIB)
     with pytest.raises(ValueError, match=r"of cuda memory \(the KV cache\), more than the 8.0 GiB"):
-        batchstate.cli._check_footprint(config, 1)
-    monkeypatch.setattr(batchstate.cli, "_cuda_free_bytes", lambda: 32 * GIB)
-    batchstate.cli._check_footprint(config, 1)  # fits
+        batchstate.cli._checks.check_footprint(config, 1)
+    monkeypatch.setattr(batchstate.cli._checks, "cuda_free_bytes", lambda: 32 * GIB)
+    batchstate.cli._checks.check_footprint(config, 1)  # fits
 
 
 @pytest.mark.parametrize(("ranks", "warned"), [(4, False), (5, True), (64, True)])
@@ -184,8 +185,8 @@ def test_many_more_ranks_than_cores_get_one_warning_line(
 ) -> None:
     """Above twice the cores a run starts, after one stderr line that says why it is slow."""
     monkeypatch.setattr(footprint, "available_memory", lambda: 64 * GIB)
-    monkeypatch.setattr(batchstate.cli, "_cores", lambda: 2)
-    monkeypatch.setattr(batchstate.cli, "_simulate_dp", lambda *_: 0)
+    monkeypatch.setattr(batchstate.cli._run, "cores", lambda: 2)
+    monkeypatch.setattr(batchstate.cli._run, "simulate_dp", lambda *_: 0)
     assert main(["simulate", "--dp", str(ranks)]) == 0
     err = capsys.readouterr().err
     expected = (

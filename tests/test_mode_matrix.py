@@ -24,10 +24,13 @@ from batchstate.engine import (
     DataParallelConfig,
     EngineConfig,
     SimulationConfig,
+    Trace,
     WorkloadConfig,
     launch,
     simulate,
 )
+
+pytestmark = pytest.mark.slow  # the quick subset, -m "not slow", leaves it out
 
 WORKLOAD: Final = WorkloadConfig(
     num_requests=12,
@@ -91,11 +94,28 @@ def test_every_mode_matches_the_oracle_and_frees_everything(
     pools = flush(run.pools)
     assert pools.num_free_slots == pools.max_reqs
     assert pools.num_free_tokens == pools.num_pages * pools.page_size
-    cache, _, _, _, drafts = mode
+    cache, chunk, _, _, drafts = mode
     if cache:
         assert run.trace.cache_hits > 0
     if drafts:
         assert run.trace.speculative_steps > 0
+    _assert_requests_run_together(run.trace, chunk)
+
+
+# Concurrency floors and step ceilings, measured over the 64 cells: 1.50-2.56 rows per
+# forward on average (one request at a time is 1.0) and 4 at most in every cell; 46-80
+# steps with whole prompts and 57-165 with chunks of 8. The oracle is right whatever the
+# concurrency: these fail when admission serialises the requests.
+MIN_MEAN_BATCH: Final = 1.4
+MIN_MAX_BATCH: Final = 3
+MAX_STEPS: Final = {0: 120, 8: 200}  # by chunk size
+
+
+def _assert_requests_run_together(trace: Trace, chunk: int) -> None:
+    sizes = trace.forward_sizes()
+    assert sum(sizes) / len(sizes) >= MIN_MEAN_BATCH, sizes
+    assert max(sizes) >= MIN_MAX_BATCH
+    assert len(trace) <= MAX_STEPS[chunk]
 
 
 def test_the_matrix_is_under_memory_pressure() -> None:

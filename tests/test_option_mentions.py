@@ -13,7 +13,7 @@ from typing import Final
 
 import pytest
 
-from batchstate.cli import _parser
+from batchstate.cli._parser import build_parser
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 OPTION: Final = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
@@ -44,7 +44,7 @@ OTHER_TOOLS: Final = {
 
 
 def _parsers() -> list[argparse.ArgumentParser]:
-    found: list[argparse.ArgumentParser] = [_parser()]
+    found: list[argparse.ArgumentParser] = [build_parser()]
     for parser in found:  # grows as subcommands are found
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
@@ -95,7 +95,10 @@ def test_the_help_of_every_command_names_only_real_options() -> None:
 def test_the_engine_and_cli_messages_name_only_real_options() -> None:
     """The engine's errors and docstrings speak of the command's options."""
     options = _options()
-    files = [ROOT / "src/batchstate/cli.py", *sorted((ROOT / "src/batchstate/engine").glob("*.py"))]
+    files = [
+        *sorted((ROOT / "src/batchstate/cli").glob("*.py")),
+        *sorted((ROOT / "src/batchstate/engine").glob("*.py")),
+    ]
     named = {
         f"{path.name}: {name}"
         for path in files

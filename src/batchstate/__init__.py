@@ -14,6 +14,7 @@ transition returns a new record (and new `Pools` where it allocates).
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from batchstate._captured_sizes import PaddingError
     from batchstate._chunked import Chunked
     from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
     from batchstate._decode import DecodeError, decode
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
         VLLM_FILLS,
         Padded,
         PaddedOutput,
-        PaddingError,
         TooLargeToPad,
         bucket,
         pad,
@@ -75,7 +75,8 @@ if TYPE_CHECKING:
     from batchstate._release import release
     from batchstate._rows import Req, Rows
     from batchstate._sampled import Sampled, follow, join_sampled, read_sampled
-    from batchstate._sampling import GREEDY, Sampling, SamplingParams
+    from batchstate._sampling import Sampling
+    from batchstate._sampling_params import GREEDY, SamplingParams
     from batchstate._speculative import Verifying, VerifyStep, sync, verify
     from batchstate._token_table import TokenTable
     from batchstate._transitions import TRANSITIONS, Transition

@@ -17,7 +17,6 @@ the only way from it to a tensor, and it keeps the real rows only.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, final
 
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812  # torch's own idiom
 from returns.result import Failure, Result, Success
 
+from batchstate._captured_sizes import PaddingError, check_sizes, is_int
 from batchstate._forward_inputs import ForwardInputs
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 
@@ -76,10 +76,6 @@ VLLM_FILLS: Final[Mapping[str, int]] = {
     "out_cache_loc": -1,
     "kv_indices": 0,
 }
-
-
-class PaddingError(ValueError):
-    """Captured sizes or a fill table that cannot pad anything (nothing was padded)."""
 
 
 @final
@@ -187,7 +183,7 @@ def bucket(sizes: Sequence[int], count: int) -> Result[int, TooLargeToPad]:
         PaddingError: `sizes` is empty, not strictly increasing, or holds a
             size below 1 or a non-int.
     """
-    _check_sizes(sizes)
+    check_sizes(sizes)
     for size in sizes:
         if size >= count:
             return Success(size)
@@ -235,7 +231,7 @@ def pad(
     """
     fills = SGLANG_FILLS if fills is None else fills
     _check_fills(fills)
-    if not _is_int(at_least) or at_least < 0:
+    if not is_int(at_least) or at_least < 0:
         raise PaddingError(f"at_least must be an int >= 0, got {at_least!r}")
     count = max(inputs.num_tokens, at_least)
     chosen = bucket(sizes, count)
@@ -335,22 +331,6 @@ def _pad_first(tensor: torch.Tensor, real: int, size: int, fill: int | float) ->
     return F.pad(tensor, widths, value=fill)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_sizes(sizes: Sequence[int]) -> None:
-    given: object = sizes  # callers without mypy may pass anything
-    if not isinstance(given, Sequence) or not sizes:
-        raise PaddingError(f"captured sizes must be a non-empty sequence, got {sizes!r}")
-    if not all(_is_int(size) for size in sizes):
-        raise PaddingError(f"captured sizes must be ints, got {list(sizes)}")
-    if sizes[0] < 1 or any(a >= b for a, b in itertools.pairwise(sizes)):
-        raise PaddingError(
-            f"captured sizes must be >= 1 and strictly increasing, got {list(sizes)}"
-        )
-
-
 def _check_fills(fills: Mapping[str, int]) -> None:
     if not isinstance(fills, Mapping):
         raise PaddingError(f"fills must map each of {', '.join(FILL_FIELDS)} to an int")
@@ -358,7 +338,7 @@ def _check_fills(fills: Mapping[str, int]) -> None:
     unknown = sorted(str(name) for name in fills if name not in FILL_FIELDS)
     if missing or unknown:
         raise PaddingError(f"fills: missing {missing}, unknown {unknown}")
-    bad = [name for name in FILL_FIELDS if not _is_int(fills[name])]
+    bad = [name for name in FILL_FIELDS if not is_int(fills[name])]
     if bad:
         raise PaddingError(f"fills must be ints: {bad}")
     if fills["extend_lens"] not in (0, 1) or fills["seq_lens"] < fills["extend_lens"]:

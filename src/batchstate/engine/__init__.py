@@ -16,36 +16,41 @@ alone on a contiguous cache. `simulate` wires them from one config; the
 takes part in every step. See docs/distributed.md.
 """
 
-from batchstate.engine._admission import Budget, choose, reserve
-from batchstate.engine._data_parallel import DataParallelConfig, DataParallelRun, RankRun
-from batchstate.engine._engine import Engine, EngineConfig, EngineError
-from batchstate.engine._feeder import Feeder
-from batchstate.engine._launch import RankFailed, launch
-from batchstate.engine._model import Attend, ModelConfig, TinyModel, make_model
-from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
-from batchstate.engine._paged import KVCache, make_kv_cache, sample_decode, sample_extend
-from batchstate.engine._policy import FirstComeFirstServed, SchedulerPolicy
-from batchstate.engine._ranks import Fault, InjectedFault, PeerLost
-from batchstate.engine._simulate import (
-    DEVICES,
-    ProgressCallback,
-    Simulation,
-    SimulationConfig,
-    simulate,
-)
-from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource
-from batchstate.engine._trace import Trace
-from batchstate.engine._verify import Verified
-from batchstate.engine._workload import (
-    ARRIVALS,
-    END_TOKEN,
-    SAMPLING_MIXES,
-    Arrival,
-    RequestSpec,
-    SamplingMix,
-    WorkloadConfig,
-    make_workload,
-)
+# The names below load on first use (PEP 562), as the package's own do: the
+# configs (`SimulationConfig`, `WorkloadConfig`, ...) import without torch, so
+# the command line checks a run's options before it loads torch.
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchstate.engine._admission import Budget, choose, reserve
+    from batchstate.engine._config import EngineConfig, EngineError
+    from batchstate.engine._data_parallel import DataParallelRun, RankRun
+    from batchstate.engine._dp_config import DataParallelConfig, Fault, InjectedFault
+    from batchstate.engine._engine import Engine
+    from batchstate.engine._feeder import Feeder
+    from batchstate.engine._launch import RankFailed, launch
+    from batchstate.engine._model import Attend, TinyModel, make_model
+    from batchstate.engine._model_config import ModelConfig
+    from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
+    from batchstate.engine._paged import KVCache, make_kv_cache, sample_decode, sample_extend
+    from batchstate.engine._policy import FirstComeFirstServed, SchedulerPolicy
+    from batchstate.engine._random_tokens import RandomTokens
+    from batchstate.engine._ranks import PeerLost
+    from batchstate.engine._simulate import ProgressCallback, Simulation, simulate
+    from batchstate.engine._simulation_config import DEVICES, SimulationConfig
+    from batchstate.engine._sources import ModelTokens, TokenSource
+    from batchstate.engine._trace import Trace
+    from batchstate.engine._verify import Verified
+    from batchstate.engine._workload import (
+        ARRIVALS,
+        END_TOKEN,
+        SAMPLING_MIXES,
+        Arrival,
+        RequestSpec,
+        SamplingMix,
+        WorkloadConfig,
+        make_workload,
+    )
 
 __all__ = [
     "ARRIVALS",
@@ -95,3 +100,8 @@ __all__ = [
     "sample_extend",
     "simulate",
 ]
+
+if not TYPE_CHECKING:
+    from batchstate._lazy import attach
+
+    __getattr__, __dir__ = attach(globals())

@@ -13,18 +13,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from time import perf_counter
-from typing import Final, final
+from typing import final
 
 import attrs
-import torch
 
+from batchstate.engine._dp_config import DataParallelConfig
 from batchstate.engine._engine import Engine
 from batchstate.engine._feeder import Feeder
 from batchstate.engine._model import TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
 from batchstate.engine._paged import make_kv_cache
 from batchstate.engine._rank_tokens import RankStatus, RankTokens
-from batchstate.engine._ranks import BACKENDS, Fault, RankGroup, StepShape
+from batchstate.engine._ranks import RankGroup, StepShape
 from batchstate.engine._reads import read_counter
 from batchstate.engine._router import Router
 from batchstate.engine._simulate import SimulationConfig, describe_pools, pools_conserved, warm_up
@@ -36,53 +36,6 @@ __all__ = [
     "RankRun",
     "run_rank",
 ]
-
-_TIMEOUT_S: Final = 60.0
-
-
-@final
-@attrs.frozen
-class DataParallelConfig:
-    """How many ranks, over which backend, and how long a collective may wait."""
-
-    ranks: int
-    backend: str | None = None  # None: gloo on the CPU, nccl on CUDA
-    timeout_s: float = _TIMEOUT_S  # a collective waiting longer fails every rank
-    fault: Fault | None = None
-
-    def backend_on(self, device: str) -> str:
-        """The backend of the shared layers' collectives on `device`."""
-        if self.backend is not None:
-            return self.backend
-        return "nccl" if device == "cuda" else "gloo"
-
-    def validate(self, config: SimulationConfig) -> None:
-        """Raise `ValueError` with a one-line message for a layout that cannot run.
-
-        >>> DataParallelConfig(0).validate(SimulationConfig())
-        Traceback (most recent call last):
-        ...
-        ValueError: --dp must be >= 1, got 0
-        """
-        if self.ranks < 1:
-            raise ValueError(f"--dp must be >= 1, got {self.ranks}")
-        if config.device == "meta":
-            raise ValueError("--dp needs a model device (cpu or cuda): meta runs no forward")
-        if self.timeout_s <= 0:
-            raise ValueError(f"--dp-timeout must be > 0, got {self.timeout_s}")
-        backend = self.backend_on(config.device)
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown --dp-backend {backend!r}: choose one of gloo, nccl")
-        if not torch.distributed.is_available():
-            raise ValueError("--dp: this torch is built without torch.distributed")
-        if backend == "nccl" and (
-            config.device != "cuda" or not torch.distributed.is_nccl_available()
-        ):
-            raise ValueError("--dp-backend nccl needs --device cuda and a torch built with NCCL")
-        if backend == "gloo" and not torch.distributed.is_gloo_available():
-            raise ValueError("--dp-backend gloo is not available in this torch build")
-        if self.fault is not None and not 0 <= self.fault.rank < self.ranks:
-            raise ValueError(f"--dp-fault names rank {self.fault.rank}, but --dp is {self.ranks}")
 
 
 @final

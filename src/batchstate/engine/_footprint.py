@@ -103,7 +103,7 @@ def estimate(config: SimulationConfig, ranks: int = 1) -> Footprint:
     ]
     if runs_model:  # meta tensors allocate nothing
         parts.append(Part("the table's device side", table, parts[0].option, on_device=on_device))
-        itemsize = model.dtype.itemsize
+        itemsize = model.itemsize
         kv = 2 * model.num_layers * (pages + 1) * config.page_size * model.d_model * itemsize
         parts.append(Part("the KV cache", kv, "--kv-tokens", on_device=on_device))
         parts.append(_forward(config, pages, on_device=on_device))
@@ -128,7 +128,7 @@ def _forward(config: SimulationConfig, pages: int, *, on_device: bool) -> Part:
     chunk = config.engine_config.chunk_size
     queries = min(chunk, workload.longest_prompt) if chunk else workload.longest_prompt
     keys = workload.longest_prompt + workload.output_len[1]
-    itemsize = model.dtype.itemsize
+    itemsize = model.itemsize
     per_row = queries * keys * (3 * model.num_heads * itemsize + _BOOL) + (
         (queries + 2 * keys) * model.d_model * itemsize
     )
@@ -140,7 +140,7 @@ def _alone(config: SimulationConfig) -> Part:
     model, workload = config.model, config.workload
     prompt = workload.longest_prompt
     length = prompt + workload.output_len[1]
-    itemsize = model.dtype.itemsize
+    itemsize = model.itemsize
     scores = 3 * model.num_heads * prompt * prompt * itemsize + prompt * prompt * _BOOL
     kv = 4 * model.num_layers * length * model.d_model * itemsize  # its cache, and one copy
     return Part("the oracle, one request alone", scores + kv, "--prompt-len")

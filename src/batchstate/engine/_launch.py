@@ -13,7 +13,6 @@ import queue
 import socket
 import sys
 import time
-from collections.abc import Mapping
 from multiprocessing.context import SpawnProcess
 from multiprocessing.queues import Queue
 from typing import Final, final
@@ -23,6 +22,7 @@ import torch
 import torch.multiprocessing as mp
 
 from batchstate.engine._data_parallel import DataParallelConfig, DataParallelRun, run_rank
+from batchstate.engine._dp_config import launched_by_torchrun
 from batchstate.engine._progress import Progress
 from batchstate.engine._ranks import PeerLost, join_ranks
 from batchstate.engine._simulate import SimulationConfig
@@ -78,11 +78,6 @@ def launch(
                 process.kill()
                 process.join()
     return _result(heard, processes)
-
-
-def launched_by_torchrun(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this process is one rank of a torchrun launch (its variables are set)."""
-    return all(name in environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
 
 
 def run_launched(

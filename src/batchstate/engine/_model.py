@@ -17,6 +17,7 @@ import numpy.typing as npt
 import torch
 
 from batchstate import Sampling
+from batchstate.engine._model_config import ModelConfig
 from batchstate.engine._sampler import sample_logits
 
 __all__ = ["Attend", "FeedForward", "ModelConfig", "TinyModel", "make_model"]
@@ -50,25 +51,6 @@ class FeedForward(Protocol):
     """
 
     def __call__(self, layer: int, x: torch.Tensor) -> torch.Tensor: ...
-
-
-@final
-@attrs.frozen
-class ModelConfig:
-    """Sizes of the tiny model; small enough that hundreds of requests run in seconds."""
-
-    vocab_size: int = 96
-    d_model: int = 32
-    num_layers: int = 2
-    num_heads: int = 4
-    d_ff: int = 64
-    seed: int = 0
-    # float64 makes greedy ties (and so batch-order-dependent argmax flips) vanishingly rare.
-    dtype: torch.dtype = torch.float64
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
 
 
 @final
@@ -159,7 +141,7 @@ class TinyModel:
         return sample_logits(hidden @ self.unembed, sampling, positions)
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.to(self.config.dtype)[:, None] * self.inv_freq[None, :]
+        angles = positions.to(self.config.torch_dtype)[:, None] * self.inv_freq[None, :]
         return angles.cos()[:, None, :], angles.sin()[:, None, :]
 
 
@@ -179,10 +161,10 @@ def make_model(config: ModelConfig, device: torch.device | str = "cpu") -> TinyM
         # Drawn on the CPU so the weights do not depend on the device's RNG.
         scale = 1.0 / math.sqrt(rows)
         drawn = torch.randn(rows, cols, generator=generator, dtype=torch.float64) * scale
-        return drawn.to(device=device, dtype=config.dtype)
+        return drawn.to(device=device, dtype=config.torch_dtype)
 
     def norm() -> torch.Tensor:
-        return torch.ones(d, dtype=config.dtype, device=device)
+        return torch.ones(d, dtype=config.torch_dtype, device=device)
 
     def qkv() -> torch.Tensor:
         # Sharper queries and keys: attention then depends on positions and content
@@ -203,7 +185,7 @@ def make_model(config: ModelConfig, device: torch.device | str = "cpu") -> TinyM
         layers,
         norm(),
         weight(d, config.vocab_size) * 4.0,
-        inv_freq.to(device=device, dtype=config.dtype),
+        inv_freq.to(device=device, dtype=config.torch_dtype),
     )
 
 

@@ -64,8 +64,8 @@ def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
     config = model.config
     shape = (config.num_layers, pools.kv_cache_size, config.num_heads, config.head_dim)
     return KVCache(
-        torch.zeros(shape, dtype=config.dtype, device=model.device),
-        torch.zeros(shape, dtype=config.dtype, device=model.device),
+        torch.zeros(shape, dtype=config.torch_dtype, device=model.device),
+        torch.zeros(shape, dtype=config.torch_dtype, device=model.device),
     )
 
 

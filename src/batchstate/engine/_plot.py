@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from batchstate.engine._simulate import Simulation
+if TYPE_CHECKING:
+    from batchstate.engine._simulate import Simulation
 
 __all__ = ["check_plot_path", "plot_run", "require_matplotlib"]
 
@@ -20,7 +23,7 @@ def require_matplotlib() -> None:
 def check_plot_path(path: Path) -> None:
     """Raise `ValueError` (one line) unless `plot_run` can write `path`; run it before a run.
 
-    The folder must exist, and the extension must be a format matplotlib
+    The folder must exist and be writable, and the extension must be a format matplotlib
     can write (asked of matplotlib itself: png, pdf, svg, ...).
     """
     require_matplotlib()
@@ -32,6 +35,13 @@ def check_plot_path(path: Path) -> None:
         raise ValueError(f"--plot {path}: the folder {folder} does not exist")
     if path.is_dir():
         raise ValueError(f"--plot {path}: is a folder; give a file name such as run.png")
+    try:  # write a file there (permission bits do not bind root; a read-only mount does)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"--plot {path}: the folder {folder} cannot be written ({error.strerror})"
+        ) from None
     extension = path.suffix.lstrip(".").lower()
     if extension not in formats:
         what = f"unsupported format .{extension}" if extension else "no extension"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import enum
-import threading
 from collections.abc import Callable, Sequence
 from typing import Final, final
 
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from batchstate.engine._dp_config import BACKENDS, Fault, InjectedFault
 from batchstate.engine._engine import EngineError
 from batchstate.engine._model import TinyModel
 
@@ -38,36 +38,9 @@ __all__ = [
     "mlp_slice",
 ]
 
-BACKENDS: Final = ("gloo", "nccl")
-
 
 class PeerLost(RuntimeError):
     """A collective failed: another rank stopped (it raised, died or timed out)."""
-
-
-class InjectedFault(RuntimeError):
-    """The failure a `Fault` plants, to test that every rank stops."""
-
-
-@final
-@attrs.frozen
-class Fault:
-    """Rank `rank` raises `InjectedFault` in step `step` (counted from 0), after its exchange.
-
-    The other ranks are then in the step's shared layers, waiting for it.
-    With `hang`, it stops answering there instead: the others wait until the
-    process-group timeout.
-    """
-
-    rank: int
-    step: int
-    hang: bool = False
-
-    def strike(self) -> None:
-        """Fail as planned: raise, or with `hang` block forever."""
-        if self.hang:
-            threading.Event().wait()  # never set: this rank stops answering
-        raise InjectedFault(f"injected in step {self.step}")
 
 
 class Phase(enum.IntEnum):

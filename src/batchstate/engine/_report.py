@@ -62,6 +62,11 @@ class Summary:
     padded_rows_per_step: float = 0.0  # rows added by padding, per forward
     padded_tokens_per_step: float = 0.0  # tokens added by padding, per forward
     eager_forwards: int = 0  # forwards larger than every size, run unpadded
+    # What a user feels: how many requests run together, and how much of the KV pool they hold.
+    mean_batch_size: float = 0.0  # rows per forward, over the steps that ran one
+    max_batch_size: int = 0
+    mean_kv_use: float = 0.0  # share of the pool's KV tokens held by requests after a step
+    peak_kv_use: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -77,6 +82,8 @@ def summarize(run: Simulation) -> Summary:
     """The summary of a finished run."""
     trace, pools = run.trace, run.pools
     generated = sum(len(tokens) for tokens in run.outputs.values())
+    sizes, used = trace.forward_sizes(), trace.kv_tokens_used
+    capacity = max(pools.num_pages * pools.page_size, 1)
     steps = len(trace)
     wall = max(run.wall_s, 1e-9)
     if run.oracle is not None:
@@ -128,6 +135,10 @@ def summarize(run: Simulation) -> Summary:
         speculative_steps=trace.speculative_steps,
         drafted_tokens=trace.drafted_tokens,
         accepted_drafts=trace.accepted_drafts,
+        mean_batch_size=sum(sizes) / max(len(sizes), 1),
+        max_batch_size=max(sizes, default=0),
+        mean_kv_use=sum(used) / max(len(used), 1) / capacity,
+        peak_kv_use=max(used, default=0) / capacity,
         **_padding(run),
     )
 
@@ -184,6 +195,15 @@ def render_summary(summary: Summary) -> str:
             "steps",
             f"{s.steps} ({s.extend_steps} extend, {s.decode_steps} decode"
             + (f", {s.prebuilt_steps} prebuilt)" if s.prebuilt_steps else ")"),
+        ),
+        (
+            "batch size",
+            f"{s.mean_batch_size:.1f} rows per forward on average, {s.max_batch_size} at most",
+        ),
+        (
+            "KV in use",
+            f"{100 * s.mean_kv_use:.0f}% of the pool on average,"
+            f" {100 * s.peak_kv_use:.0f}% at peak (held by requests, cached pages not counted)",
         ),
         ("retractions", f"{s.retractions}"),
         (
@@ -243,7 +263,8 @@ def _cache_line(s: Summary) -> str:
         f" {s.evicted_pages} pages evicted"
     )
     if not s.shares_prefixes:
-        line += " (no effect: the workload shares no prefix; see --shared-prefix)"
+        # Hits can still happen (random prompts that agree on a page); they are chance.
+        line += " (the workload shares no prefix by design; see --shared-prefix, --follow-ups)"
     return line
 
 

@@ -9,13 +9,15 @@ from typing import final
 import attrs
 import torch
 
-from batchstate import PaddingError, Pools, bucket, make_pools
-from batchstate.engine._engine import Engine, EngineConfig
+from batchstate import Pools, make_pools
+from batchstate.engine._config import EngineConfig
+from batchstate.engine._engine import Engine
 from batchstate.engine._feeder import Feeder
-from batchstate.engine._model import ModelConfig, TinyModel, make_model
+from batchstate.engine._model import TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
 from batchstate.engine._paged import make_kv_cache
 from batchstate.engine._reads import read_counter
+from batchstate.engine._simulation_config import DEVICES, SimulationConfig
 from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource
 from batchstate.engine._trace import Trace
 from batchstate.engine._workload import END_TOKEN, RequestSpec, WorkloadConfig, make_workload
@@ -30,113 +32,6 @@ __all__ = [
     "simulate",
     "warm_up",
 ]
-
-DEVICES = ("cpu", "meta", "cuda")
-
-
-@final
-@attrs.frozen
-class SimulationConfig:
-    """Everything a run needs. `None` sizes follow the workload (see `validate`)."""
-
-    workload: WorkloadConfig = attrs.field(factory=WorkloadConfig)
-    engine: EngineConfig = attrs.field(factory=EngineConfig)
-    model: ModelConfig = attrs.field(factory=ModelConfig)
-    max_reqs: int | None = None  # request slots; default: engine.max_running
-    num_kv_tokens: int = 2048
-    page_size: int = 16
-    max_context_len: int | None = None  # default: longest prompt + longest output
-    device: str = "cpu"
-    oracle: bool = True  # ignored on meta, which runs no model
-    prefix_cache: bool = True  # share KV of common prefixes, when the workload has any
-    # Captured CUDA-graph sizes (tokens; rows for decode): every forward is padded to the
-    # next one, on every device; () pads nothing.
-    cuda_graph_sizes: tuple[int, ...] = ()
-
-    @property
-    def engine_config(self) -> EngineConfig:
-        """The engine's settings for this run."""
-        return self.engine
-
-    @property
-    def num_slots(self) -> int:
-        return self.engine.max_running if self.max_reqs is None else self.max_reqs
-
-    @property
-    def context_len(self) -> int:
-        longest = self.workload.longest_prompt + self.workload.output_len[1]
-        return longest if self.max_context_len is None else self.max_context_len
-
-    def make_pools(self, device: torch.device) -> Pools:
-        """Empty pools of this run's sizes on `device`, with the prefix cache on or off."""
-        return make_pools(
-            self.num_slots,
-            self.context_len,
-            self.num_kv_tokens,
-            device,
-            self.page_size,
-            prefix_cache=self.prefix_cache,
-        )
-
-    def validate(self) -> None:
-        """Raise `ValueError` with a one-line message for a run that cannot work.
-
-        >>> SimulationConfig(num_kv_tokens=64).validate()
-        Traceback (most recent call last):
-        ...
-        ValueError: the KV pool is too small for one request: ...
-        """
-        self.workload.validate()
-        if self.device not in DEVICES:
-            raise ValueError(f"unknown device {self.device!r}: choose one of {', '.join(DEVICES)}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device cuda: no CUDA device is available here")
-        engine = self.engine
-        for name, value in (
-            ("--max-running", engine.max_running),
-            ("--max-reqs", self.num_slots),
-            ("--page-size", self.page_size),
-            ("--max-prefill-tokens", engine.max_prefill_tokens),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.num_slots < engine.max_running:
-            raise ValueError(
-                f"--max-reqs {self.num_slots} is below --max-running {engine.max_running}:"
-                " every running request holds a request slot"
-            )
-        if engine.new_token_ratio < 0:
-            raise ValueError(f"--new-token-ratio must be >= 0, got {engine.new_token_ratio}")
-        for name, value in (
-            ("--headroom-pages", engine.headroom_pages),
-            ("--check-every", engine.check_every),
-            ("--audit-every", engine.audit_every),
-            ("--chunk-size", engine.chunk_size),
-            ("--speculative", engine.speculative),
-        ):
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        if self.num_kv_tokens < 0 or self.num_kv_tokens % self.page_size:
-            raise ValueError(
-                f"--kv-tokens must be a non-negative multiple of --page-size={self.page_size},"
-                f" got {self.num_kv_tokens}"
-            )
-        # A request needs its whole prompt and output in KV at once (whole pages).
-        longest = self.workload.longest_prompt + self.workload.output_len[1]
-        pages = -(-longest // self.page_size)
-        if pages * self.page_size > self.num_kv_tokens:
-            raise ValueError(
-                f"the KV pool is too small for one request: the longest needs {longest} tokens"
-                f" ({pages} pages of {self.page_size}), --kv-tokens is {self.num_kv_tokens}"
-            )
-        if longest > self.context_len:
-            raise ValueError(
-                f"--max-context-len {self.context_len} is shorter than the longest request"
-                f" ({longest} tokens)"
-            )
-        if self.workload.vocab_size != self.model.vocab_size:
-            raise ValueError("the workload and the model must share a vocabulary size")
-        _check_graph_sizes(self.cuda_graph_sizes)
 
 
 @final
@@ -242,14 +137,6 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
         engine.trace.num_audited > 0,
         feeder if feeder.forwards else None,
     )
-
-
-def _check_graph_sizes(sizes: tuple[int, ...]) -> None:
-    if sizes:
-        try:
-            bucket(sizes, 1)
-        except PaddingError as error:
-            raise ValueError(f"--cuda-graph-sizes: {error}") from None
 
 
 def _quiet(phase: str, done: int, total: int) -> None:

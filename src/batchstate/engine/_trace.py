@@ -67,6 +67,10 @@ class Trace:
     def num_audited(self) -> int:
         return sum(self.audited)
 
+    def forward_sizes(self) -> list[int]:
+        """Rows per forward: the steps that ran one (prebuilt and idle steps run none)."""
+        return [size for size in self.batch_size if size]
+
     def bookkeeping_us_per_step(self) -> tuple[float, float]:
         """Mean and median bookkeeping time of the unaudited steps, in µs (0 when none)."""
         times = sorted(

@@ -1,0 +1,147 @@
+"""Everything a run needs: a plain value, built and checked without importing torch.
+
+The command line checks a run's options through `SimulationConfig.validate`
+before it loads torch and the engine, so that a usage error is immediate.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+from batchstate._captured_sizes import PaddingError, check_sizes
+from batchstate.engine._config import EngineConfig
+from batchstate.engine._model_config import ModelConfig
+from batchstate.engine._workload import WorkloadConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from batchstate import Pools
+
+__all__ = ["DEVICES", "SimulationConfig"]
+
+DEVICES = ("cpu", "meta", "cuda")
+
+
+@final
+@attrs.frozen
+class SimulationConfig:
+    """Everything a run needs. `None` sizes follow the workload (see `validate`)."""
+
+    workload: WorkloadConfig = attrs.field(factory=WorkloadConfig)
+    engine: EngineConfig = attrs.field(factory=EngineConfig)
+    model: ModelConfig = attrs.field(factory=ModelConfig)
+    max_reqs: int | None = None  # request slots; default: engine.max_running
+    num_kv_tokens: int = 2048
+    page_size: int = 16
+    max_context_len: int | None = None  # default: longest prompt + longest output
+    device: str = "cpu"
+    oracle: bool = True  # ignored on meta, which runs no model
+    prefix_cache: bool = True  # share KV of common prefixes, when the workload has any
+    # Captured CUDA-graph sizes (tokens; rows for decode): every forward is padded to the
+    # next one, on every device; () pads nothing.
+    cuda_graph_sizes: tuple[int, ...] = ()
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings for this run."""
+        return self.engine
+
+    @property
+    def num_slots(self) -> int:
+        return self.engine.max_running if self.max_reqs is None else self.max_reqs
+
+    @property
+    def context_len(self) -> int:
+        longest = self.workload.longest_prompt + self.workload.output_len[1]
+        return longest if self.max_context_len is None else self.max_context_len
+
+    def make_pools(self, device: torch.device) -> Pools:
+        """Empty pools of this run's sizes on `device`, with the prefix cache on or off."""
+        from batchstate import make_pools  # noqa: PLC0415  (a config loads no torch)
+
+        return make_pools(
+            self.num_slots,
+            self.context_len,
+            self.num_kv_tokens,
+            device,
+            self.page_size,
+            prefix_cache=self.prefix_cache,
+        )
+
+    def validate(self) -> None:
+        """Raise `ValueError` with a one-line message for a run that cannot work.
+
+        >>> SimulationConfig(num_kv_tokens=64).validate()
+        Traceback (most recent call last):
+        ...
+        ValueError: the KV pool is too small for one request: ...
+        """
+        self.workload.validate()
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}: choose one of {', '.join(DEVICES)}")
+        engine = self.engine
+        for name, value in (
+            ("--max-running", engine.max_running),
+            ("--max-reqs", self.num_slots),
+            ("--page-size", self.page_size),
+            ("--max-prefill-tokens", engine.max_prefill_tokens),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.num_slots < engine.max_running:
+            raise ValueError(
+                f"--max-reqs {self.num_slots} is below --max-running {engine.max_running}:"
+                " every running request holds a request slot"
+            )
+        if engine.new_token_ratio < 0:
+            raise ValueError(f"--new-token-ratio must be >= 0, got {engine.new_token_ratio}")
+        for name, value in (
+            ("--headroom-pages", engine.headroom_pages),
+            ("--check-every", engine.check_every),
+            ("--audit-every", engine.audit_every),
+            ("--chunk-size", engine.chunk_size),
+            ("--speculative", engine.speculative),
+        ):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.num_kv_tokens < 0 or self.num_kv_tokens % self.page_size:
+            raise ValueError(
+                f"--kv-tokens must be a non-negative multiple of --page-size={self.page_size},"
+                f" got {self.num_kv_tokens}"
+            )
+        # A request needs its whole prompt and output in KV at once (whole pages).
+        longest = self.workload.longest_prompt + self.workload.output_len[1]
+        pages = -(-longest // self.page_size)
+        if pages * self.page_size > self.num_kv_tokens:
+            raise ValueError(
+                f"the KV pool is too small for one request: the longest needs {longest} tokens"
+                f" ({pages} pages of {self.page_size}), --kv-tokens is {self.num_kv_tokens}"
+            )
+        if longest > self.context_len:
+            raise ValueError(
+                f"--max-context-len {self.context_len} is shorter than the longest request"
+                f" ({longest} tokens)"
+            )
+        if self.workload.vocab_size != self.model.vocab_size:
+            raise ValueError("the workload and the model must share a vocabulary size")
+        _check_graph_sizes(self.cuda_graph_sizes)
+        if self.device == "cuda":  # last: the one check that loads torch
+            _check_cuda()
+
+
+def _check_graph_sizes(sizes: tuple[int, ...]) -> None:
+    if sizes:
+        try:
+            check_sizes(sizes)
+        except PaddingError as error:
+            raise ValueError(f"--cuda-graph-sizes: {error}") from None
+
+
+def _check_cuda() -> None:
+    import torch  # noqa: PLC0415  (only a cuda run's check loads it)
+
+    if not torch.cuda.is_available():
+        raise ValueError("device cuda: no CUDA device is available here")
