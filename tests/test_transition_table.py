@@ -17,9 +17,11 @@ from batchstate import (
     Batch,
     Chunked,
     Decoding,
+    DoesNotFit,
     Extended,
     Filtered,
     ForwardInputs,
+    GraphBuffers,
     Holder,
     Idle,
     Mixed,
@@ -34,6 +36,7 @@ from batchstate import (
     decode,
     decode_sampled,
     extend,
+    fill,
     filter_batch,
     find_leaks,
     forward_inputs,
@@ -272,6 +275,20 @@ def _call_pad(source: Source, operand: Source, pools: Pools) -> tuple[object, Po
     return padded, pools, [source]
 
 
+def _call_fill(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
+    assert isinstance(source, Decoding)
+    inputs = forward_inputs(source, pools.table, pools.page_size)
+    rows, width = len(source.rows), inputs.page_table.device.shape[1]
+    buffers = GraphBuffers.for_decode(CPU, pools.page_size, rows + 1, max(width, 1))
+    padded = fill(buffers, inputs).unwrap()
+    assert padded.num_real_rows == rows and padded.inputs.num_rows == rows + 1
+    assert padded.inputs.page_table.device.data_ptr() == buffers.page_table.data_ptr()
+    if rows > 1:  # a bucket too small: a Failure, nothing written
+        small = GraphBuffers.for_decode(CPU, pools.page_size, rows - 1, max(width, 1))
+        assert fill(small, inputs) == Failure(DoesNotFit("rows", rows, rows - 1))
+    return padded, pools, [source]
+
+
 CALLERS: dict[Callable[..., object], Caller] = {
     idle: _call_idle,
     extend: _call_extend,
@@ -286,6 +303,7 @@ CALLERS: dict[Callable[..., object], Caller] = {
     decode_sampled: _call_decode_sampled,  # type: ignore[dict-item]  # as above
     forward_inputs: _call_forward_inputs,  # type: ignore[dict-item]  # as above
     pad: _call_pad,  # type: ignore[dict-item]  # as above
+    fill: _call_fill,  # type: ignore[dict-item]  # as above
 }
 
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         forward_inputs,
     )
     from batchstate._free_list import FreeList
+    from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError, fill
     from batchstate._invariants import check_batch, check_pools
     from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
     from batchstate._merge import merge
@@ -101,6 +102,7 @@ __all__ = [
     "Decoding",
     "Departed",
     "DeviceOnly",
+    "DoesNotFit",
     "DraftError",
     "EmptyExtend",
     "EmptyPrompt",
@@ -112,6 +114,8 @@ __all__ = [
     "ForwardInputsError",
     "ForwardPhase",
     "FreeList",
+    "GraphBuffers",
+    "GraphBuffersError",
     "Holder",
     "HostColumn",
     "Idle",
@@ -165,6 +169,7 @@ __all__ = [
     "decode",
     "decode_sampled",
     "extend",
+    "fill",
     "filter_batch",
     "find_leaks",
     "flush",
