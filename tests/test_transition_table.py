@@ -14,6 +14,7 @@ from returns.result import Failure
 
 from batchstate import (
     TRANSITIONS,
+    Ahead,
     Batch,
     Chunked,
     Decoding,
@@ -47,9 +48,11 @@ from batchstate import (
     prebuilt,
     release,
     settle,
+    settle_ahead,
     split,
     sync,
     verify,
+    verify_ahead,
 )
 from tests.builders import (
     CPU,
@@ -171,6 +174,29 @@ def _call_sync(
     verifying, pools = verify(source, [3] * len(source.rows), pools).unwrap()  # type: ignore[arg-type]  # as above
     synced, pools = sync(verifying, torch.zeros(len(source.rows), dtype=torch.int64), pools)
     return synced, pools, [synced]
+
+
+def _call_verify_ahead(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    # The source is a Decoding (see test_transition_row): open a window, then the next one
+    # ahead of its counts, which stay on the device.
+    assert isinstance(source, Decoding)
+    window, pools = verify(source, [2] * len(source.rows), pools).unwrap()
+    counts = torch.ones(len(source.rows), dtype=torch.int32)
+    opened, pools = verify_ahead(window, counts, [1] * len(source.rows), pools).unwrap()
+    assert opened.seq_lens.device.tolist() == (opened.seq_lens.bound - 1).tolist()
+    return opened, pools, [opened]
+
+
+def _call_settle_ahead(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    opened, pools, _ = _call_verify_ahead(source, operand, pools)
+    assert isinstance(opened, Ahead)
+    window, pools = settle_ahead(opened, np.ones(len(opened.reqs), dtype=np.int32), pools)
+    assert window.out_cache_loc.host.tolist() == opened.out_cache_loc.device.tolist()
+    return window, pools, [window]
 
 
 def _call_mix(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
@@ -299,6 +325,8 @@ CALLERS: dict[Callable[..., object], Caller] = {
     merge: _call_merge,
     verify: _call_verify,
     sync: _call_sync,
+    verify_ahead: _call_verify_ahead,  # type: ignore[dict-item]  # its records are not all Batch
+    settle_ahead: _call_settle_ahead,  # type: ignore[dict-item]  # as above
     mix: _call_mix,  # type: ignore[dict-item]  # its records are not all Batch
     decode_sampled: _call_decode_sampled,  # type: ignore[dict-item]  # as above
     forward_inputs: _call_forward_inputs,  # type: ignore[dict-item]  # as above
@@ -352,7 +380,7 @@ def test_transition_row(  # noqa: PLR0917  # pytest passes every parameter by na
     pools = make_test_pools(page_size, prefix_cache=cache)
     # make_phase builds mirrored phases only: sync's caller opens its window from a Decoding,
     # settle's mixes one from a Filtered.
-    windows = {Verifying: Decoding, Mixed: Filtered, ForwardInputs: Decoding}
+    windows = {Verifying: Decoding, Mixed: Filtered, ForwardInputs: Decoding, Ahead: Decoding}
     phase = windows.get(row.source, row.source) if row.source is not None else None
     source, pools = (
         make_phase(phase, pools, source_lengths, probe=probe) if phase else (None, pools)
@@ -398,7 +426,7 @@ def _assert_probe_of(holder: object) -> None:
     # Every column of a record that holds rows, checked on both sides against its rids.
     if isinstance(holder, Chunked):
         assert_probe(holder.columns, [holder.req.rid])
-    elif isinstance(holder, Verifying):
+    elif isinstance(holder, Verifying | Ahead):
         assert_probe(holder.columns, holder.rids.tolist())
     else:
         rows = holder.rows  # type: ignore[attr-defined]  # a batch or a Mixed

@@ -14,6 +14,7 @@ transition returns a new record (and new `Pools` where it allocates).
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from batchstate._ahead import Ahead, AheadStep, settle_ahead, verify_ahead
     from batchstate._chunked import Chunked
     from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
     from batchstate._decode import DecodeError, decode
@@ -81,6 +82,8 @@ if TYPE_CHECKING:
     from batchstate._token_table import TokenTable
     from batchstate._transitions import TRANSITIONS, Transition
     from batchstate._unwrap import UnwrapError, unwrap
+    from batchstate._upper_bound import UpperBound
+    from batchstate._verified import Verified, read_verified
     from batchstate._version import __version__
 
 
@@ -90,6 +93,8 @@ __all__ = [
     "SGLANG_FILLS",
     "TRANSITIONS",
     "VLLM_FILLS",
+    "Ahead",
+    "AheadStep",
     "AllocError",
     "Allocation",
     "Batch",
@@ -158,6 +163,8 @@ __all__ = [
     "TooLargeToPad",
     "Transition",
     "UnwrapError",
+    "UpperBound",
+    "Verified",
     "VerifyStep",
     "Verifying",
     "__version__",
@@ -185,14 +192,17 @@ __all__ = [
     "pad",
     "prebuilt",
     "read_sampled",
+    "read_verified",
     "release",
     "settle",
+    "settle_ahead",
     "split",
     "sync",
     "unpad",
     "unpad_tokens",
     "unwrap",
     "verify",
+    "verify_ahead",
 ]
 
 

@@ -7,6 +7,7 @@ from typing import Final, TypeAlias, final
 
 import attrs
 
+from batchstate._ahead import Ahead, settle_ahead, verify_ahead
 from batchstate._chunked import Chunked
 from batchstate._decode import decode
 from batchstate._errors import (
@@ -109,6 +110,16 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         raises=(DraftError, BatchConflict),
     ),
     Transition(Verifying, sync, Filtered, raises=(DraftError,)),
+    # Under overlap: the next window opened from the device's counts, unread; settled to an
+    # exact window once the counts are on the host (read_verified).
+    Transition(
+        Verifying,
+        verify_ahead,
+        Ahead,
+        failures=(OutOfKVTokens, ContextTooLong),
+        raises=(DraftError, BatchConflict),
+    ),
+    Transition(Ahead, settle_ahead, Verifying, raises=(DraftError,)),
     # Chunked prefill and mixed forwards: new requests (no operand) or a held chunk.
     *(
         Transition(
