@@ -20,6 +20,7 @@ from batchstate import (
     decode,
     extend,
     find_leaks,
+    forward_inputs,
     idle,
     make_pools,
     read_verified,
@@ -30,6 +31,7 @@ from batchstate import (
 )
 from batchstate._mirrored import HostArray
 from batchstate.audit import device_reads
+from batchstate.backends import fa3_ahead_args, fa3_args
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
@@ -165,3 +167,24 @@ def test_refusals() -> None:
     _, elsewhere = _window(16, [2, 1, 0])  # another lineage: the same slots, not the bound
     with pytest.raises(DraftError, match="do not hold"):
         settle_ahead(opened, np.zeros(3, dtype=np.int64), elsewhere)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fa3_takes_the_bound_and_agrees_with_the_settled_window(page_size: int) -> None:
+    """FA3's arguments from the bound: the settled window's lengths on the device, a page
+    table as wide as the longest bound whose columns each row reads are the settled ones."""
+    window, pools = _window(page_size, [2, 0, 3])
+    counts = torch.tensor([1, 0, 2], dtype=torch.int32)
+    opened, pools = verify_ahead(window, counts, [1, 2, 0], pools).unwrap()
+    ahead_args = fa3_ahead_args(opened, pools.table, page_size)
+    settled, pools = settle_ahead(opened, counts.numpy(), pools)
+    exact = fa3_args(forward_inputs(settled, pools.table, page_size, slot_tokens=pools.slot_tokens))
+    assert ahead_args["cache_seqlens"].tolist() == exact["cache_seqlens"].tolist()
+    assert ahead_args["cu_seqlens_q"].tolist() == exact["cu_seqlens_q"].tolist()
+    assert ahead_args["max_seqlen_q"] == exact["max_seqlen_q"]
+    width = -(-opened.seq_lens.max_bound // page_size)
+    assert ahead_args["page_table"].shape == (3, width)
+    for row, length in enumerate(exact["cache_seqlens"].tolist()):
+        pages = -(-length // page_size)
+        ahead_pages = ahead_args["page_table"][row, :pages].tolist()
+        assert ahead_pages == exact["page_table"][row, :pages].tolist()
