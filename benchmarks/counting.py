@@ -28,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["Work", "count_device_work"]
+__all__ = ["Work", "count_allocations", "count_device_work"]
 
 _ALLOCATIONS: Final = frozenset(
     {
@@ -84,6 +84,43 @@ class _Classifier(TorchDispatchMode):  # type: ignore[no-untyped-call]
         elif not (func.is_view or func in _ALLOCATIONS):
             self.work.kernels += 1
         return out
+
+
+# torch's dispatch-mode base is untyped, as above.
+class _Allocations(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    def __init__(self, names: list[str]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # as above
+        self.names = names
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        # A return with no alias annotation is a fresh tensor: `copy_`, `fill_` and views
+        # return their input's storage (`Tensor(a!)`, `Tensor(a)`), everything else allocates.
+        if any(
+            argument.alias_info is None and "Tensor" in str(argument.type)
+            for argument in func._schema.returns
+        ):
+            self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def count_allocations() -> Iterator[list[str]]:
+    """The aten ops of the block that return a newly allocated tensor, on any device, by name.
+
+    From each op's schema: an op whose every tensor return aliases an input
+    (in-place writes, `out=` variants, views) allocates nothing. Tensors
+    made outside the dispatcher (`torch.from_numpy` of a host array) are
+    not seen: they wrap memory numpy allocated.
+    """
+    names: list[str] = []
+    with _Allocations(names):
+        yield names
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from tools.gpu_check import main
+from tools.gpu_check import check_graph_buffers, main
 
 from tests.typecheck import ROOT
 
@@ -38,4 +38,14 @@ def test_the_comparison_passes_on_the_cpu(capsys: pytest.CaptureFixture[str]) ->
     work = [line for line in lines if line.startswith("    per decode step, on meta:")]
     assert len(work) == 2
     assert all("device kernels" in line and "host-to-device copies" in line for line in work)
+    # The graph-buffer check runs uncaptured: refilled buckets give SDPA's answer.
+    graphs = [line for line in lines if line.startswith("  graph buffers, ")]
+    assert len(graphs) == 4
+    assert all(line.endswith("addresses unchanged: True") for line in graphs)
     assert lines[-1] == "gpu_check: OK"
+
+
+def test_graph_attention_reads_the_buffers_and_sees_a_refill() -> None:
+    """The captured body reads only device buffers: after a refill with other lengths its
+    answer changes, to SDPA's on the new inputs."""
+    assert check_graph_buffers(torch.device("cpu"))

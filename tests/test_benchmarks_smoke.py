@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from benchmarks.columns import VARIANTS
 from benchmarks.columns import run as run_columns
+from benchmarks.graph_buffers import count as count_graph_buffers
+from benchmarks.graph_buffers import measure as measure_graph_buffers
 from benchmarks.measure import count_blocks, count_work, final_outcomes, time_config
 from benchmarks.production import final_outcomes as production_outcomes
 from benchmarks.production import run as run_production
@@ -143,3 +145,16 @@ def test_the_profile_lists_each_phase_and_the_functions_that_cost_most() -> None
     assert all(f"{phase} " in report.splitlines()[0] for phase in (*PHASES, "step"))
     table = [line for line in report.splitlines() if line.startswith("| `")]
     assert len(table) == 5
+
+
+def test_the_graph_buffer_benchmark_reports_each_point() -> None:
+    """At tiny sizes: a median per part and the ratios against the step; on meta, `fill`
+    launches its copies and fills in one upload and allocates nothing, `pad` allocates."""
+    point = measure_graph_buffers(3, 8, 4, 5, 64)
+    assert point["bucket"] == 4
+    assert point["fill_ratio"] == pytest.approx(
+        (point["forward_inputs_us"] + point["fill_us"]) / point["decode_sampled_us"]
+    )
+    work = count_graph_buffers(3, 4)
+    assert (work["copies"], work["allocations"]) == (1, 0)
+    assert 0 < work["kernels"] <= 6 and work["pad_allocations"] > 0

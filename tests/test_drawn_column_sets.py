@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from batchstate import (
     TRANSITIONS,
+    Ahead,
     Batch,
     Chunked,
     Columns,
@@ -31,6 +32,7 @@ from batchstate import (
     DeviceOnly,
     Extended,
     Filtered,
+    GraphBuffers,
     HostColumn,
     Idle,
     Mirrored,
@@ -44,6 +46,7 @@ from batchstate import (
     decode,
     decode_sampled,
     extend,
+    fill,
     filter_batch,
     find_leaks,
     follow,
@@ -56,10 +59,12 @@ from batchstate import (
     prebuilt,
     release,
     settle,
+    settle_ahead,
     split,
     sync,
     unwrap,
     verify,
+    verify_ahead,
 )
 from batchstate._mirrored import torch_dtype
 from batchstate._scalars import SCALAR_NAMES
@@ -155,7 +160,7 @@ class Story:
         for holder in holders:
             if isinstance(holder, Chunked):
                 self.expect(holder.columns, [holder.req.rid])
-            elif isinstance(holder, Verifying):
+            elif isinstance(holder, Verifying | Ahead):
                 self.expect(holder.columns, holder.rids.tolist())
             else:
                 rows = holder.rows  # type: ignore[attr-defined]  # a batch or a Mixed
@@ -170,6 +175,7 @@ class Story:
 COVERED: Final = frozenset(
     {idle, extend, prebuilt, decode, filter_batch, split, merge, verify, sync, mix}
     | {decode_sampled, settle, forward_inputs, pad, release, follow, join_sampled}
+    | {fill, verify_ahead, settle_ahead}
 )
 
 
@@ -203,6 +209,8 @@ def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any],
     story.check(pools, extended)
     inputs = forward_inputs(extended, pools.table, pools.page_size)
     assert unwrap(pad(inputs, [64])).num_real_rows == 4
+    buffers = GraphBuffers.allocate(CPU, pools.page_size, rows=8, tokens=64, max_pages=64)
+    assert unwrap(fill(buffers, inputs)).num_real_rows == 4
     decoding, pools = unwrap(decode(extended, pools))
     story.check(pools, decoding)
     kept, left = split(decoding, [0, 2, 3])
@@ -248,7 +256,13 @@ def _speculate_and_join(
     # A verify window synced with one draft accepted per row; then a row prefilled beside
     # the running ones, merged, and the two forwards' device tokens joined to feed both.
     decoding, pools = unwrap(decode(running, pools))
-    window, pools = unwrap(verify(decoding, [2] * len(decoding.rows), pools))
+    first, pools = unwrap(verify(decoding, [2] * len(decoding.rows), pools))
+    story.check(pools, first)
+    # Under overlap: the next window opened from the device's counts, then settled.
+    counts = torch.ones(len(decoding.rows), dtype=torch.int32)
+    opened, pools = unwrap(verify_ahead(first, counts, [2] * len(decoding.rows), pools))
+    story.check(pools, opened)
+    window, pools = settle_ahead(opened, counts.numpy(), pools)
     story.check(pools, window)
     synced, pools = sync(window, np.ones(len(decoding.rows), dtype=np.int64), pools)
     story.check(pools, synced)

@@ -20,7 +20,7 @@ from batchstate.audit import device_reads
 
 def snippet(
     decoding: Decoding, filtered: Filtered, verifying: Verifying, pools: Pools,
-    tensor: torch.Tensor,
+    tensor: torch.Tensor, ahead: Ahead,
 ) -> None:
 """
 
@@ -45,11 +45,31 @@ REJECTED: Final = {
     "reject_verify_filtered": ("verify(filtered, [0], pools)", "[arg-type]"),
     "reject_verify_verifying": ("verify(verifying, [0], pools)", "[arg-type]"),
     "reject_sync_decoding": ("sync(decoding, tensor, pools)", "[arg-type]"),
+    # A window opened ahead: lengths known only as an upper bound refuse exact-length code.
+    "reject_forward_inputs_ahead": ("forward_inputs(ahead, pools.table, 1)", "[call-overload]"),
+    "reject_sync_ahead": ("sync(ahead, tensor, pools)", "[arg-type]"),
+    "reject_decode_ahead": ("decode(ahead, pools)", "[arg-type]"),
+    "reject_verify_ahead_of_ahead": ("verify_ahead(ahead, tensor, [1], pools)", "[arg-type]"),
+    "reject_bound_as_host": ("print(ahead.seq_lens.host)", "[attr-defined]"),
+    "reject_bound_as_mirror": (
+        "def plan(seq_lens: Mirrored) -> None: ...\nplan(ahead.seq_lens)",
+        "[arg-type]",
+    ),
+    "reject_device_counts_to_settle": ("settle_ahead(ahead, tensor, pools)", "[arg-type]"),
+    "reject_ahead_as_batch": ("batch: Batch = ahead", "[assignment]"),
     # verify can fail: its Result must be unwrapped first.
     "reject_verify_result_as_step": ("print(verify(decoding, [0], pools).batch)", "[attr-defined]"),
 }
 
 ACCEPTED: Final = {
+    "accept_overlapped_speculation": """\
+        opened, pools = verify_ahead(verifying, tensor, [2], pools).unwrap()
+        bound: UpperBound = opened.seq_lens
+        widest: int = bound.max_bound
+        verified = read_verified(tensor, tensor[:, None])
+        window, pools = settle_ahead(opened, verified.counts, pools)
+        running, pools = sync(window, verified.counts, pools)
+    """,
     "accept_speculative_step": """\
         verifying, reserved = verify(decoding, [2], pools).unwrap()
         accepted = torch.zeros(1, dtype=torch.int64)

@@ -14,12 +14,15 @@ from returns.result import Failure
 
 from batchstate import (
     TRANSITIONS,
+    Ahead,
     Batch,
     Chunked,
     Decoding,
+    DoesNotFit,
     Extended,
     Filtered,
     ForwardInputs,
+    GraphBuffers,
     Holder,
     Idle,
     Mixed,
@@ -34,6 +37,7 @@ from batchstate import (
     decode,
     decode_sampled,
     extend,
+    fill,
     filter_batch,
     find_leaks,
     forward_inputs,
@@ -44,9 +48,11 @@ from batchstate import (
     prebuilt,
     release,
     settle,
+    settle_ahead,
     split,
     sync,
     verify,
+    verify_ahead,
 )
 from tests.builders import (
     CPU,
@@ -170,6 +176,29 @@ def _call_sync(
     return synced, pools, [synced]
 
 
+def _call_verify_ahead(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    # The source is a Decoding (see test_transition_row): open a window, then the next one
+    # ahead of its counts, which stay on the device.
+    assert isinstance(source, Decoding)
+    window, pools = verify(source, [2] * len(source.rows), pools).unwrap()
+    counts = torch.ones(len(source.rows), dtype=torch.int32)
+    opened, pools = verify_ahead(window, counts, [1] * len(source.rows), pools).unwrap()
+    assert opened.seq_lens.device.tolist() == (opened.seq_lens.bound - 1).tolist()
+    return opened, pools, [opened]
+
+
+def _call_settle_ahead(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    opened, pools, _ = _call_verify_ahead(source, operand, pools)
+    assert isinstance(opened, Ahead)
+    window, pools = settle_ahead(opened, np.ones(len(opened.reqs), dtype=np.int32), pools)
+    assert window.out_cache_loc.host.tolist() == opened.out_cache_loc.device.tolist()
+    return window, pools, [window]
+
+
 def _call_mix(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
     # Idle or Filtered source; the operand is a held Chunked, or None for new requests only.
     assert isinstance(source, Idle | Filtered)
@@ -272,6 +301,20 @@ def _call_pad(source: Source, operand: Source, pools: Pools) -> tuple[object, Po
     return padded, pools, [source]
 
 
+def _call_fill(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
+    assert isinstance(source, Decoding)
+    inputs = forward_inputs(source, pools.table, pools.page_size)
+    rows, width = len(source.rows), inputs.page_table.device.shape[1]
+    buffers = GraphBuffers.for_decode(CPU, pools.page_size, rows + 1, max(width, 1))
+    padded = fill(buffers, inputs).unwrap()
+    assert padded.num_real_rows == rows and padded.inputs.num_rows == rows + 1
+    assert padded.inputs.page_table.device.data_ptr() == buffers.page_table.data_ptr()
+    if rows > 1:  # a bucket too small: a Failure, nothing written
+        small = GraphBuffers.for_decode(CPU, pools.page_size, rows - 1, max(width, 1))
+        assert fill(small, inputs) == Failure(DoesNotFit("rows", rows, rows - 1))
+    return padded, pools, [source]
+
+
 CALLERS: dict[Callable[..., object], Caller] = {
     idle: _call_idle,
     extend: _call_extend,
@@ -282,10 +325,13 @@ CALLERS: dict[Callable[..., object], Caller] = {
     merge: _call_merge,
     verify: _call_verify,
     sync: _call_sync,
+    verify_ahead: _call_verify_ahead,  # type: ignore[dict-item]  # its records are not all Batch
+    settle_ahead: _call_settle_ahead,  # type: ignore[dict-item]  # as above
     mix: _call_mix,  # type: ignore[dict-item]  # its records are not all Batch
     decode_sampled: _call_decode_sampled,  # type: ignore[dict-item]  # as above
     forward_inputs: _call_forward_inputs,  # type: ignore[dict-item]  # as above
     pad: _call_pad,  # type: ignore[dict-item]  # as above
+    fill: _call_fill,  # type: ignore[dict-item]  # as above
 }
 
 
@@ -334,7 +380,7 @@ def test_transition_row(  # noqa: PLR0917  # pytest passes every parameter by na
     pools = make_test_pools(page_size, prefix_cache=cache)
     # make_phase builds mirrored phases only: sync's caller opens its window from a Decoding,
     # settle's mixes one from a Filtered.
-    windows = {Verifying: Decoding, Mixed: Filtered, ForwardInputs: Decoding}
+    windows = {Verifying: Decoding, Mixed: Filtered, ForwardInputs: Decoding, Ahead: Decoding}
     phase = windows.get(row.source, row.source) if row.source is not None else None
     source, pools = (
         make_phase(phase, pools, source_lengths, probe=probe) if phase else (None, pools)
@@ -380,7 +426,7 @@ def _assert_probe_of(holder: object) -> None:
     # Every column of a record that holds rows, checked on both sides against its rids.
     if isinstance(holder, Chunked):
         assert_probe(holder.columns, [holder.req.rid])
-    elif isinstance(holder, Verifying):
+    elif isinstance(holder, Verifying | Ahead):
         assert_probe(holder.columns, holder.rids.tolist())
     else:
         rows = holder.rows  # type: ignore[attr-defined]  # a batch or a Mixed

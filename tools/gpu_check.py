@@ -15,6 +15,12 @@ to each of the sizes 1, 2, 4 and 8, captures one CUDA graph per size of
 paged SDPA attention over the padded inputs, and checks that its replay
 equals the eager run; FlashInfer's decode and FA3's `flash_attn_with_kvcache`
 run on the same inputs when they are installed (each says so when not).
+Last, for decode buckets of 1, 4 and 8 rows and a verify bucket of 4 rows
+and 3 drafts a row, it fills one bucket's `GraphBuffers`, captures a CUDA
+graph of attention that reads only the buffers, fills them with another
+step's forward (other rows, lengths and drafts), replays, and compares the
+real tokens with SDPA run eagerly on the unpadded inputs; the buffers'
+addresses must not move (on the CPU the same check runs without capture).
 Exit status 1 if anything differs or raised.
 """
 
@@ -39,23 +45,27 @@ from benchmarks.counting import count_device_work
 from batchstate import (
     Batch,
     ForwardInputs,
+    GraphBuffers,
     Pools,
     Req,
     check_batch,
     check_pools,
     decode,
     extend,
+    fill,
     forward_inputs,
     idle,
     make_pools,
     pad,
     unpad,
+    unpad_tokens,
+    verify,
 )
 from batchstate.audit import device_reads
 from batchstate.backends import fa3_args, flashinfer_decode_plan, sdpa_attention
 from tools.decode_loop import LoopConfig, Snapshot, run_loop, scripted_accept
 
-__all__ = ["main"]
+__all__ = ["check_graph_buffers", "graph_attention", "main"]
 
 _PAGE_SIZES: Final = (1, 16)
 
@@ -80,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok = _check(device, config) and ok
     if device.type == "cuda":
         ok = _check_forward(device) and ok
+    ok = check_graph_buffers(device) and ok
     print("gpu_check: OK" if ok else "gpu_check: FAILED")
     return 0 if ok else 1
 
@@ -159,6 +170,109 @@ def _check_forward(device: torch.device) -> bool:
         print(line)
         ok = ok and same
     return ok
+
+
+def check_graph_buffers(device: torch.device) -> bool:
+    """Capture attention over filled `GraphBuffers`, refill with other steps, replay, compare.
+
+    On CUDA each bucket's graph is captured once, over its first step's
+    fill; each later step refills the same buffers and replays. Elsewhere
+    the graph's body runs eagerly over the same buffers.
+    """
+    ok = True
+    heads, dim, page_size = 2, 32, 16
+    buckets = {
+        "decode 1": (GraphBuffers.for_decode(device, page_size, 1, 16), 0),
+        "decode 4": (GraphBuffers.for_decode(device, page_size, 4, 16), 0),
+        "decode 8": (GraphBuffers.for_decode(device, page_size, 8, 16), 0),
+        "verify 4x3": (GraphBuffers.for_verify(device, page_size, 4, 3, 16), 3),
+    }
+    for name, (buffers, drafts) in buckets.items():
+        addresses = _addresses(buffers)
+        generator = torch.Generator(device=device).manual_seed(buffers.rows)
+        k = torch.randn(64 * 256, heads, dim, device=device, generator=generator)
+        v = torch.randn(64 * 256, heads, dim, device=device, generator=generator)
+        static_q = torch.zeros(buffers.tokens, heads, dim, device=device)
+        errors, graph, static_out = [], None, None
+        for step in range(3):
+            rows = max(buffers.rows - step, 1)
+            inputs = _step_inputs(device, page_size, rows, drafts, step)
+            padded = fill(buffers, inputs).unwrap()
+            q = torch.randn(inputs.num_tokens, heads, dim, device=device, generator=generator)
+            static_q.copy_(padded.pad_tokens(q))
+            if device.type != "cuda":
+                static_out = graph_attention(padded.inputs, static_q, k, v)
+            elif graph is None:
+                graph = torch.cuda.CUDAGraph()
+                graph_attention(padded.inputs, static_q, k, v)  # warm-up outside the capture
+                with torch.cuda.graph(graph):
+                    static_out = graph_attention(padded.inputs, static_q, k, v)
+            else:
+                graph.replay()
+            if graph is not None and step == 0:
+                graph.replay()
+            assert static_out is not None
+            replayed = unpad_tokens(padded.wrap(static_out))
+            errors.append(float((replayed - sdpa_attention(inputs, q, k, v)).abs().max()))
+        same = max(errors) < 1e-4 and _addresses(buffers) == addresses
+        print(
+            f"  graph buffers, {name}: 3 steps of other rows and lengths into one bucket,"
+            f" max error {max(errors):.1e}, addresses unchanged:"
+            f" {_addresses(buffers) == addresses}"
+        )
+        ok = ok and same
+    return ok
+
+
+def graph_attention(
+    inputs: ForwardInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """Paged causal attention from the device sides alone: fixed shapes, so a graph replays it.
+
+    Each token finds its row in `qo_indptr`, reads its row's `page_table`
+    pages in full, and masks keys past its position or its row's length;
+    tokens in no row get zeros.
+    """
+    table, page_size = inputs.page_table.device, inputs.page_size
+    rows, width = table.shape
+    tokens = q.shape[0]
+    token_at = torch.arange(tokens, device=q.device)
+    row = torch.searchsorted(inputs.qo_indptr.device[1:], token_at.to(torch.int32), right=True)
+    in_row = row < rows
+    row = row.clamp(max=rows - 1)
+    offsets = torch.arange(page_size, device=q.device)
+    locs = (table.long()[:, :, None] * page_size + offsets).reshape(rows, width * page_size)
+    keys, values = k[locs[row]], v[locs[row]]  # [tokens, keys, heads, dim]
+    key_at = torch.arange(width * page_size, device=q.device)
+    seq = inputs.seq_lens.device.long()[row]
+    visible = (key_at[None, :] <= inputs.positions.device[:, None]) & (
+        key_at[None, :] < seq[:, None]
+    )
+    scores = torch.einsum("thd,tkhd->thk", q, keys) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    out = torch.einsum("thk,tkhd->thd", scores.softmax(-1).nan_to_num(0.0), values)
+    return out * in_row[:, None, None]
+
+
+def _step_inputs(
+    device: torch.device, page_size: int, rows: int, drafts: int, step: int
+) -> ForwardInputs:
+    # One step's forward: `rows` requests of lengths that change with `step`, decoded, and
+    # for a verify bucket, a window of ragged drafts (at most `drafts` a row).
+    pools = make_pools(8, 256, 64 * 256, device, page_size)
+    reqs = [Req(rid, tuple(range(1, 9 + 23 * rid + 11 * step))) for rid in range(rows)]
+    extended, pools = extend(idle(device), reqs, pools).unwrap()
+    decoding, pools = decode(extended, pools).unwrap()
+    if not drafts:
+        return forward_inputs(decoding, pools.table, page_size)
+    draft_lens = [(row + step) % (drafts + 1) for row in range(rows)]
+    window, pools = verify(decoding, draft_lens, pools).unwrap()
+    return forward_inputs(window, pools.table, page_size, slot_tokens=pools.slot_tokens)
+
+
+def _addresses(buffers: GraphBuffers) -> list[int]:
+    tensors = (buffers.block, buffers.page_table, buffers.kv_indices, buffers.out_cache_loc)
+    return [tensor.data_ptr() for tensor in tensors]
 
 
 def _backends(

@@ -14,6 +14,7 @@ transition returns a new record (and new `Pools` where it allocates).
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from batchstate._ahead import Ahead, AheadStep, settle_ahead, verify_ahead
     from batchstate._captured_sizes import PaddingError
     from batchstate._chunked import Chunked
     from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         forward_inputs,
     )
     from batchstate._free_list import FreeList
+    from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError, fill
     from batchstate._invariants import check_batch, check_pools
     from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
     from batchstate._merge import merge
@@ -81,6 +83,8 @@ if TYPE_CHECKING:
     from batchstate._token_table import TokenTable
     from batchstate._transitions import TRANSITIONS, Transition
     from batchstate._unwrap import UnwrapError, unwrap
+    from batchstate._upper_bound import UpperBound
+    from batchstate._verified import Verified, read_verified
     from batchstate._version import __version__
 
 
@@ -90,6 +94,8 @@ __all__ = [
     "SGLANG_FILLS",
     "TRANSITIONS",
     "VLLM_FILLS",
+    "Ahead",
+    "AheadStep",
     "AllocError",
     "Allocation",
     "Batch",
@@ -102,6 +108,7 @@ __all__ = [
     "Decoding",
     "Departed",
     "DeviceOnly",
+    "DoesNotFit",
     "DraftError",
     "EmptyExtend",
     "EmptyPrompt",
@@ -113,6 +120,8 @@ __all__ = [
     "ForwardInputsError",
     "ForwardPhase",
     "FreeList",
+    "GraphBuffers",
+    "GraphBuffersError",
     "Holder",
     "HostColumn",
     "Idle",
@@ -155,6 +164,8 @@ __all__ = [
     "TooLargeToPad",
     "Transition",
     "UnwrapError",
+    "UpperBound",
+    "Verified",
     "VerifyStep",
     "Verifying",
     "__version__",
@@ -166,6 +177,7 @@ __all__ = [
     "decode",
     "decode_sampled",
     "extend",
+    "fill",
     "filter_batch",
     "find_leaks",
     "flush",
@@ -181,14 +193,17 @@ __all__ = [
     "pad",
     "prebuilt",
     "read_sampled",
+    "read_verified",
     "release",
     "settle",
+    "settle_ahead",
     "split",
     "sync",
     "unpad",
     "unpad_tokens",
     "unwrap",
     "verify",
+    "verify_ahead",
 ]
 
 

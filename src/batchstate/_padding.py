@@ -21,14 +21,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final, final
 
 import attrs
-import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812  # torch's own idiom
 from returns.result import Failure, Result, Success
 
 from batchstate._captured_sizes import PaddingError, check_sizes, is_int
 from batchstate._forward_inputs import ForwardInputs
-from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
+from batchstate._mirrored import DeviceOnly, upload
+from batchstate._padded_layout import padded_layout, with_padding
 
 __all__ = [
     "FILL_FIELDS",
@@ -241,76 +241,22 @@ def pad(
 
 
 def _pad_to(inputs: ForwardInputs, size: int, fills: Mapping[str, int]) -> Padded:
-    page_size, num_rows = inputs.page_size, inputs.num_rows
-    query, kv = (fills["extend_lens"], fills["seq_lens"]) if inputs.is_decode else (0, 0)
-    new_rows = size - num_rows if inputs.is_decode else 0
-    rowless = size - inputs.num_tokens - new_rows * query  # padded tokens in no row
-    pages = -(-kv // page_size)
-    last = kv - (pages - 1) * page_size if pages else 0
-
-    def grow(pair: Mirrored[np.int32], step: int) -> HostArray:
-        # CSR offsets, continued by `new_rows` rows of `step` each.
-        host = pair.host.astype(np.int64)
-        return np.concatenate((host, host[-1] + step * np.arange(1, new_rows + 1)))
-
-    def rows_of(pair: Mirrored[np.int32] | Mirrored, fill: int) -> HostArray:
-        return np.concatenate((pair.host.astype(np.int64), np.full(new_rows, fill, np.int64)))
-
-    qo_indptr = grow(inputs.qo_indptr, query)
-    hosts = (
-        rows_of(inputs.req_pool_indices, fills["req_pool_indices"]),
-        np.concatenate(
-            (inputs.positions.host, np.full(size - inputs.num_tokens, fills["positions"], np.int64))
-        ),
-        np.maximum(qo_indptr[1:] - 1, 0),
-        *(
-            array.astype(np.int32)
-            for array in (
-                qo_indptr,
-                grow(inputs.cu_seqlens_k, kv),
-                grow(inputs.kv_indptr, pages),
-                rows_of(inputs.seq_lens, kv),
-                rows_of(inputs.prefix_lens, kv - query),
-                rows_of(inputs.extend_lens, query),
-                rows_of(inputs.kv_last_page_len, last),
-            )
-        ),
-    )
-    device = inputs.device
-    pairs = [
-        Mirrored._pair(frozen(host), side)
-        for host, side in zip(hosts, upload(hosts, device), strict=True)
-    ]
-    new_pages = new_rows * pages
+    rows = size if inputs.is_decode else inputs.num_rows  # prefill: tokens in no row
+    layout = padded_layout(inputs, rows, size, fills)
     page_table = inputs.page_table.device
     width = max(inputs.table_pages, page_table.shape[1])
-    padded_inputs = attrs.evolve(
+    page_fill = fills["kv_indices"]
+    padded_inputs = with_padding(
         inputs,
-        num_rows=num_rows + new_rows,
-        num_tokens=size,
-        seq_lens_sum=inputs.seq_lens_sum + new_rows * kv,
-        max_q_len=max(inputs.max_q_len, query if new_rows else 0),
-        max_kv_len=max(inputs.max_kv_len, kv if new_rows else 0),
-        num_pages=inputs.num_pages + new_pages,
-        req_pool_indices=pairs[0],
-        positions=pairs[1],
-        sample_index=pairs[2],
-        qo_indptr=pairs[3],
-        cu_seqlens_k=pairs[4],
-        kv_indptr=pairs[5],
-        seq_lens=pairs[6],
-        prefix_lens=pairs[7],
-        extend_lens=pairs[8],
-        kv_last_page_len=pairs[9],
-        kv_indices=DeviceOnly(
-            F.pad(inputs.kv_indices.device, (0, new_pages), value=fills["kv_indices"])
+        layout,
+        upload(layout.hosts, inputs.device),
+        DeviceOnly(
+            F.pad(inputs.kv_indices.device, (0, layout.new_rows * layout.pages), value=page_fill)
         ),
-        page_table=DeviceOnly(
-            F.pad(
-                page_table, (0, width - page_table.shape[1], 0, new_rows), value=fills["kv_indices"]
-            )
+        DeviceOnly(
+            F.pad(page_table, (0, width - page_table.shape[1], 0, layout.new_rows), value=page_fill)
         ),
-        out_cache_loc=DeviceOnly(
+        DeviceOnly(
             F.pad(
                 inputs.out_cache_loc.device,
                 (0, size - inputs.num_tokens),
@@ -318,8 +264,9 @@ def _pad_to(inputs: ForwardInputs, size: int, fills: Mapping[str, int]) -> Padde
             )
         ),
     )
-    assert rowless >= 0  # the size holds the count, and a padded row adds at most one token
-    return Padded(padded_inputs, num_rows, inputs.num_tokens, dict(fills))
+    # the size holds the count, and a padded row adds at most one token
+    assert size - inputs.num_tokens - layout.new_rows * layout.query >= 0
+    return Padded(padded_inputs, inputs.num_rows, inputs.num_tokens, dict(fills))
 
 
 def _pad_first(tensor: torch.Tensor, real: int, size: int, fill: int | float) -> torch.Tensor:

@@ -222,7 +222,7 @@ def sync(
 
     Args:
         batch: the verify window.
-        num_accepted: int64 `[num_reqs]` on `batch.device`, each in
+        num_accepted: int32 or int64 `[num_reqs]` on `batch.device`, each in
             `[0, draft_lens[i]]`, written by the verify forward; or the same
             counts as a 1-D numpy integer array.
         pools: the pools `verify` returned, or their successors.
@@ -251,11 +251,11 @@ def sync(
         )
     elif (
         num_accepted.shape != (num_reqs,)
-        or num_accepted.dtype != torch.int64
+        or num_accepted.dtype not in (torch.int32, torch.int64)
         or num_accepted.device != batch.device
     ):
         raise DraftError(
-            f"num_accepted: expected int64 [{num_reqs}] on {batch.device}, got"
+            f"num_accepted: expected int32 or int64 [{num_reqs}] on {batch.device}, got"
             f" {num_accepted.dtype} {list(num_accepted.shape)} on {num_accepted.device}"
         )
     expect_pools(pools)
@@ -270,7 +270,8 @@ def sync(
         accepted = num_accepted.astype(np.int64)  # known on the host: nothing to read
     else:
         with permitted_reads("speculative sync: accepted draft counts"):
-            accepted = num_accepted.to("cpu").numpy()  # NOTE: the one device read; it waits
+            # NOTE: the one device read; it waits
+            accepted = num_accepted.to("cpu").numpy().astype(np.int64)
     bad = (accepted < 0) | (accepted > drafts)
     if bad.any():
         row = int(bad.argmax())

@@ -7,6 +7,7 @@ from typing import Final, TypeAlias, final
 
 import attrs
 
+from batchstate._ahead import Ahead, settle_ahead, verify_ahead
 from batchstate._chunked import Chunked
 from batchstate._decode import decode
 from batchstate._errors import (
@@ -25,6 +26,7 @@ from batchstate._errors import (
 from batchstate._extend import extend, idle, prebuilt
 from batchstate._filter import filter_batch, split
 from batchstate._forward_inputs import ForwardInputs, ForwardInputsError, forward_inputs
+from batchstate._graph_buffers import DoesNotFit, GraphBuffersError, fill
 from batchstate._merge import merge
 from batchstate._mix import decode_sampled, mix
 from batchstate._mixed import Mixed, settle
@@ -108,6 +110,16 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         raises=(DraftError, BatchConflict),
     ),
     Transition(Verifying, sync, Filtered, raises=(DraftError,)),
+    # Under overlap: the next window opened from the device's counts, unread; settled to an
+    # exact window once the counts are on the host (read_verified).
+    Transition(
+        Verifying,
+        verify_ahead,
+        Ahead,
+        failures=(OutOfKVTokens, ContextTooLong),
+        raises=(DraftError, BatchConflict),
+    ),
+    Transition(Ahead, settle_ahead, Verifying, raises=(DraftError,)),
     # Chunked prefill and mixed forwards: new requests (no operand) or a held chunk.
     *(
         Transition(
@@ -144,4 +156,6 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         for source in (Idle, Extended, Decoding, Mixed, Verifying)
     ),
     Transition(ForwardInputs, pad, Padded, failures=(TooLargeToPad,), raises=(PaddingError,)),
+    # The same padding, written into one captured bucket's buffers, allocated once.
+    Transition(ForwardInputs, fill, Padded, failures=(DoesNotFit,), raises=(GraphBuffersError,)),
 )

@@ -18,12 +18,17 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F  # noqa: N812  # torch's own idiom
 
+from batchstate._ahead import Ahead
+from batchstate._columns import C
 from batchstate._forward_inputs import ForwardInputs
+from batchstate._mirrored import upload
+from batchstate._token_table import TokenTable
 
 __all__ = [
     "FA3Args",
     "FlashInferDecodePlan",
     "FlashInferPrefillPlan",
+    "fa3_ahead_args",
     "fa3_args",
     "flashinfer_decode_plan",
     "flashinfer_prefill_plan",
@@ -87,6 +92,34 @@ def fa3_args(inputs: ForwardInputs) -> FA3Args:
         "page_table": inputs.page_table.device,
         "cu_seqlens_q": inputs.qo_indptr.device,
         "max_seqlen_q": inputs.max_q_len,
+    }
+
+
+def fa3_ahead_args(ahead: Ahead[C], table: TokenTable, page_size: int) -> FA3Args:
+    """FA3's arguments for a window opened ahead of its lengths: the bound sizes the page table.
+
+    FA3 reads each row's length on the device (`cache_seqlens`) and only
+    that many of its page-table columns, so an upper bound serves: the
+    table is gathered as wide as the longest bound, in pages, and the
+    exact lengths come from the device. FlashInfer's `plan()` needs exact
+    host offsets and has no such function. One upload (the page starts),
+    a gather and, with pages of more than one token, a division; no read.
+
+    Raises:
+        BatchConflict: `table` lives on another device than `ahead`.
+    """
+    table.expect_on(ahead.device)
+    width = -(-ahead.seq_lens.max_bound // page_size)
+    (starts,) = upload((np.arange(width, dtype=np.int64) * page_size,), ahead.device)
+    page_table = table.device[ahead.req_pool_indices.device[:, None], starts[None, :]]
+    if page_size > 1:
+        page_table = torch.div(page_table, page_size, rounding_mode="floor")
+    spans = ahead.draft_lens + 1
+    return {
+        "cache_seqlens": ahead.seq_lens.device.to(torch.int32),
+        "page_table": page_table,
+        "cu_seqlens_q": ahead.qo_indptr.device,
+        "max_seqlen_q": int(spans.max()) if spans.shape[0] else 0,
     }
 
 
