@@ -40,6 +40,9 @@ OTHER_TOOLS: Final = {
     "tools/soak.py": {"--threads", "--production", "--requests", "--check-every", "--seed"},
     "tools/mutation.py": {"--max-children", "--left", "--survivors", "--report"},
     "mutmut": {"--max-children"},
+    "pip install": {"--index-url", "--extra-index-url"},
+    "tools/version_matrix.py": {"--torch", "--python", "--index-url", "--root"},
+    "tools/figures.py": {"--suite"},
 }
 
 
