@@ -31,6 +31,7 @@ __all__ = [
     "OutOfKVTokens",
     "OutOfReqSlots",
     "PhaseError",
+    "PoolsArgumentError",
     "RecordShapeError",
     "ReleaseError",
     "StaleRecord",
@@ -206,6 +207,15 @@ class StalePools(ValueError):
     Pools are linear: every value of one lineage shares the table and the
     free lists, so only the newest may allocate or free. Raised before
     anything is read or written.
+    """
+
+
+class PoolsArgumentError(ValueError):
+    """An argument to a public `Pools` method that does not fit the pools it is handed.
+
+    A negative count, an array of the wrong dtype or shape, a slot the
+    pools do not hold, or a length other than what the slot owns: the
+    message names the argument. Raised before anything is taken or freed.
     """
 
 
