@@ -64,7 +64,7 @@ def make_pools(
         PrefixCache._empty(page_size, enabled=prefix_cache),
         _NO_PREFIXES,
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
-        1,
+        stamp.first_gen,
         stamp,
         stamp.current,  # version 0: the newest
     )

@@ -34,7 +34,7 @@ from batchstate._errors import (
 )
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, same, upload
 from batchstate._phases import Decoding, Filtered, Step
-from batchstate._pool_allocation import take_tokens
+from batchstate._pool_allocation import reissue, take_tokens
 from batchstate._pool_release import shrink_slots
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, build_rows, check_columns, check_device, check_host
@@ -216,7 +216,9 @@ def sync(
     audit counts it and does not forbid it. Row i's length becomes
     `c + num_accepted[i]`; KV pages holding only unaccepted drafts go back
     to the pools. Pools that do not hold the window (those from before
-    `verify`) are refused before the read. Counts the host has already (a
+    `verify`) are refused before the read, and so is a window already
+    synced: its rows come back holding their slots at a new generation.
+    Counts the host has already (a
     numpy integer array: an engine that read them itself, or one that
     verifies on the host) are taken as they are, with no read.
 
@@ -279,11 +281,14 @@ def sync(
     shrunk = shrink_slots(pools, slots, seq_lens)
     if not isinstance(shrunk, Success):
         raise DraftError(f"the pools do not own this batch's slots: {shrunk.failure()}")
+    # The window is consumed: its slots move to a new generation, so a second
+    # sync or a release of the window is refused, whatever it accepted.
+    gens, after = reissue(shrunk.unwrap(), slots)
     rows, _ = build_rows(
         batch.device,
         batch.reqs,
         batch.rids,
-        batch.gens,
+        gens,
         batch.req_pool_indices,
         seq_lens,
         int(seq_lens.sum()),
@@ -291,7 +296,7 @@ def sync(
         batch.columns,
     )
     check_columns(rows)
-    return Step(Filtered(rows), shrunk.unwrap()._commit())
+    return Step(Filtered(rows), after._commit())
 
 
 def _window_layout(committed: HostArray, drafts: HostArray) -> tuple[HostArray, HostArray]:
