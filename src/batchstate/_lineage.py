@@ -10,13 +10,13 @@ from __future__ import annotations
 import itertools
 from typing import Final, final
 
-__all__ = ["Stamp"]
+__all__ = ["GENERATION_BITS", "Stamp"]
 
 # Generations are 64-bit: each lineage numbers its slot allocations from its own
 # base, 2**40 apart (2**40 allocations: 35 years at 1,000 a second), so two
 # lineages never issue the same generation and a record of one is stale in the
 # other. 2**22 lineages per process before the bases wrap around.
-_GENERATION_BITS: Final = 40
+GENERATION_BITS: Final = 40
 _LINEAGES: Final = 1 << 22
 _next_lineage = itertools.count()
 
@@ -39,7 +39,7 @@ class Stamp:
         self.current = 0
         self.issued = 0
         lineage = next(_next_lineage) % _LINEAGES
-        self.first_gen = (lineage << _GENERATION_BITS) + 1
+        self.first_gen = (lineage << GENERATION_BITS) + 1
 
     def issue(self) -> int:
         self.issued += 1

@@ -223,7 +223,9 @@ def pad(
     Raises:
         PaddingError: bad `sizes` (see `bucket`) or `fills`: a field
             missing or unknown, a non-int, `extend_lens` other than 0 or 1,
-            or `seq_lens` below `extend_lens`; `at_least` below 0.
+            or `seq_lens` below `extend_lens`; a fill outside the table or
+            the KV cache (a slot, position, location or page no pools hand
+            out; `out_cache_loc=-1` is allowed); `at_least` below 0.
 
     >>> from batchstate import Req, decode, extend, forward_inputs, idle, make_pools
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"))
@@ -235,6 +237,7 @@ def pad(
     """
     fills = SGLANG_FILLS if fills is None else fills
     _check_fills(fills)
+    _check_fill_ranges(inputs, fills)
     if not _is_int(at_least) or at_least < 0:
         raise PaddingError(f"at_least must be an int >= 0, got {at_least!r}")
     count = max(inputs.num_tokens, at_least)
@@ -349,6 +352,26 @@ def _check_sizes(sizes: Sequence[int]) -> None:
         raise PaddingError(
             f"captured sizes must be >= 1 and strictly increasing, got {list(sizes)}"
         )
+
+
+def _check_fill_ranges(inputs: ForwardInputs, fills: Mapping[str, int]) -> None:
+    # A fill pointing outside the table or the KV cache would make a padded row read
+    # or write memory no pools hand out (or past the cache's end).
+    context = inputs.table_pages * inputs.page_size
+    pages = inputs.kv_cache_size // inputs.page_size
+    limits = {
+        "req_pool_indices": (0, inputs.table_rows - 1),
+        "seq_lens": (0, context),
+        "positions": (0, context - 1),
+        "out_cache_loc": (-1, inputs.kv_cache_size - 1),  # -1: a location kernels skip
+        "kv_indices": (0, pages - 1),
+    }
+    for name, (low, high) in limits.items():
+        if not low <= fills[name] <= high:
+            raise PaddingError(
+                f"fills: {name}={fills[name]} points outside the table or the KV cache:"
+                f" expected {low}..{high}"
+            )
 
 
 def _check_fills(fills: Mapping[str, int]) -> None:

@@ -38,9 +38,18 @@ from batchstate._pool_allocation import reissue, take_tokens
 from batchstate._pool_release import shrink_slots
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, build_rows, check_columns, check_device, check_host
+from batchstate._token_table import TokenTable
 from batchstate.audit import permitted_reads
 
-__all__ = ["Drafts", "VerifyStep", "Verifying", "sync", "verify", "window_lens"]
+__all__ = [
+    "Drafts",
+    "VerifyStep",
+    "Verifying",
+    "holds_window",
+    "sync",
+    "verify",
+    "window_lens",
+]
 
 # Draft tokens per row: Python ints, or a 1-D integer numpy array or CPU tensor.
 Drafts: TypeAlias = Sequence[int] | npt.NDArray[np.integer] | torch.Tensor
@@ -323,13 +332,23 @@ def window_lens(pools: Pools, batch: Verifying[C]) -> HostArray | None:
     if not same(pools.slot_gens[slots], batch.gens):
         return None  # a slot released and handed out again
     held = pools.slot_tokens[slots]
+    return held if holds_window(pools.table, held, batch) else None
+
+
+def holds_window(table: TokenTable, held: HostArray, batch: Verifying[C]) -> bool:
+    """Whether slots holding `held` tokens each (drafts included) hold `batch`'s window.
+
+    Each row's table cells `[c - 1, c + d)` must be the locations `verify`
+    wrote for its decode token and drafts: locations are never shared
+    between positions, so lengths from before `verify` (or another pools')
+    fail. One host gather.
+    """
     committed = held - batch.draft_lens
-    if (committed < 1).any():
-        return None
-    # Each row's table cells [c - 1, c + d) hold its decode token's and drafts' locations.
+    if (committed < 1).any() or (held > table.max_context_len).any():
+        return False
     rows, positions = _window_layout(committed, batch.draft_lens)
-    cells = pools.table.host[slots[rows], positions]
-    return held if np.array_equal(cells, batch.out_cache_loc.host) else None
+    cells = table.host[batch.req_pool_indices.host[rows], positions]
+    return np.array_equal(cells, batch.out_cache_loc.host)
 
 
 def _draft_lens(draft_lens: Drafts, num_reqs: int) -> HostArray:
