@@ -260,6 +260,15 @@ def _check_host(
             f" {'writable' if array.flags.writeable else 'read-only'} {array.dtype}"
             f" array {list(array.shape)}"
         )
+    base = array.base
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            # Its owner can still write it: the records would change under a passing check.
+            raise ColumnError(
+                f"{name}: a read-only view of a writable array; pass a copy"
+                f" (`frozen(array.copy())`) or build the set with `build_columns`"
+            )
+        base = base.base
 
 
 def _check_device(
