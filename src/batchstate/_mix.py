@@ -139,6 +139,9 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     pools.table.expect_on(rows.device)
     _expect_tokens(tokens, rows)
     _expect_columns(rows, admit, columns)
+    given: object = budget  # callers without mypy may pass anything
+    if not isinstance(given, int) or isinstance(given, bool):
+        raise TypeError(f"mix: budget must be an int, got {type(budget).__name__}")
     if budget < 1:
         return Failure(NoChunkBudget(budget))
     if not admit and not len(rows):

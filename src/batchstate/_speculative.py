@@ -172,13 +172,13 @@ def verify(
     pools.table.expect_on(rows.device)
     drafts = _draft_lens(draft_lens, len(rows))
     committed = rows.seq_lens.host
-    reserved = committed + drafts
-    too_long = reserved > pools.max_context_len
+    # Compared before adding: a count near int64's maximum would wrap the sum negative.
+    too_long = drafts > pools.max_context_len - committed
+    reserved = committed + np.minimum(drafts, pools.max_context_len)
     if too_long.any():
         row = int(too_long.argmax())
-        return Failure(
-            ContextTooLong(rows.reqs[row].rid, int(reserved[row]), pools.max_context_len)
-        )
+        needed = int(committed[row]) + int(drafts[row])  # Python ints: no wrap
+        return Failure(ContextTooLong(rows.reqs[row].rid, needed, pools.max_context_len))
     _expect_current(rows, pools)
     slots = rows.req_pool_indices.host
     allocation = take_tokens(pools, slots, committed, reserved)
