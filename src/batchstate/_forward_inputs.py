@@ -25,6 +25,7 @@ import torch
 
 from batchstate._columns import C
 from batchstate._errors import PhaseError
+from batchstate._expect import expect_instance
 from batchstate._forward_checks import ForwardInputsError, expect_table_of, window_seq_lens
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate._mixed import Mixed
@@ -167,6 +168,7 @@ def forward_inputs(
     >>> inputs.kv_last_page_len.host.tolist(), inputs.max_q_len
     ([1, 1], 5)
     """
+    expect_instance(table, TokenTable, "forward_inputs: table")
     slots, prefix, extend, seq, locs = _layout(batch, table, slot_tokens)
     device = slots.device.device
     table.expect_on(device)

@@ -40,6 +40,7 @@ from batchstate._errors import (
     OutOfReqSlots,
     PhaseError,
 )
+from batchstate._expect import expect_instance
 from batchstate._mirrored import (
     NO_INTS,
     DeviceOnly,
@@ -176,6 +177,7 @@ def decode_sampled(
             or `batch` and `pools` live on different devices.
         StaleRecord: `batch` and `pools` disagree about a slot.
     """
+    expect_instance(sampled, Sampled, "decode_sampled: sampled")
     if not isinstance(batch, Filtered):
         raise PhaseError(f"decode_sampled takes Filtered, got {type(batch).__name__}")
     expect_pools(pools)

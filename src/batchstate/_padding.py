@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812  # torch's own idiom
 from returns.result import Failure, Result, Success
 
+from batchstate._expect import expect_instance
 from batchstate._forward_inputs import ForwardInputs
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 
@@ -165,6 +166,7 @@ def unpad(output: PaddedOutput) -> torch.Tensor:
     A slice for a decode forward; one device gather by the uploaded
     `sample_index` otherwise.
     """
+    expect_instance(output, PaddedOutput, "unpad: output")
     padded, tensor = output.padded, output._tensor  # the one reader
     inputs = padded.inputs
     if inputs.is_decode and padded.num_real_tokens == padded.num_real_rows:
@@ -174,6 +176,7 @@ def unpad(output: PaddedOutput) -> torch.Tensor:
 
 def unpad_tokens(output: PaddedOutput) -> torch.Tensor:
     """The real tokens' outputs, `[num_real_tokens, ...]` (a view)."""
+    expect_instance(output, PaddedOutput, "unpad_tokens: output")
     return output._tensor[: output.padded.num_real_tokens]  # as above
 
 
@@ -185,8 +188,10 @@ def bucket(sizes: Sequence[int], count: int) -> Result[int, TooLargeToPad]:
 
     Raises:
         PaddingError: `sizes` is empty, not strictly increasing, or holds a
-            size below 1 or a non-int.
+            size below 1 or a non-int; `count` is not an int >= 0.
     """
+    if not _is_int(count) or count < 0:
+        raise PaddingError(f"count must be an int >= 0, got {count!r}")
     _check_sizes(sizes)
     for size in sizes:
         if size >= count:
@@ -235,6 +240,7 @@ def pad(
     >>> padded.inputs.num_rows, padded.inputs.seq_lens.host.tolist()
     (4, [3, 2, 1, 1])
     """
+    expect_instance(inputs, ForwardInputs, "pad: inputs")
     fills = SGLANG_FILLS if fills is None else fills
     _check_fills(fills)
     _check_fill_ranges(inputs, fills)
