@@ -346,10 +346,12 @@ def test_a_device_table_that_differs_from_the_host_one() -> None:
 
 
 def test_a_row_whose_input_does_not_start_with_its_slots_prefix() -> None:
-    _, pools, _ = _running()
+    batch, pools, _ = _running()
     other, _, _ = _running(tuple(range(50, 58)))
+    # The same row under another request (of the same rid): its prefix is not this input.
+    swapped = attrs.evolve(batch, rows=attrs.evolve(batch.rows, reqs=other.rows.reqs))
     with raises_exactly("slot 3: its cached prefix is not the start of request 3's input"):
-        check_pools(pools, [other])
+        check_pools(pools, [swapped])
 
 
 def test_a_prefix_whose_tokens_the_cache_does_not_hold() -> None:

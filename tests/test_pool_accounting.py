@@ -29,8 +29,9 @@ from batchstate._mirrored import HostArray, host_int64
 CPU: Final = torch.device("cpu")
 
 
-def _two_slots(num_kv_tokens: int = 64) -> tuple[HostArray, Pools]:
-    slots, pools = make_pools(4, 32, num_kv_tokens, CPU, page_size=4).allocate_slots(2).unwrap()
+def _two_slots(num_kv_tokens: int = 64, context: int = 32) -> tuple[HostArray, Pools]:
+    pools = make_pools(4, context, num_kv_tokens, CPU, page_size=4)
+    slots, pools = pools.allocate_slots(2).unwrap()
     assert slots.tolist() == [1, 2]
     return slots, pools
 
@@ -45,7 +46,7 @@ def test_allocate_fresh_lays_out_whole_pages_per_row() -> None:
 
 
 def test_allocate_fresh_past_the_free_pages_is_a_failure() -> None:
-    slots, pools = _two_slots()
+    slots, pools = _two_slots(context=64)
     result = pools.allocate_fresh(slots, [40, 40])
     assert result == Failure(OutOfKVTokens(20, 16, 4))
 

@@ -21,11 +21,12 @@ from collections.abc import Sequence
 from typing import Final
 
 import attrs
+import numpy as np
 import pytest
 import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
-from returns.result import Success
+from returns.result import Failure, Success
 
 from batchstate import (
     ContextTooLong,
@@ -34,6 +35,7 @@ from batchstate import (
     DraftError,
     Holder,
     Idle,
+    NotOwned,
     OutOfKVTokens,
     Pools,
     StalePools,
@@ -41,6 +43,7 @@ from batchstate import (
     Verifying,
     check_batch,
     check_pools,
+    idle,
     release,
     split,
     sync,
@@ -309,9 +312,19 @@ class SpeculativeMachine(BatchMachine):
         assert (snapshot((window, num_accepted)), _host_state(pools)) == state, (
             "sync changed its inputs (the window, the counts or the pools passed in)"
         )
+        # The window is consumed: its rows hold their slots at one new generation.
+        new_gens = synced.rows.gens.tolist()
+        assert len(set(new_gens)) <= 1 and all(gen > self.last_gen for gen in new_gens)
+        self.last_gen = max(new_gens, default=self.last_gen)
         for row, count in zip(rows, accepted, strict=True):
             row.seq_len += count
+            row.gen = self.last_gen
         self._assert_rows(synced, rows)
+        if rows:  # the consumed window is refused by a second sync and by release
+            with pytest.raises(DraftError, match="do not hold this batch's drafts"):
+                sync(window, np.zeros(len(rows), dtype=np.int64), after)
+            refused = release(window, idle(window.device), after)
+            assert isinstance(refused, Failure) and isinstance(refused.failure(), NotOwned)
         assert after.slot_tokens.tolist()[1:] == [
             next((row.seq_len for row in self._owners() if row.slot == slot), 0)
             for slot in range(1, self.shape.max_reqs + 1)

@@ -58,6 +58,11 @@ class Chunked(Generic[C]):
             return NotHeld(self.req.rid, slot, self.cached, owned)
         if int(pools.slot_gens[slot]) != self.gen:
             return NotHeld(self.req.rid, slot, self.cached, owned, stale=True)
+        # With the cache on the pools know the tokens the slot's row reads: a chunk whose
+        # request was swapped for another would publish tokens the cache does not hold.
+        prefix = pools.prefixes.get(slot)
+        if prefix is not None and tuple(self.req.input_ids[: len(prefix)]) != tuple(prefix):
+            return NotHeld(self.req.rid, slot, self.cached, owned, other_tokens=True)
         return None
 
     @property

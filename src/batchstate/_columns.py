@@ -39,6 +39,7 @@ import numpy.typing as npt
 import torch
 from typing_extensions import TypeVar
 
+from batchstate._column_values import exact_values
 from batchstate._errors import ColumnError
 from batchstate._mirrored import (
     DeviceOnly,
@@ -202,7 +203,10 @@ def build_columns(
         device: where the device sides live.
 
     Raises:
-        ColumnError: a column is missing or unknown, or the columns' lengths differ.
+        ColumnError: a column is missing or unknown, the columns' lengths
+            differ, or a value does not fit its column's dtype exactly (a
+            float into an int column, an int out of range): nothing is
+            wrapped or truncated.
     """
     fields = _fields(cls)
     names = {field.name for field in fields}
@@ -211,7 +215,10 @@ def build_columns(
     lengths = {len(column) for column in values.values()}
     if len(lengths) > 1:
         raise ColumnError(f"{cls.__name__}: columns of different lengths {sorted(lengths)}")
-    hosts = [np.asarray(values[field.name], dtype=field.dtype) for field in fields]
+    hosts = [
+        exact_values(f"{cls.__name__}.{field.name}", values[field.name], field.dtype)
+        for field in fields
+    ]
     on_device = [host for host, field in zip(hosts, fields, strict=True) if field.kind != "host"]
     sides = upload(on_device, device)
     built: dict[str, object] = {}
@@ -253,6 +260,15 @@ def _check_host(
             f" {'writable' if array.flags.writeable else 'read-only'} {array.dtype}"
             f" array {list(array.shape)}"
         )
+    base = array.base
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            # Its owner can still write it: the records would change under a passing check.
+            raise ColumnError(
+                f"{name}: a read-only view of a writable array; pass a copy"
+                f" (`frozen(array.copy())`) or build the set with `build_columns`"
+            )
+        base = base.base
 
 
 def _check_device(

@@ -31,6 +31,7 @@ __all__ = [
     "OutOfKVTokens",
     "OutOfReqSlots",
     "PhaseError",
+    "PoolsArgumentError",
     "RecordShapeError",
     "ReleaseError",
     "StaleRecord",
@@ -148,8 +149,18 @@ class NotHeld:
     # The slot holds that many tokens, but for a later owner: it was released and
     # handed out again (the chunk's generation is not the slot's).
     stale: bool = False
+    # The slot holds that many tokens at the chunk's generation, but the cached
+    # prefix its row reads is not the start of the chunk's request (the request was
+    # swapped). Known only with the prefix cache on: with it off the pools keep no
+    # tokens, and a chunk's request is trusted.
+    other_tokens: bool = False
 
     def __str__(self) -> str:
+        if self.other_tokens:
+            return (
+                f"request {self.rid} is not held in slot {self.slot}: the slot's cached prefix"
+                " is not the start of this request (the chunk's request was swapped)"
+            )
         if self.stale:
             return (
                 f"request {self.rid} is not held in slot {self.slot}: the slot was released"
@@ -206,6 +217,15 @@ class StalePools(ValueError):
     Pools are linear: every value of one lineage shares the table and the
     free lists, so only the newest may allocate or free. Raised before
     anything is read or written.
+    """
+
+
+class PoolsArgumentError(ValueError):
+    """An argument to a public `Pools` method that does not fit the pools it is handed.
+
+    A negative count, an array of the wrong dtype or shape, a slot the
+    pools do not hold, or a length other than what the slot owns: the
+    message names the argument. Raised before anything is taken or freed.
     """
 
 

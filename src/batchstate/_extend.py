@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from array import array
 from collections.abc import Sequence
 from itertools import chain
@@ -335,9 +334,9 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     )
 
 
-@functools.cache
 def _no_prefix(num_reqs: int) -> HostArray:
-    # Read-only zeros, shared: a fresh extend's prefix lengths.
+    # Read-only zeros: a fresh extend's prefix lengths. Each record gets its own: a
+    # shared array written through `torch.as_tensor` would change every record's.
     return frozen(np.zeros(num_reqs, dtype=np.int64))
 
 

@@ -25,6 +25,8 @@ import torch
 
 from batchstate._columns import C
 from batchstate._errors import PhaseError
+from batchstate._expect import expect_instance
+from batchstate._forward_checks import ForwardInputsError, expect_table_of, window_seq_lens
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate._mixed import Mixed
 from batchstate._phases import Decoding, Extended, Idle
@@ -35,10 +37,6 @@ __all__ = ["ForwardInputs", "ForwardInputsError", "ForwardPhase", "forward_input
 
 # The records whose forward these inputs feed (Verifying: the verify forward).
 ForwardPhase: TypeAlias = Idle[C] | Extended[C] | Decoding[C] | Mixed[C]
-
-
-class ForwardInputsError(ValueError):
-    """Inputs that cannot describe a forward: a page size below 1, or a bad `slot_tokens`."""
 
 
 @final
@@ -57,6 +55,10 @@ class ForwardInputs:
         page_size: KV tokens per page.
         table_pages: pages in a full row of the token table (a static
             page-table width, for CUDA graphs).
+        table_rows: rows of the token table: request slots, padding row 0
+            included (a fill's slot must be one).
+        kv_cache_size: KV locations the pools hand out, padding page 0
+            included (a fill's location or page must be one).
         num_rows: rows (requests) in the forward.
         num_tokens: query tokens in the forward (`input_ids`' length).
         seq_lens_sum: KV tokens every row attends over, summed.
@@ -85,6 +87,8 @@ class ForwardInputs:
     device: torch.device
     page_size: int
     table_pages: int
+    table_rows: int
+    kv_cache_size: int
     num_rows: int
     num_tokens: int
     seq_lens_sum: int
@@ -151,7 +155,9 @@ def forward_inputs(
     Raises:
         PhaseError: `batch` runs no forward, or a `Verifying` came without `slot_tokens`.
         BatchConflict: `table` lives on another device than `batch`.
-        ForwardInputsError: `page_size` < 1, or `slot_tokens` does not cover the window.
+        ForwardInputsError: `page_size` is not the pools' of `table`, `table`
+            is another pools' than `batch`'s, or `slot_tokens` do not hold
+            the window (read before `verify`, or another pools').
 
     >>> from batchstate import Req, extend, idle, make_pools
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"), page_size=4)
@@ -162,20 +168,20 @@ def forward_inputs(
     >>> inputs.kv_last_page_len.host.tolist(), inputs.max_q_len
     ([1, 1], 5)
     """
-    if not _is_int(page_size) or page_size < 1:
-        raise ForwardInputsError(f"page_size must be an int >= 1, got {page_size!r}")
-    slots, prefix, extend, seq, locs = _layout(batch, slot_tokens)
+    expect_instance(table, TokenTable, "forward_inputs: table")
+    slots, prefix, extend, seq, locs = _layout(batch, table, slot_tokens)
     device = slots.device.device
     table.expect_on(device)
+    expect_table_of(batch, table, page_size)
     return _build(table, page_size, slots, prefix, extend, seq, locs)
 
 
 def _layout(
-    batch: ForwardPhase[C] | Verifying[C], slot_tokens: HostArray | None
+    batch: ForwardPhase[C] | Verifying[C], table: TokenTable, slot_tokens: HostArray | None
 ) -> tuple[Mirrored, HostArray, HostArray, HostArray, torch.Tensor]:
     # Each row's slot, prefix, query and KV lengths (host), and the tokens' KV locations.
     if isinstance(batch, Verifying):
-        return _window_layout(batch, slot_tokens)
+        return _window_layout(batch, table, slot_tokens)
     if not isinstance(batch, Idle | Extended | Decoding | Mixed):
         raise PhaseError(
             "forward_inputs takes Idle, Extended, Decoding, Mixed or Verifying,"
@@ -194,29 +200,13 @@ def _layout(
 
 
 def _window_layout(
-    batch: Verifying[C], slot_tokens: HostArray | None
+    batch: Verifying[C], table: TokenTable, slot_tokens: HostArray | None
 ) -> tuple[Mirrored, HostArray, HostArray, HostArray, torch.Tensor]:
     # Row i queries its decode token and its drafts, positions [c - 1, c + d), and attends
     # over every token its slot owns, c + d: what verify reserved.
-    if slot_tokens is None:
-        raise PhaseError("forward_inputs of a Verifying window takes slot_tokens=pools.slot_tokens")
-    slots = batch.req_pool_indices
-    given: object = slot_tokens  # callers without mypy may pass anything
-    if (
-        not isinstance(given, np.ndarray)
-        or slot_tokens.ndim != 1
-        or slot_tokens.dtype != np.int64
-        or (len(slots) and int(slots.host.max()) >= slot_tokens.shape[0])
-    ):
-        raise ForwardInputsError("slot_tokens must be the pools' int64 tokens per slot")
-    seq = slot_tokens[slots.host]
+    seq = window_seq_lens(batch, table, slot_tokens)
     extend = batch.draft_lens + 1
-    prefix = seq - extend
-    if (prefix < 0).any():
-        raise ForwardInputsError(
-            "slot_tokens do not hold this window's drafts: pass the pools verify returned"
-        )
-    return slots, prefix, extend, seq, batch.out_cache_loc.device
+    return batch.req_pool_indices, seq - extend, extend, seq, batch.out_cache_loc.device
 
 
 def _build(  # noqa: PLR0917  # one row's layout, in the order _layout returns it
@@ -268,6 +258,8 @@ def _build(  # noqa: PLR0917  # one row's layout, in the order _layout returns i
         device=device,
         page_size=page_size,
         table_pages=-(-table.max_context_len // page_size),
+        table_rows=int(table.host.shape[0]),
+        kv_cache_size=table.kv_cache_size,
         num_rows=num_rows,
         num_tokens=num_tokens,
         seq_lens_sum=int(seq.sum()),
@@ -288,10 +280,6 @@ def _build(  # noqa: PLR0917  # one row's layout, in the order _layout returns i
         page_table=DeviceOnly(page_table),
         out_cache_loc=DeviceOnly(locs),
     )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _offsets(lens: HostArray) -> HostArray:

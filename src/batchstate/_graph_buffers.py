@@ -29,6 +29,7 @@ import attrs
 import torch
 from returns.result import Failure, Result, Success
 
+from batchstate._expect import expect_instance
 from batchstate._forward_inputs import ForwardInputs
 from batchstate._mirrored import DeviceOnly, describe
 from batchstate._padded_layout import field_lengths, padded_layout, with_padding
@@ -229,6 +230,7 @@ def fill(buffers: GraphBuffers, inputs: ForwardInputs) -> Result[Padded, DoesNot
     with the buffers unchanged.
 
     Raises:
+        TypeError: `buffers` or `inputs` is not of its type.
         GraphBuffersError: `inputs` live on another device or use another page size.
 
     >>> from batchstate import Req, decode, extend, forward_inputs, idle, make_pools
@@ -240,6 +242,8 @@ def fill(buffers: GraphBuffers, inputs: ForwardInputs) -> Result[Padded, DoesNot
     >>> padded.inputs.seq_lens.device.tolist(), padded.inputs.page_table.device.shape
     ([3, 2, 1, 1], torch.Size([4, 8]))
     """
+    expect_instance(buffers, GraphBuffers, "fill: buffers")
+    expect_instance(inputs, ForwardInputs, "fill: inputs")
     if inputs.device != buffers.device or inputs.page_size != buffers.page_size:
         raise GraphBuffersError(
             f"inputs on {inputs.device} with page size {inputs.page_size}; the buffers on"

@@ -7,11 +7,11 @@ from collections.abc import Iterable
 import numpy as np
 
 from batchstate._columns import C
-from batchstate._errors import InvariantViolation, RecordShapeError
+from batchstate._errors import InvariantViolation, PhaseError, RecordShapeError
 from batchstate._mirrored import torch_dtype
 from batchstate._phases import Batch, Decoding, Extended
 from batchstate._pools import Pools, expect_pools
-from batchstate._rows import check_columns
+from batchstate._rows import Rows, check_columns
 from batchstate._shared_invariants import (
     check_shared_pools,
     expect_generations,
@@ -26,8 +26,15 @@ def check_batch(batch: Batch[C], *, compare_device: bool = False) -> None:
 
     Raises:
         InvariantViolation: naming the invariant and the numbers.
+        PhaseError: `batch` is not a batch with rows (a `Verifying`,
+            `Departed`, `Chunked` or `Sampled`, say).
     """
-    rows = batch.rows
+    rows = getattr(batch, "rows", None)
+    if not isinstance(rows, Rows):
+        raise PhaseError(
+            "check_batch takes Idle, Extended, Decoding, Filtered or Mixed,"
+            f" got {type(batch).__name__}"
+        )
     num_reqs = len(rows.reqs)
     try:
         check_columns(rows)  # transitions build Rows without running it

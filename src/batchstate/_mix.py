@@ -40,6 +40,7 @@ from batchstate._errors import (
     OutOfReqSlots,
     PhaseError,
 )
+from batchstate._expect import expect_instance
 from batchstate._mirrored import (
     NO_INTS,
     DeviceOnly,
@@ -139,6 +140,9 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     pools.table.expect_on(rows.device)
     _expect_tokens(tokens, rows)
     _expect_columns(rows, admit, columns)
+    given: object = budget  # callers without mypy may pass anything
+    if not isinstance(given, int) or isinstance(given, bool):
+        raise TypeError(f"mix: budget must be an int, got {type(budget).__name__}")
     if budget < 1:
         return Failure(NoChunkBudget(budget))
     if not admit and not len(rows):
@@ -173,6 +177,7 @@ def decode_sampled(
             or `batch` and `pools` live on different devices.
         StaleRecord: `batch` and `pools` disagree about a slot.
     """
+    expect_instance(sampled, Sampled, "decode_sampled: sampled")
     if not isinstance(batch, Filtered):
         raise PhaseError(f"decode_sampled takes Filtered, got {type(batch).__name__}")
     expect_pools(pools)

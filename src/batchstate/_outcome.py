@@ -17,6 +17,8 @@ from returns.pipeline import is_successful
 from returns.result import Result
 from typing_extensions import TypeVar
 
+from batchstate._expect import expect_instance
+
 __all__ = ["Err", "Ok", "Outcome", "outcome"]
 
 _Value = TypeVar("_Value")
@@ -59,6 +61,7 @@ def outcome(result: Result[_Value, _Error]) -> Outcome[_Value, _Error]:
     ...         print(error)
     2 slots wanted, 1 free
     """
+    expect_instance(result, Result, "outcome: result")
     if is_successful(result):
         return Ok(result.unwrap())
     return Err(result.failure())

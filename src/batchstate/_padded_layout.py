@@ -149,6 +149,8 @@ def with_padding(  # noqa: PLR0917  # the three device fields, in ForwardInputs'
         device=inputs.device,
         page_size=inputs.page_size,
         table_pages=inputs.table_pages,
+        table_rows=inputs.table_rows,
+        kv_cache_size=inputs.kv_cache_size,
         num_rows=layout.rows,
         num_tokens=layout.tokens,
         seq_lens_sum=inputs.seq_lens_sum + added * layout.kv,

@@ -26,6 +26,7 @@ import torch.nn.functional as F  # noqa: N812  # torch's own idiom
 from returns.result import Failure, Result, Success
 
 from batchstate._captured_sizes import PaddingError, check_sizes, is_int
+from batchstate._expect import expect_instance
 from batchstate._forward_inputs import ForwardInputs
 from batchstate._mirrored import DeviceOnly, upload
 from batchstate._padded_layout import padded_layout, with_padding
@@ -161,6 +162,7 @@ def unpad(output: PaddedOutput) -> torch.Tensor:
     A slice for a decode forward; one device gather by the uploaded
     `sample_index` otherwise.
     """
+    expect_instance(output, PaddedOutput, "unpad: output")
     padded, tensor = output.padded, output._tensor  # the one reader
     inputs = padded.inputs
     if inputs.is_decode and padded.num_real_tokens == padded.num_real_rows:
@@ -170,6 +172,7 @@ def unpad(output: PaddedOutput) -> torch.Tensor:
 
 def unpad_tokens(output: PaddedOutput) -> torch.Tensor:
     """The real tokens' outputs, `[num_real_tokens, ...]` (a view)."""
+    expect_instance(output, PaddedOutput, "unpad_tokens: output")
     return output._tensor[: output.padded.num_real_tokens]  # as above
 
 
@@ -181,8 +184,10 @@ def bucket(sizes: Sequence[int], count: int) -> Result[int, TooLargeToPad]:
 
     Raises:
         PaddingError: `sizes` is empty, not strictly increasing, or holds a
-            size below 1 or a non-int.
+            size below 1 or a non-int; `count` is not an int >= 0.
     """
+    if not is_int(count) or count < 0:
+        raise PaddingError(f"count must be an int >= 0, got {count!r}")
     check_sizes(sizes)
     for size in sizes:
         if size >= count:
@@ -219,7 +224,9 @@ def pad(
     Raises:
         PaddingError: bad `sizes` (see `bucket`) or `fills`: a field
             missing or unknown, a non-int, `extend_lens` other than 0 or 1,
-            or `seq_lens` below `extend_lens`; `at_least` below 0.
+            or `seq_lens` below `extend_lens`; a fill outside the table or
+            the KV cache (a slot, position, location or page no pools hand
+            out; `out_cache_loc=-1` is allowed); `at_least` below 0.
 
     >>> from batchstate import Req, decode, extend, forward_inputs, idle, make_pools
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"))
@@ -229,8 +236,10 @@ def pad(
     >>> padded.inputs.num_rows, padded.inputs.seq_lens.host.tolist()
     (4, [3, 2, 1, 1])
     """
+    expect_instance(inputs, ForwardInputs, "pad: inputs")
     fills = SGLANG_FILLS if fills is None else fills
     _check_fills(fills)
+    _check_fill_ranges(inputs, fills)
     if not is_int(at_least) or at_least < 0:
         raise PaddingError(f"at_least must be an int >= 0, got {at_least!r}")
     count = max(inputs.num_tokens, at_least)
@@ -276,6 +285,26 @@ def _pad_first(tensor: torch.Tensor, real: int, size: int, fill: int | float) ->
         )
     widths = (0, 0) * (tensor.dim() - 1) + (0, size - real)
     return F.pad(tensor, widths, value=fill)
+
+
+def _check_fill_ranges(inputs: ForwardInputs, fills: Mapping[str, int]) -> None:
+    # A fill pointing outside the table or the KV cache would make a padded row read
+    # or write memory no pools hand out (or past the cache's end).
+    context = inputs.table_pages * inputs.page_size
+    pages = inputs.kv_cache_size // inputs.page_size
+    limits = {
+        "req_pool_indices": (0, inputs.table_rows - 1),
+        "seq_lens": (0, context),
+        "positions": (0, context - 1),
+        "out_cache_loc": (-1, inputs.kv_cache_size - 1),  # -1: a location kernels skip
+        "kv_indices": (0, pages - 1),
+    }
+    for name, (low, high) in limits.items():
+        if not low <= fills[name] <= high:
+            raise PaddingError(
+                f"fills: {name}={fills[name]} points outside the table or the KV cache:"
+                f" expected {low}..{high}"
+            )
 
 
 def _check_fills(fills: Mapping[str, int]) -> None:

@@ -20,7 +20,7 @@ from batchstate._sharing import lanes
 if TYPE_CHECKING:
     from batchstate._pools import Pools
 
-__all__ = ["Allocation", "take_fresh", "take_next", "take_slots", "take_tokens"]
+__all__ = ["Allocation", "reissue", "take_fresh", "take_next", "take_slots", "take_tokens"]
 
 
 class Allocation(NamedTuple):
@@ -42,6 +42,19 @@ def take_slots(pools: Pools, num_slots: int) -> tuple[HostArray, Pools] | OutOfR
     return frozen(slots.copy()), pools._evolve(
         slot_list=rest, slot_gens=frozen(slot_gens), next_gen=pools.next_gen + 1
     )
+
+
+def reissue(pools: Pools, slots: HostArray) -> tuple[HostArray, Pools]:
+    """Owned `slots` at one new generation (returned per slot): every older holder is stale.
+
+    For a record consumed by a transition that keeps its slots (a synced
+    verify window): the record it returns holds the new generation, and the
+    consumed one, at the old, is refused by every transition and `release`.
+    """
+    slot_gens = pools.slot_gens.copy()
+    slot_gens[slots] = pools.next_gen
+    gens = frozen(np.full(slots.shape[0], pools.next_gen, dtype=np.int64))
+    return gens, pools._evolve(slot_gens=frozen(slot_gens), next_gen=pools.next_gen + 1)
 
 
 def take_tokens(

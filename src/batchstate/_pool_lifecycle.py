@@ -54,8 +54,16 @@ def make_pools(
         )
     num_pages = num_kv_tokens // page_size
     stamp = Stamp()
+    table = TokenTable.zeros(
+        max_reqs,
+        max_context_len,
+        device,
+        page_size=page_size,
+        num_pages=num_pages,
+        first_gen=stamp.first_gen,
+    )
     return Pools(
-        TokenTable.zeros(max_reqs, max_context_len, device),
+        table,
         page_size,
         num_pages,
         FreeList.of(np.arange(1, max_reqs + 1, dtype=np.int64)),
@@ -64,7 +72,7 @@ def make_pools(
         PrefixCache._empty(page_size, enabled=prefix_cache),
         _NO_PREFIXES,
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
-        1,
+        stamp.first_gen,
         stamp,
         stamp.current,  # version 0: the newest
     )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 from returns.result import Failure, Result, Success
 
-from batchstate._errors import NotOwned
+from batchstate._errors import NotOwned, PoolsArgumentError
 from batchstate._mirrored import HostArray, frozen, same
 from batchstate._prefix_cache import Tokens
 from batchstate._sharing import give_back
@@ -90,7 +90,7 @@ def shrink_slots(pools: Pools, slots: HostArray, new_lens: HostArray) -> Result[
     bad = (new_lens < floor) | (new_lens > held)
     if bad.any():
         at = int(bad.argmax())
-        raise ValueError(
+        raise PoolsArgumentError(
             f"slot {int(slots[at])} owns {int(held[at])} tokens"
             f" ({int(floor[at])} of them needed: its cached prefix, or one),"
             f" cannot shrink to {int(new_lens[at])}"

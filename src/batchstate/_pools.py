@@ -16,6 +16,14 @@ from batchstate._free_list import FreeList
 from batchstate._lineage import Stamp
 from batchstate._mirrored import HostArray, describe, frozen
 from batchstate._pool_allocation import Allocation, take_fresh, take_next, take_slots, take_tokens
+from batchstate._pool_arguments import (
+    check_count,
+    check_free,
+    check_fresh,
+    check_next,
+    check_shrink,
+    check_tokens,
+)
 from batchstate._pool_release import give_back_slots, shrink_slots
 from batchstate._prefix_cache import PrefixCache, Tokens
 from batchstate._token_table import TokenTable
@@ -161,10 +169,13 @@ class Pools:
 
         Like every public method that allocates or frees, it refuses stale
         pools (`StalePools`) and commits its result. The slots' generation is
-        `pools.slot_gens[slots]` of the pools returned.
+        `pools.slot_gens[slots]` of the pools returned. Each of these methods
+        checks its arguments against these pools first (a bad one raises
+        `PoolsArgumentError` naming it); transitions skip those checks: they
+        derive their arguments from records already checked.
         """
         self._expect_newest()
-        allocated = take_slots(self, num_slots)
+        allocated = take_slots(self, check_count(num_slots))
         if isinstance(allocated, OutOfReqSlots):
             return Failure(allocated)
         allocated[1]._commit()
@@ -178,9 +189,11 @@ class Pools:
         Pages are counted from host lengths: a row needs a new page at each
         position that starts one. Partly filled last pages are filled first.
         Does not write the table: the caller does, once all allocations of
-        its transition have succeeded.
+        its transition have succeeded. `slots` must be owned and hold
+        `old_lens` tokens each; `new_lens >= old_lens`, within the table.
         """
         self._expect_newest()
+        check_tokens(self, slots, old_lens, new_lens)
         allocation = take_tokens(self, slots, old_lens, new_lens)
         return _committed(allocation)
 
@@ -190,10 +203,11 @@ class Pools:
         """Locations for positions `[0, seq_lens[i])` of each newly owned slot `slots[i]`.
 
         The extend fast path: pages are counted in Python and each row's
-        locations are its whole pages laid out in order.
+        locations are its whole pages laid out in order. `slots` must be
+        owned and hold no tokens yet; each length is in `[1, max_context_len]`.
         """
         self._expect_newest()
-        allocation = take_fresh(self, slots, seq_lens)
+        allocation = take_fresh(self, slots, check_fresh(self, slots, seq_lens))
         return _committed(allocation)
 
     def allocate_next(
@@ -203,8 +217,10 @@ class Pools:
 
         The same as `allocate_tokens(slots, new_lens - 1, new_lens)` in fewer
         host ops: a row needs a page only where its new position starts one.
+        Each slot must be owned and hold `new_lens[i] - 1` tokens.
         """
         self._expect_newest()
+        check_next(self, slots, new_lens)
         allocation = take_next(self, slots, new_lens)
         return _committed(allocation)
 
@@ -243,9 +259,11 @@ class Pools:
             another generation. `self` is unchanged either way.
 
         Raises:
+            PoolsArgumentError: an argument of the wrong type, dtype or length.
             StalePools: `self` is not the newest pools.
         """
         self._expect_newest()
+        check_free(slots, seq_lens, tokens, gens)
         freed = give_back_slots(self, slots, seq_lens, tokens, gens)
         return freed if isinstance(freed, Failure) else Success(freed.unwrap()._commit())
 
@@ -266,11 +284,13 @@ class Pools:
             repeats). `self` is unchanged either way.
 
         Raises:
-            ValueError: a new length below 1 (or the cached prefix) or above
-                what the slot owns.
+            PoolsArgumentError: an argument of the wrong type, dtype or length,
+                or a new length below 1 (or the cached prefix) or above what
+                the slot owns.
             StalePools: `self` is not the newest pools.
         """
         self._expect_newest()
+        check_shrink(slots, new_lens)
         shrunk = shrink_slots(self, slots, new_lens)
         return shrunk if isinstance(shrunk, Failure) else Success(shrunk.unwrap()._commit())
 

@@ -19,6 +19,7 @@ import torch
 from batchstate._columns import C
 from batchstate._copies import read_only_copies
 from batchstate._errors import BatchConflict, PhaseError, RecordShapeError
+from batchstate._expect import expect_instance
 from batchstate._mirrored import DeviceOnly, HostArray, describe, frozen, same, upload
 from batchstate._phases import Filtered
 from batchstate._rows import Rows, check_host
@@ -88,6 +89,7 @@ def follow(sampled: Sampled, batch: Filtered[C]) -> Sampled:
         PhaseError: `batch` is not `Filtered`.
         BatchConflict: a row of `batch` has no token in `sampled`.
     """
+    expect_instance(sampled, Sampled, "follow: sampled")
     if not isinstance(batch, Filtered):
         raise PhaseError(f"follow takes Filtered, got {type(batch).__name__}")
     wanted = batch.rows.rids
@@ -109,6 +111,8 @@ def join_sampled(first: Sampled, second: Sampled) -> Sampled:
         BatchConflict: a request has a token in both, or they live on
             different devices.
     """
+    expect_instance(first, Sampled, "join_sampled: first")
+    expect_instance(second, Sampled, "join_sampled: second")
     if not len(first):
         return second
     if not len(second):
@@ -131,6 +135,7 @@ def read_sampled(sampled: Sampled) -> HostArray:
     `permitted_reads`, so an audit counts it and does not forbid it.
     Returns a read-only int64 array `[num_rows]`, in `sampled.rids` order.
     """
+    expect_instance(sampled, Sampled, "read_sampled: sampled")
     with permitted_reads("sampled tokens: finish checks"):
         host = sampled.tokens.device.to("cpu").numpy()  # NOTE: the one read; it waits
     return frozen(host.astype(np.int64, copy=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+import numpy.typing as npt
 
 from batchstate._columns import C
 from batchstate._errors import InvariantViolation
@@ -12,7 +13,12 @@ from batchstate._mirrored import HostArray
 from batchstate._phases import Batch
 from batchstate._pools import Pools
 
-__all__ = ["check_shared_pools", "expect_generations", "owned_by_generation"]
+__all__ = [
+    "check_shared_pools",
+    "expect_generations",
+    "expect_whole_pages",
+    "owned_by_generation",
+]
 
 
 def check_shared_pools(
@@ -54,28 +60,29 @@ def check_shared_pools(
     )
     table, slot_tokens, prefix_lens = pools.table.host, pools.slot_tokens, pools.prefix_lens
     _expect(int(prefix_lens[0]) == 0, "padding slot 0 reads a cached prefix")
-    readers = np.zeros(pools.num_pages + 1, dtype=np.int64)
-    private = []
-    for slot in range(1, pools.max_reqs + 1):
-        tokens, prefix = int(slot_tokens[slot]), int(prefix_lens[slot])
-        _expect(
-            prefix % page_size == 0 and prefix <= tokens and (tokens > 0 or not prefix),
-            f"slot {slot}: cached prefix {prefix} of {tokens} tokens is not whole pages of its row",
-        )
-        pages = table[slot, :tokens:page_size].astype(np.int64) // page_size
-        _expect(
-            bool(((pages >= 1) & (pages <= pools.num_pages)).all()),
-            f"slot {slot}: its row reads a KV page outside 1..{pools.num_pages}",
-        )
-        np.add.at(readers, pages[: prefix // page_size], 1)
-        private.append(pages[prefix // page_size :])
-    for page in np.nonzero(readers)[0].tolist():
-        _expect(page in locks, f"page {page} is read as a cached prefix but not cached")
-    for page, count in locks.items():
-        _expect(
-            int(readers[page]) == count,
-            f"page {page}: locked by {count} rows, read by {int(readers[page])}",
-        )
+    # Every slot's pages at once: its row's page-start cells, masked to its tokens.
+    starts = np.arange(0, pools.max_context_len, page_size)
+    tokens, prefix = slot_tokens[1:, None], prefix_lens[1:, None]
+    bad = (prefix % page_size != 0) | (prefix > tokens) | ((tokens == 0) & (prefix != 0))
+    _expect_rows(
+        bad[:, 0], "cached prefix {} of {} tokens is not whole pages of its row", prefix, tokens
+    )
+    grid = table[1:, ::page_size].astype(np.int64) // page_size
+    held, in_prefix = starts < tokens, starts < prefix
+    off_pages = held & ((grid < 1) | (grid > pools.num_pages))
+    _expect_rows(np.any(off_pages, axis=1), f"its row reads a KV page outside 1..{pools.num_pages}")
+    readers = np.bincount(grid[in_prefix], minlength=pools.num_pages + 1)
+    private = [grid[held & ~in_prefix]]
+    lock_counts = np.zeros_like(readers)
+    lock_counts[cached] = [count for _, count in entries.values()]
+    if not np.array_equal(readers, lock_counts):  # the slow path names the first page
+        for page in np.nonzero(readers)[0].tolist():
+            _expect(page in locks, f"page {page} is read as a cached prefix but not cached")
+        for page, count in locks.items():
+            _expect(
+                int(readers[page]) == count,
+                f"page {page}: locked by {count} rows, read by {int(readers[page])}",
+            )
     every = np.concatenate((pools.free_pages, cached, *private))
     uses = np.bincount(every, minlength=pools.num_pages + 1)
     _expect(
@@ -105,7 +112,7 @@ def check_shared_pools(
 def _check_slots(pools: Pools, batches: list[Batch[C]], *, compare_device: bool) -> None:
     # As `check_pools` for slots: each free or owned once, rows laid out in whole
     # pages, every row of `batches` owning its slot at its length.
-    max_reqs, page_size, table = pools.max_reqs, pools.page_size, pools.table.host
+    max_reqs, table = pools.max_reqs, pools.table.host
     slot_tokens = pools.slot_tokens
     owned = owned_by_generation(pools)
     uses = np.bincount(np.concatenate((pools.free_slots, owned)), minlength=max_reqs + 1)
@@ -114,25 +121,28 @@ def _check_slots(pools: Pools, batches: list[Batch[C]], *, compare_device: bool)
         f"request slots: {pools.num_free_slots} free + {owned.shape[0]} owned != {max_reqs},"
         " or a slot is both or neither",
     )
-    for slot in owned.tolist():
-        cells = table[slot, : int(slot_tokens[slot])].astype(np.int64)
-        pages = cells[::page_size] // page_size
-        layout = np.repeat(pages, page_size)[: cells.shape[0]] * page_size + (
-            np.arange(cells.shape[0]) % page_size
-        )
-        _expect(np.array_equal(cells, layout), f"slot {slot}: locations do not fill whole pages")
+    expect_whole_pages(pools, owned)
     seen: set[int] = set()
     for batch in batches:
         rows = batch.rows
-        pairs = zip(rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist(), strict=True)
-        for slot, seq_len in pairs:
-            _expect(slot not in seen, f"slot {slot} is in two rows")
-            seen.add(slot)
-            _expect(
-                1 <= slot <= max_reqs and int(slot_tokens[slot]) == seq_len,
-                f"slot {slot}: row has {seq_len} tokens, the pools hold another count",
-            )
-        expect_generations(pools, rows.req_pool_indices.host, rows.gens)
+        slots, lens = rows.req_pool_indices.host, rows.seq_lens.host
+        in_range = bool(((slots >= 1) & (slots <= max_reqs)).all())
+        if not (
+            in_range
+            and np.unique(slots).shape[0] == slots.shape[0]
+            and not seen.intersection(slots.tolist())
+            and np.array_equal(slot_tokens[slots], lens)
+        ):
+            # The slow path, only to name the first offending row.
+            for slot, seq_len in zip(slots.tolist(), lens.tolist(), strict=True):
+                _expect(slot not in seen, f"slot {slot} is in two rows")
+                seen.add(slot)
+                _expect(
+                    1 <= slot <= max_reqs and int(slot_tokens[slot]) == seq_len,
+                    f"slot {slot}: row has {seq_len} tokens, the pools hold another count",
+                )
+        seen.update(slots.tolist())
+        expect_generations(pools, slots, rows.gens)
     if compare_device:
         device_table = pools.table.device.cpu().numpy()
         _expect(np.array_equal(table, device_table), "table: host != device")
@@ -154,9 +164,33 @@ def owned_by_generation(pools: Pools) -> HostArray:
     return owned
 
 
+def expect_whole_pages(pools: Pools, owned: HostArray) -> None:
+    """Raise `InvariantViolation` unless each owned slot's locations fill whole pages in order.
+
+    One pass over the owned rows' cells up to the longest, in the table's
+    int32: a page-start cell is a page's first location, and every other
+    cell follows the one before it. Pages of one token always hold.
+    """
+    page_size = pools.page_size
+    if not owned.shape[0] or page_size == 1:
+        return
+    lens = pools.slot_tokens[owned, None]
+    cells = pools.table.host[owned, : int(lens.max())]
+    positions = np.arange(cells.shape[1])
+    starts = (cells[:, ::page_size] % page_size != 0) & (positions[::page_size] < lens)
+    follows = np.diff(cells, axis=1) != 1
+    within = (positions[1:] % page_size != 0) & (positions[1:] < lens)
+    wrong = starts.any(1) | (follows & within).any(1)
+    if wrong.any():
+        slot = int(owned[int(wrong.argmax())])
+        raise InvariantViolation(f"slot {slot}: locations do not fill whole pages")
+
+
 def expect_generations(pools: Pools, slots: HostArray, gens: HostArray) -> None:
     """Raise `InvariantViolation` unless each of `slots` (in the table) is at `gens`."""
     held = pools.slot_gens[slots.clip(0, pools.max_reqs)]
+    if np.array_equal(held, gens):
+        return
     for slot, gen, current in zip(slots.tolist(), gens.tolist(), held.tolist(), strict=True):
         _expect(
             gen == current,
@@ -191,6 +225,14 @@ def _check_tree(pools: Pools) -> None:
         cache._leaves == cache._unlocked_leaves(),
         "the cache's index of unlocked leaves (what eviction pops) differs from its tree",
     )
+
+
+def _expect_rows(bad: npt.NDArray[np.bool_], message: str, *values: HostArray) -> None:
+    # `bad` per slot 1..max_reqs: name the first, with its `values` filled into `message`.
+    if bad.any():
+        at = int(bad.argmax())
+        numbers = message.format(*(int(value[at, 0]) for value in values))
+        raise InvariantViolation(f"slot {at + 1}: {numbers}")
 
 
 def _expect(condition: bool, message: str) -> None:

@@ -34,13 +34,22 @@ from batchstate._errors import (
 )
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, same, upload
 from batchstate._phases import Decoding, Filtered, Step
-from batchstate._pool_allocation import take_tokens
+from batchstate._pool_allocation import reissue, take_tokens
 from batchstate._pool_release import shrink_slots
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, build_rows, check_columns, check_device, check_host
+from batchstate._token_table import TokenTable
 from batchstate.audit import permitted_reads
 
-__all__ = ["Drafts", "VerifyStep", "Verifying", "sync", "verify", "window_lens"]
+__all__ = [
+    "Drafts",
+    "VerifyStep",
+    "Verifying",
+    "holds_window",
+    "sync",
+    "verify",
+    "window_lens",
+]
 
 # Draft tokens per row: Python ints, or a 1-D integer numpy array or CPU tensor.
 Drafts: TypeAlias = Sequence[int] | npt.NDArray[np.integer] | torch.Tensor
@@ -163,13 +172,13 @@ def verify(
     pools.table.expect_on(rows.device)
     drafts = _draft_lens(draft_lens, len(rows))
     committed = rows.seq_lens.host
-    reserved = committed + drafts
-    too_long = reserved > pools.max_context_len
+    # Compared before adding: a count near int64's maximum would wrap the sum negative.
+    too_long = drafts > pools.max_context_len - committed
+    reserved = committed + np.minimum(drafts, pools.max_context_len)
     if too_long.any():
         row = int(too_long.argmax())
-        return Failure(
-            ContextTooLong(rows.reqs[row].rid, int(reserved[row]), pools.max_context_len)
-        )
+        needed = int(committed[row]) + int(drafts[row])  # Python ints: no wrap
+        return Failure(ContextTooLong(rows.reqs[row].rid, needed, pools.max_context_len))
     _expect_current(rows, pools)
     slots = rows.req_pool_indices.host
     allocation = take_tokens(pools, slots, committed, reserved)
@@ -216,7 +225,9 @@ def sync(
     audit counts it and does not forbid it. Row i's length becomes
     `c + num_accepted[i]`; KV pages holding only unaccepted drafts go back
     to the pools. Pools that do not hold the window (those from before
-    `verify`) are refused before the read. Counts the host has already (a
+    `verify`) are refused before the read, and so is a window already
+    synced: its rows come back holding their slots at a new generation.
+    Counts the host has already (a
     numpy integer array: an engine that read them itself, or one that
     verifies on the host) are taken as they are, with no read.
 
@@ -280,11 +291,14 @@ def sync(
     shrunk = shrink_slots(pools, slots, seq_lens)
     if not isinstance(shrunk, Success):
         raise DraftError(f"the pools do not own this batch's slots: {shrunk.failure()}")
+    # The window is consumed: its slots move to a new generation, so a second
+    # sync or a release of the window is refused, whatever it accepted.
+    gens, after = reissue(shrunk.unwrap(), slots)
     rows, _ = build_rows(
         batch.device,
         batch.reqs,
         batch.rids,
-        batch.gens,
+        gens,
         batch.req_pool_indices,
         seq_lens,
         int(seq_lens.sum()),
@@ -292,7 +306,7 @@ def sync(
         batch.columns,
     )
     check_columns(rows)
-    return Step(Filtered(rows), shrunk.unwrap()._commit())
+    return Step(Filtered(rows), after._commit())
 
 
 def _window_layout(committed: HostArray, drafts: HostArray) -> tuple[HostArray, HostArray]:
@@ -319,13 +333,23 @@ def window_lens(pools: Pools, batch: Verifying[C]) -> HostArray | None:
     if not same(pools.slot_gens[slots], batch.gens):
         return None  # a slot released and handed out again
     held = pools.slot_tokens[slots]
+    return held if holds_window(pools.table, held, batch) else None
+
+
+def holds_window(table: TokenTable, held: HostArray, batch: Verifying[C]) -> bool:
+    """Whether slots holding `held` tokens each (drafts included) hold `batch`'s window.
+
+    Each row's table cells `[c - 1, c + d)` must be the locations `verify`
+    wrote for its decode token and drafts: locations are never shared
+    between positions, so lengths from before `verify` (or another pools')
+    fail. One host gather.
+    """
     committed = held - batch.draft_lens
-    if (committed < 1).any():
-        return None
-    # Each row's table cells [c - 1, c + d) hold its decode token's and drafts' locations.
+    if (committed < 1).any() or (held > table.max_context_len).any():
+        return False
     rows, positions = _window_layout(committed, batch.draft_lens)
-    cells = pools.table.host[slots[rows], positions]
-    return held if np.array_equal(cells, batch.out_cache_loc.host) else None
+    cells = table.host[batch.req_pool_indices.host[rows], positions]
+    return np.array_equal(cells, batch.out_cache_loc.host)
 
 
 def _draft_lens(draft_lens: Drafts, num_reqs: int) -> HostArray:

@@ -36,6 +36,11 @@ class TokenTable:
     _cells: npt.NDArray[np.int32]  # the host side: read-only but while `write*` writes it
     device: torch.Tensor  # the same, on the batch's device
     host: npt.NDArray[np.int32] = attrs.field(init=False)  # a read-only view of `_cells`
+    # The pools' page size, KV pages and the generation their lineage counts from:
+    # what `forward_inputs` and `pad` check their arguments against.
+    page_size: int = attrs.field(kw_only=True)
+    num_pages: int = attrs.field(kw_only=True)
+    first_gen: int = attrs.field(kw_only=True)
 
     @host.default
     def _read_only(self) -> npt.NDArray[np.int32]:
@@ -48,16 +53,34 @@ class TokenTable:
         object.__setattr__(self, "host", self._read_only())
 
     @classmethod
-    def zeros(cls, max_reqs: int, max_context_len: int, device: torch.device) -> TokenTable:
-        """An all-padding table for `max_reqs` request slots."""
+    def zeros(
+        cls,
+        max_reqs: int,
+        max_context_len: int,
+        device: torch.device,
+        *,
+        page_size: int,
+        num_pages: int,
+        first_gen: int,
+    ) -> TokenTable:
+        """An all-padding table for `max_reqs` request slots of pools with these pages."""
         shape = (max_reqs + 1, max_context_len)
         return cls(
-            np.zeros(shape, dtype=np.int32), torch.zeros(shape, dtype=torch.int32, device=device)
+            np.zeros(shape, dtype=np.int32),
+            torch.zeros(shape, dtype=torch.int32, device=device),
+            page_size=page_size,
+            num_pages=num_pages,
+            first_gen=first_gen,
         )
 
     @property
     def max_context_len(self) -> int:
         return int(self.host.shape[1])
+
+    @property
+    def kv_cache_size(self) -> int:
+        """KV locations the pools hand out, padding page 0 included."""
+        return (self.num_pages + 1) * self.page_size
 
     def expect_on(self, device: torch.device) -> None:
         """Raise `BatchConflict` unless the device side lives on `device` (a batch's).

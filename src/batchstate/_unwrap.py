@@ -7,6 +7,8 @@ from typing import TypeVar
 from returns.primitives.exceptions import UnwrapFailedError
 from returns.result import Result
 
+from batchstate._expect import expect_instance
+
 __all__ = ["UnwrapError", "unwrap"]
 
 _Value = TypeVar("_Value")
@@ -40,6 +42,7 @@ def unwrap(result: Result[_Value, _Error]) -> _Value:
     ...
     batchstate._unwrap.UnwrapError: out of request slots: 2 requested, 1 free
     """
+    expect_instance(result, Result, "unwrap: result")
     try:
         return result.unwrap()
     except UnwrapFailedError as error:
