@@ -34,6 +34,8 @@ from batchstate import (
     split,
 )
 from batchstate.audit import device_reads
+from batchstate.engine import EngineConfig, SimulationConfig, WorkloadConfig, simulate
+from batchstate.engine._report import render_summary, summarize
 
 CPU: Final = torch.device("cpu")
 META: Final = torch.device("meta")
@@ -175,3 +177,31 @@ def test_after_a_prefill_each_whole_page_of_tokens_is_held_once(
     assert pools.num_free_tokens == KV_TOKENS - (len(whole) + partial) * page_size
     assert pools.cache.num_pages == len(whole)
     check_pools(pools, [batch], compare_device=True)
+
+
+def test_the_engine_holds_a_burst_prompt_once_and_stays_exact() -> None:
+    """Bursts of 32 sharing a 256-token prompt, cold cache: KV held once, the oracle passes."""
+    workload = WorkloadConfig(
+        num_requests=64,
+        arrival="burst",
+        burst_size=32,
+        prompt_len=(8, 32),
+        output_len=(8, 24),
+        shared_prefixes=1,
+        shared_prefix_len=256,
+        shared_fraction=1.0,
+    )
+    engine = EngineConfig(max_running=64, max_prefill_tokens=16384, overlap=True, check_every=4)
+    run = simulate(SimulationConfig(workload=workload, engine=engine, num_kv_tokens=8192))
+    assert run.oracle is not None and run.oracle.passed
+    assert run.pools_conserved
+    trace = run.trace
+    # Most of the first burst is admitted in one extend: all but one row's copy of the
+    # prompt (16 whole pages; the tails share no page) is freed at its end.
+    assert trace.duplicate_tokens_freed % 256 == 0
+    assert trace.duplicate_tokens_freed >= 16 * 256
+    # What 32 copies of the prompt would hold: never reached.
+    assert max(trace.kv_tokens_used) < 32 * 256 // 2
+    summary = summarize(run)
+    assert summary.duplicate_tokens_freed == trace.duplicate_tokens_freed
+    assert f"{trace.duplicate_tokens_freed} duplicate tokens freed" in render_summary(summary)
