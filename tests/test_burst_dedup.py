@@ -13,6 +13,7 @@ from typing import Final
 
 import pytest
 import torch
+from benchmarks.counting import count_device_work
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,6 +153,22 @@ def test_a_burst_on_meta_reads_nothing_from_the_device(page_size: int) -> None:
     assert log.report().count == 0
     assert pools.num_retired == 7 * (len(SYSTEM) // page_size)
     check_pools(pools, [kept])
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_the_moved_cells_cost_no_extra_copy_nor_kernel(page_size: int) -> None:
+    """A burst whose rows move onto the cache's pages costs what distinct prompts cost."""
+    distinct = [Req(rid, tuple(range(rid * 100, rid * 100 + 67))) for rid in range(8)]
+    work = []
+    for reqs in (_burst(8), distinct):
+        pools = _pools(page_size, META)
+        with device_reads(forbid=True) as log, count_device_work() as done:
+            _, pools = extend(idle(META), reqs, pools).unwrap()
+        assert log.report().count == 0
+        work.append((done.copies, done.kernels))
+    assert pools.num_retired == 0  # the distinct prompts retired nothing
+    assert work[0] == work[1]
+    assert work[0][0] == 1  # one upload: the columns, the table's cells and the forward's
 
 
 @settings(max_examples=40, deadline=None)
