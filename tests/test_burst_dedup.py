@@ -159,14 +159,15 @@ def test_a_burst_on_meta_reads_nothing_from_the_device(page_size: int) -> None:
 def test_the_moved_cells_cost_no_extra_copy_nor_kernel(page_size: int) -> None:
     """A burst whose rows move onto the cache's pages costs what distinct prompts cost."""
     distinct = [Req(rid, tuple(range(rid * 100, rid * 100 + 67))) for rid in range(8)]
-    work = []
+    work, retired = [], []
     for reqs in (_burst(8), distinct):
-        pools = _pools(page_size, META)
+        empty, start = _pools(page_size, META), idle(META)
         with device_reads(forbid=True) as log, count_device_work() as done:
-            _, pools = extend(idle(META), reqs, pools).unwrap()
+            _, pools = extend(start, reqs, empty).unwrap()
         assert log.report().count == 0
         work.append((done.copies, done.kernels))
-    assert pools.num_retired == 0  # the distinct prompts retired nothing
+        retired.append(pools.num_retired)
+    assert retired == [7 * (len(SYSTEM) // page_size), 0]
     assert work[0] == work[1]
     assert work[0][0] == 1  # one upload: the columns, the table's cells and the forward's
 
