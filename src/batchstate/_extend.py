@@ -77,8 +77,11 @@ def extend(  # the overloads above are the API; Any stands for their column set 
     each row's whole pages are published to the cache, so that later
     requests with the same prefix hit them (their KV is written by the
     forward this record is for, which runs before any later one). Requests
-    of one extend that share an uncached prefix each compute it. Writes the
-    request-to-token table (both sides) once every allocation has succeeded.
+    of one extend that share an uncached prefix each compute it; a row
+    whose whole pages the cache holds already (an earlier row published
+    them) reads the cache's pages from then on, its cells moved there and
+    its own pages retired (`Pools.retired`). Writes the request-to-token
+    table (both sides) once every allocation has succeeded.
 
     Returns:
         `Success(Step(Extended, Pools))`, or a `Failure` naming what ran out

@@ -106,8 +106,9 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     (as in `extend`; the budget counts only the tokens it computes), free
     pages that run short are evicted from the cache, and each extend row's
     whole pages are published when its chunk ends, its lock moving onto
-    them; a partly filled last page stays private until a later chunk
-    fills it.
+    them (or, where the cache holds them already, onto the cache's pages,
+    its own retired); a partly filled last page stays private until a
+    later chunk fills it.
 
     Args:
         running: the running batch (`Idle`: a chunked prefill alone).
