@@ -80,7 +80,6 @@ def publish_computed(
         if full <= len(old):
             continue
         ids = tuple(tokens[:full])
-
         row = _RowLocs(table[slot], locs32, start, first)
         cached, pages = cache.match(ids)
         if cached > len(old) and not retire:
