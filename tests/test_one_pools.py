@@ -2,7 +2,8 @@
 
 Pages of 4 tokens throughout. With the cache on a prefill (or a chunk of
 one) publishes its whole prompt pages when it ends, so a request with the
-same prefix hits them while the first still runs; a partly filled last
+same prefix hits them while the first still runs, and a row whose pages
+the cache holds already reads the cache's instead; a partly filled last
 page stays private. Every refused call leaves the pools given exactly as
 they were: free lists, cached pages, prefixes and the table.
 """
@@ -117,19 +118,26 @@ def test_a_second_request_hits_the_first_ones_prompt_while_it_still_decodes() ->
     check_pools(pools, [running, second], compare_device=True)
 
 
-def test_rows_of_one_extend_do_not_share_and_the_second_keeps_its_pages_private() -> None:
+def test_rows_of_one_extend_each_compute_the_prefix_and_the_second_reads_the_first_copy() -> None:
     pools = _shared()
     batch, pools = extend(idle(CPU), [Req(1, (*HEAD, 1)), Req(2, (*HEAD, 2))], pools).unwrap()
-    assert batch.prefix_lens.tolist() == [0, 0]
+    assert batch.prefix_lens.tolist() == [0, 0]  # both compute HEAD in this forward
     slots = batch.rows.req_pool_indices.host.tolist()
-    assert dict(pools.prefixes) == {slots[0]: HEAD}  # the first published; the second could not
-    assert set(_pages(pools, slots[1], 13)).isdisjoint(_pages(pools, slots[0], 13))
+    # At the prefill's end the second reads the first's pages: its lock and its
+    # table cells moved there, and its own three pages are retired.
+    assert dict(pools.prefixes) == {slots[0]: HEAD, slots[1]: HEAD}
+    assert _pages(pools, slots[1], 12) == _pages(pools, slots[0], 12)
+    assert pools.retired.shape[0] == 3 and pools.num_retired == 3
+    # Held once: 3 shared pages and each row's partly filled last page.
+    assert pools.num_free_tokens == pools.num_pages * PAGE - 5 * PAGE
     check_pools(pools, [batch], compare_device=True)
     kept, gone = split(batch, [0])
     after = release(gone, kept, pools).unwrap()
-    # Its four pages go back: three held twice, one partly filled. Nothing new is cached.
-    assert after.num_free_tokens == pools.num_free_tokens + 4 * PAGE
-    assert after.cache.entries() == pools.cache.entries()
+    # Only its partly filled page goes back; the shared pages stay, read by the first.
+    assert after.num_free_tokens == pools.num_free_tokens + PAGE
+    assert after.cache.entries() == {
+        prefix: (page, 1) for prefix, (page, _) in pools.cache.entries().items()
+    }
     check_pools(after, [kept])
 
 
@@ -140,9 +148,11 @@ def test_prebuilt_reads_nothing_from_the_cache_but_publishes() -> None:
         idle(CPU), [Req(2, (*HEAD, 2)), Req(3, (*PROMPT, 5, 6))], pools
     ).unwrap()
     slots = arrived.rows.req_pool_indices.host.tolist()
-    # Request 2's pages hold what the cache holds already: private. Request 3's
-    # first three pages too; its fourth (tokens 12..15) is new, yet it follows
-    # pages of its own that are not cached, so it stays private as well.
+    # Request 2's pages hold what the cache holds already: private (no forward
+    # computes them: a KV transfer fills its own pages through the table after
+    # this, so its cells stay on them). Request 3's first three pages too; its
+    # fourth (tokens 12..15) is new, yet it follows pages of its own that are not
+    # cached, so it stays private as well.
     assert all(int(after.prefix_lens[slot]) == 0 for slot in slots)
     assert after.cache.entries() == pools.cache.entries()
     check_pools(after, [arrived], compare_device=True)

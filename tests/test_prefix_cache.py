@@ -64,9 +64,16 @@ def test_a_page_size_that_does_not_divide_the_prefix_caches_whole_pages_only() -
     assert list(pools.cache.entries()) == [HEADER[:16]]  # the partial page was freed
     batch, pools = extend(idle(CPU), [Req(2, HEADER[:16])], pools).unwrap()
     assert batch.prefix_lens.tolist() == [0]  # a whole cached prompt still computes its last page
-    # Its page holds tokens the cache holds already: it stays private, unpublished.
-    assert dict(pools.prefixes) == {} and pools.cache.num_pages == 1
-    check_pools(pools, [batch])
+    # Its page holds tokens the cache holds already: at the prefill's end it reads the
+    # cache's page, its own is retired (written by this forward, then freed), its cell moved.
+    cached_page = pools.cache.match(HEADER[:16])[1].tolist()
+    slot = int(batch.rows.req_pool_indices.host[0])
+    assert dict(pools.prefixes) == {slot: HEADER[:16]}
+    assert pools.cache.num_pages == 1 and pools.retired.shape[0] == 1
+    assert (pools.table.host[slot, :16] // 16).tolist() == cached_page * 16
+    assert batch.rows.seq_lens.host.tolist() == [16]
+    assert pools.num_free_tokens == pools.num_pages * 16 - 16  # the KV held once
+    check_pools(pools, [batch], compare_device=True)
 
 
 def test_eviction_takes_the_least_recently_used_leaf_and_never_a_page_in_use() -> None:

@@ -3,8 +3,9 @@
 A plain-Python model (a dict from every cached page-aligned prefix to its
 page, the rows locking each, and the prefix each row reads) predicts every
 hit length, which failure comes first, which pages a prefill or a chunk
-publishes at its end (and which rows keep their pages private because
-another row cached the same tokens first), which prefixes a release caches
+publishes at its end (and which rows read the cache's copy instead, their
+own pages retired, because another row cached the same tokens first; a
+prebuilt row keeps its own private), which prefixes a release caches
 and how many pages stay free. Eviction is checked rather than predicted
 leaf by leaf: it happens only when free pages run short, takes only
 unlocked prefixes, whole subtrees of them, frees at least the shortage, and
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 import attrs
+import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -163,16 +165,27 @@ class CacheMachine(RuleBasedStateMachine):
         for prefix in evicted:
             del self.cache[prefix]
 
-    def _publish(self, after: Pools, row: _Row, ids: Sequence[int]) -> None:
+    def _publish(self, after: Pools, row: _Row, ids: Sequence[int], *, retire: bool) -> None:
         # A prefill or a chunk ended: the row's whole pages of `ids` go into the cache
-        # and its lock moves onto them, unless another row cached them first.
+        # and its lock moves onto them. Where the cache holds them already (another row
+        # cached them first), the row reads the cache's pages, its own retired; a
+        # prebuilt row (`retire` false) keeps its own private instead.
         full = len(ids) // self.page_size * self.page_size
         start = len(row.prefix)
         if full <= start:
             return
-        if self._match(ids[:full]) != start:
+        cached = self._match(ids[:full])
+        if cached != start and not retire:
             self._seen("kept private")
             return
+        if cached != start:
+            self._lock(self.locks, ids, start, cached)
+            row.prefix = tuple(ids[:cached])
+            self._check_hits(after, [row])
+            self._seen("read the cache's copy")
+            start = cached
+            if full <= start:
+                return
         table, page = after.table.host, self.page_size
         for prefix in self._prefixes(ids, start, full):
             self.cache[prefix] = int(table[row.slot, len(prefix) - page]) // page
@@ -266,11 +279,16 @@ class CacheMachine(RuleBasedStateMachine):
             _Row(req, slot, len(req.input_ids), req.input_ids[:hit])
             for req, hit, slot in zip(reqs, hits, slots, strict=True)
         ]
-        self._absorb_eviction(after, locks, self._fresh_pages(after, slots, hits), needed, free)
+        fresh = (
+            self._fresh_pages(after, slots, hits)  # prebuilt: every page is the row's own
+            if whole
+            else _pages_of(batch.out_cache_loc.device, page)  # what the extend allocated
+        )
+        self._absorb_eviction(after, locks, fresh, needed, free)
         self.locks = locks
         self._check_hits(after, new)
         for row in new:  # in row order: a row publishes what an earlier one did not
-            self._publish(after, row, row.req.input_ids)
+            self._publish(after, row, row.req.input_ids, retire=not whole)
         self.pools = after
         self.running = merge(self.running, batch)
         self.rows += new
@@ -334,13 +352,12 @@ class CacheMachine(RuleBasedStateMachine):
         else:
             self.held.pop(0)
             self.spent.append(admit)
-        starts = [start] + [r.seq_len for r in self.rows]
-        fresh = self._fresh_pages(after, [row.slot] + [r.slot for r in self.rows], starts)
+        fresh = _pages_of(mixed.out_cache_loc.device, page)  # what the mix allocated
         self._absorb_eviction(after, locks, fresh, needed, free)
         self.locks = locks
         self._check_hits(after, [row])
         row.seq_len = end
-        self._publish(after, row, ids[:end])  # the chunk's end
+        self._publish(after, row, ids[:end], retire=True)  # the chunk's end
         for decoding in self.rows:
             decoding.seq_len += 1
         settled = settle(mixed)
@@ -462,10 +479,14 @@ class CacheMachine(RuleBasedStateMachine):
         assert dict(pools.prefixes) == reading
         for item, row in self.held:
             assert int(pools.slot_tokens[item.slot]) == item.cached == row.seq_len
-        assert len(pools.free_pages) == self._free_pages()
+        assert len(pools.free_pages) + pools.retired.shape[0] == self._free_pages()
         assert pools.num_free_slots == self._free_slots()
         counts = pools.ref_counts()
         assert int(counts.sum()) == len(self.cache) + sum(self.locks.values()) + self._private()
+
+
+def _pages_of(locs: torch.Tensor, page_size: int) -> set[int]:
+    return {loc // page_size for loc in locs.tolist()}
 
 
 run_machine: Callable[..., None] = run_state_machine_as_test
@@ -490,6 +511,7 @@ def test_prefix_cache_machine() -> None:
         "eviction",
         "published",
         "kept private",
+        "read the cache's copy",
         "chunk held",
         "OutOfKVTokens",
         "OutOfReqSlots",

@@ -14,8 +14,10 @@ length, the prefix each new request reads from the cache (its longest
 whole-page prefix among the cache's entries, leaving a token to compute),
 and the first `Failure` with its exact value (pages needed against free
 plus evictable pages, less those the admission itself locks). It also
-stands in for the forward: every KV location a transition hands out is
-"written" with the tokens up to its position. After every step, each live
+stands in for the forward: every KV location a transition hands out
+(`out_cache_loc`) is "written" with the tokens up to its position; where
+the cache held a page's tokens already, the row's cells there must point
+at the cache's page, and its own page is retired, read by no one. After every step, each live
 row and chunk must read, at every position, KV written for exactly its
 own tokens (a page shared through the cache holds the same tokens for
 every reader), no page a live row reads may be free or evictable, and
@@ -171,7 +173,8 @@ class CacheMachine(RuleBasedStateMachine):
         """Pages an allocation may take once the admission has locked `locked`."""
         entries = self._entries()
         evictable = {page for page, locks in entries.values() if not locks}
-        return len(self.pools.free_pages) + len(evictable - locked)
+        free = len(self.pools.free_pages) + len(self.pools.retired)  # retired: free next
+        return free + len(evictable - locked)
 
     def _write(self, slot: int, tokens: Sequence[int], start: int, end: int) -> list[int]:
         """The forward's KV writes for positions [start, end) of a row; their locations."""
@@ -179,6 +182,27 @@ class CacheMachine(RuleBasedStateMachine):
         for position, loc in enumerate(locs, start):
             self.kv[loc] = tuple(tokens[: position + 1])
         return locs
+
+    def _write_at(
+        self, locs: list[int], slot: int, tokens: Sequence[int], start: int, end: int
+    ) -> None:
+        """The forward's KV writes at `locs` (its `out_cache_loc`) for positions [start, end).
+
+        The table's cells there are `locs`, but where the row reads the cache's copy of
+        a page it computed (the cache held it already): there they are the cache's page.
+        """
+        page_size, table = self.shape.page_size, self.pools.table.host
+        prefix = len(self.pools.prefixes.get(slot, ()))
+        for position, loc in enumerate(locs, start):
+            self.kv[loc] = tuple(tokens[: position + 1])
+        for position, loc in enumerate(locs, start):
+            cell = int(table[slot, position])
+            if cell != loc:
+                assert position < prefix, f"slot {slot}: cell {position} moved off its own page"
+                key = tuple(tokens[: position // page_size * page_size + page_size])
+                assert cell // page_size == self._entries()[key][0], "moved to another page"
+                _count("cells moved onto the cache's copy")
+        assert end == start + len(locs)
 
     def _live(self) -> list[tuple[int, tuple[int, ...]]]:
         # (slot, tokens with KV) of every row and chunk that holds memory.
@@ -194,18 +218,13 @@ class CacheMachine(RuleBasedStateMachine):
         assert_unchanged(before, (self.pools, self.running), "pools and batch after a Failure")
 
     def _assert_published(self, slot: int, tokens: Sequence[int]) -> None:
-        # After a prefill or chunk: the row reads its whole pages from the cache, or stays
-        # private past its prefix only because another row had cached the next page.
+        # After a prefill or chunk: the row reads all its whole pages from the cache (its
+        # own, published, or the cache's copy of them).
         page_size = self.shape.page_size
         prefix = self.pools.prefixes.get(slot, ())
         full = len(tokens) // page_size * page_size
-        assert prefix == tuple(tokens[: len(prefix)]), f"slot {slot} reads another prefix"
-        if len(prefix) < full:
-            assert tuple(tokens[: len(prefix) + page_size]) in self._entries(), (
-                f"slot {slot}: {len(prefix)} of {full} whole-page tokens published, none cached"
-            )
-        else:
-            _count("published")
+        assert prefix == tuple(tokens[:full]), f"slot {slot} reads {len(prefix)} of {full}"
+        _count("published")
 
     def _assert_cached(self, tokens: Sequence[int]) -> None:
         page_size, entries = self.shape.page_size, self._entries()
@@ -327,11 +346,14 @@ class CacheMachine(RuleBasedStateMachine):
         ids = [i for req, p in zip(reqs, prefixes, strict=True) for i in req.input_ids[p:]]
         assert batch.input_ids.device.tolist() == ids
         self.pools = pools
-        locs: list[int] = []
+        locs: list[int] = batch.out_cache_loc.device.tolist()
+        at = 0
         for req, slot, prefix in zip(reqs, slots, prefixes, strict=True):
-            locs += self._write(slot, req.input_ids, prefix, len(req.input_ids))
+            own = locs[at : at + len(req.input_ids) - prefix]
+            self._write_at(own, slot, req.input_ids, prefix, len(req.input_ids))
+            at += len(own)
             self._assert_published(slot, req.input_ids)
-        assert batch.out_cache_loc.device.tolist() == locs
+        assert at == len(locs)
         self.free_slots = self.free_slots[num_new:]
         self.waiting = [req for req in self.waiting if req not in items]
         self.held = [chunk for chunk in self.held if chunk not in items]
@@ -546,14 +568,17 @@ class CacheMachine(RuleBasedStateMachine):
         assert mixed.prefix_lens.tolist() == [p for _, _, p, _ in extend_rows] + [
             len(row.tokens) for row in decode_rows
         ]
-        locs: list[int] = []
+        out = mixed.out_cache_loc.device.tolist()
+        at = 0
         for req, slot, prefix, end in extend_rows:
-            locs += self._write(slot, req.input_ids, prefix, end)
+            self._write_at(out[at : at + end - prefix], slot, req.input_ids, prefix, end)
+            at += end - prefix
             self._assert_published(slot, req.input_ids[:end])
+        locs: list[int] = out[:at]
         for row in decode_rows:
             row.tokens.append(_generated(row.tokens))
             locs += self._write(row.slot, row.tokens, len(row.tokens) - 1, len(row.tokens))
-        assert mixed.out_cache_loc.device.tolist() == locs
+        assert out == locs
         settled, held = settle(mixed)
         cut = [(req, slot, end) for req, slot, _, end in extend_rows if end < len(req.input_ids)]
         done = [(req, slot) for req, slot, _, end in extend_rows if end == len(req.input_ids)]
@@ -665,6 +690,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert pools.slot_tokens[1:].tolist() == list(owned.values()), "slots owned"
         entries = pools.cache.entries()
         free = set(pools.free_pages.tolist())
+        retired = set(pools.retired.tolist())
         evictable = {page for page, locks in entries.values() if not locks}
         table = pools.table.host
         for slot, tokens in live:
@@ -672,6 +698,7 @@ class CacheMachine(RuleBasedStateMachine):
             assert prefix == tokens[: len(prefix)], f"slot {slot} reads another row's prefix"
             pages = set((table[slot, : len(tokens) : page_size] // page_size).tolist())
             assert not pages & free, f"slot {slot} reads free pages {sorted(pages & free)}"
+            assert not pages & retired, f"slot {slot} reads retired pages {sorted(pages & retired)}"
             assert not pages & evictable, f"slot {slot} reads evictable {sorted(pages & evictable)}"
             locs = table[slot, : len(tokens)].tolist()
             for position, loc in enumerate(locs):

@@ -13,6 +13,7 @@ from returns.result import Failure, Result, Success
 
 from batchstate._chunked import Chunked, columns_in_order
 from batchstate._columns import NO_COLUMNS, C, NoColumns, check_column_set, join_pending
+from batchstate._dedup import ExtendRows, publish_computed
 from batchstate._errors import (
     AllocError,
     BatchConflict,
@@ -28,7 +29,7 @@ from batchstate._errors import (
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
 from batchstate._phases import Extended, Filtered, Idle, Step
 from batchstate._pool_allocation import take_fresh, take_slots, take_tokens
-from batchstate._pool_prefixes import lock_cached_prefixes, publish_rows
+from batchstate._pool_prefixes import lock_cached_prefixes
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, Rows, build_rows
 from batchstate._sharing import prefix_cells
@@ -75,8 +76,11 @@ def extend(  # the overloads above are the API; Any stands for their column set 
     each row's whole pages are published to the cache, so that later
     requests with the same prefix hit them (their KV is written by the
     forward this record is for, which runs before any later one). Requests
-    of one extend that share an uncached prefix each compute it. Writes the
-    request-to-token table (both sides) once every allocation has succeeded.
+    of one extend that share an uncached prefix each compute it; a row
+    whose whole pages the cache holds already (an earlier row published
+    them) reads the cache's pages from then on, its cells moved there and
+    its own pages retired (`Pools.retired`). Writes the request-to-token
+    table (both sides) once every allocation has succeeded.
 
     Returns:
         `Success(Step(Extended, Pools))`, or a `Failure` naming what ran out
@@ -196,7 +200,9 @@ def _admit(
     )
     allocated = take_slots(locked, num_new)
     assert not isinstance(allocated, OutOfReqSlots), "slots were counted above"
-    return _place(batch, inputs, reqs, cached, _Matched(matched, pages), allocated, columns)
+    return _place(
+        batch, inputs, reqs, cached, _Matched(matched, pages), allocated, columns, retire=match
+    )
 
 
 class _Matched(NamedTuple):
@@ -261,6 +267,8 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     matched: _Matched,
     allocated: tuple[HostArray, Pools],
     columns: C,
+    *,
+    retire: bool,  # a forward computes the pages (not `prebuilt`): duplicates are retired
 ) -> _Admitted[C] | ExtendError:
     new_slots, pools = allocated
     new_slot_iter = iter(new_slots.tolist())
@@ -286,6 +294,17 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     token_slots = slots_host[rows_of_tokens]
     locs32 = locs.astype(np.int32)
     new_rows = [row for row, item in enumerate(inputs) if not isinstance(item, Chunked)]
+    # Each row's whole pages go into the cache, or its cells move onto the cache's copy.
+    after, (token_slots, positions, locs32) = publish_computed(
+        after,
+        [
+            (slots[row], reqs[row].input_ids[:length])
+            for row, length in zip(new_rows, matched.lengths, strict=True)
+        ],
+        ExtendRows(slots, [req.input_ids for req in reqs], prefix_lens, first_token.tolist()),
+        (token_slots, positions, locs32),
+        retire=retire,
+    )
     if any(matched.lengths):
         # Rows that read a cached prefix: their table cells there are the cache's pages.
         prefix_rows = [
@@ -309,20 +328,10 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write(
-        *(
-            Mirrored._pair(frozen(host), side)
-            for host, side in zip((token_slots, positions, locs32), cells, strict=True)
-        )
+        Mirrored._pair(frozen(token_slots), cells[0]),
+        Mirrored._pair(frozen(positions), cells[1]),
+        Mirrored._pair(frozen(locs32), cells[2]),
     )
-    if after.cache.enabled:  # after the write: publishing reads the rows' pages from it
-        after = publish_rows(
-            after,
-            [slots[row] for row in new_rows],
-            matched.lengths,
-            [reqs[row].input_ids for row in new_rows],
-            slots,
-            [req.input_ids for req in reqs],
-        )
     return _Admitted(
         rows,
         DeviceOnly(input_ids),

@@ -123,8 +123,8 @@ def check_pools(
             np.array_equal(tokens, expected),
             f"slot {slot}: token locations do not fill whole pages",
         )
-    every_page = np.concatenate((pools.free_pages, *owned_pages))
-    num_free_pages = pools.free_pages.shape[0]
+    every_page = np.concatenate((pools.free_pages, pools.retired, *owned_pages))
+    num_free_pages = pools.free_pages.shape[0] + pools.retired.shape[0]
     page_uses = np.bincount(every_page, minlength=pools.num_pages + 1)
     _expect(
         page_uses.shape[0] == pools.num_pages + 1

@@ -27,6 +27,7 @@ from batchstate._columns import (
     join_pending,
 )
 from batchstate._decode import DecodeError, _expect_current, _too_long, grow
+from batchstate._dedup import ExtendRows, publish_computed
 from batchstate._errors import (
     AllocError,
     BatchConflict,
@@ -53,7 +54,7 @@ from batchstate._mirrored import (
 from batchstate._mixed import Mixed, MixStep
 from batchstate._phases import Filtered, Idle
 from batchstate._pool_allocation import take_slots, take_tokens
-from batchstate._pool_prefixes import lock_matched_prefixes, publish_rows
+from batchstate._pool_prefixes import lock_matched_prefixes
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req, Rows, build_rows
 from batchstate._sampled import Sampled
@@ -106,8 +107,9 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     (as in `extend`; the budget counts only the tokens it computes), free
     pages that run short are evicted from the cache, and each extend row's
     whole pages are published when its chunk ends, its lock moving onto
-    them; a partly filled last page stays private until a later chunk
-    fills it.
+    them (or, where the cache holds them already, onto the cache's pages,
+    its own retired); a partly filled last page stays private until a
+    later chunk fills it.
 
     Args:
         running: the running batch (`Idle`: a chunked prefill alone).
@@ -288,10 +290,26 @@ def _build(
         positions,
         locs.astype(np.int32),
     )  # the table write's
-    # The table's position cells are the forward's positions, uploaded once, unless new
-    # rows read a cached prefix: their table cells there are the cache's pages.
-    shared = not any(matched)
-    if not shared:
+    if num_extend:
+        # Each chunk's end: its whole pages go into the cache and its lock moves to them,
+        # or, where the cache holds them already, its cells move onto the cache's copy.
+        ends = seq_lens[:num_extend].tolist()
+        after, cells = publish_computed(
+            after,
+            [
+                (slot, ids[:length])
+                for slot, ids, length in zip(new_slots, new_ids, matched, strict=True)
+            ],
+            ExtendRows(
+                extend_slots,
+                [req.input_ids[:end] for req, end in zip(chunks.reqs, ends, strict=True)],
+                chunks.prefix_lens,
+                first[:num_extend].tolist(),
+            ),
+            cells,
+            retire=True,
+        )
+    if any(matched):  # new rows read a cached prefix: their cells there are the cache's pages
         cells = prefix_cells(
             list(zip(new_slots, prefix_pages, strict=True)), pools.page_size, cells
         )
@@ -302,6 +320,9 @@ def _build(
         if on_device
         else np.concatenate((extend_ids, np.asarray(tokens, dtype=np.int64)))
     )
+    # The table's position cells are the forward's positions, uploaded once, unless cells
+    # were added (cached prefixes read, earlier chunks' cells moved onto the cache's pages).
+    shared = cells[1] is positions
     seq_lens_sum = rows.seq_lens_sum + len(rows) + sum(chunks.prefix_lens) + sum(chunks.extend_lens)
     keep_slots: Mirrored | HostArray = rows.req_pool_indices if not num_extend else slots
     built, (ids_side, locs_side, positions_side, *cell_sides) = build_rows(
@@ -330,17 +351,6 @@ def _build(
         Mirrored._pair(frozen(cells[1]), cell_sides[1]),
         Mirrored._pair(frozen(cells[2]), cell_sides[2]),
     )
-    if after.cache.enabled and num_extend:
-        # Each chunk's end: its whole pages go into the cache and its lock moves to them.
-        ends = seq_lens[:num_extend].tolist()
-        after = publish_rows(
-            after,
-            new_slots,
-            matched,
-            new_ids,
-            extend_slots,
-            [req.input_ids[:end] for req, end in zip(chunks.reqs, ends, strict=True)],
-        )
     partial = tuple(
         row
         for row, (req, length) in enumerate(zip(chunks.reqs, seq_lens.tolist(), strict=False))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 import numpy as np
 
 from batchstate._errors import OutOfKVTokens, OutOfReqSlots
-from batchstate._mirrored import HostArray, frozen, host_int64
+from batchstate._mirrored import NO_INTS, HostArray, frozen, host_int64
 from batchstate._sharing import lanes
 
 if TYPE_CHECKING:
@@ -142,6 +142,9 @@ def _take_pages(
     # The first `num_pages` free pages, evicting cached ones when free pages fall
     # short, and pools where `slots` own `new_lens` tokens.
     page_list, cache = pools.page_list, pools.cache
+    if pools.retired.shape[0]:
+        # A later transition: the forward that wrote the retired pages runs before its own.
+        page_list = page_list.give(pools.retired)
     shortage = num_pages - len(page_list)
     if shortage > 0:
         if shortage > cache.num_evictable:
@@ -152,7 +155,9 @@ def _take_pages(
     pages, rest = page_list.take(num_pages)
     slot_tokens = pools.slot_tokens.copy()
     slot_tokens[slots] = new_lens
-    return pages, pools._evolve(page_list=rest, slot_tokens=frozen(slot_tokens), cache=cache)
+    return pages, pools._evolve(
+        page_list=rest, retired=NO_INTS, slot_tokens=frozen(slot_tokens), cache=cache
+    )
 
 
 _ONE: Final = np.int64(1)

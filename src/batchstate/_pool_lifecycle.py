@@ -7,7 +7,7 @@ import torch
 
 from batchstate._free_list import FreeList
 from batchstate._lineage import Stamp
-from batchstate._mirrored import frozen
+from batchstate._mirrored import NO_INTS, frozen
 from batchstate._pools import _NO_PREFIXES, Pools, expect_pools
 from batchstate._prefix_cache import PrefixCache
 from batchstate._token_table import TokenTable
@@ -68,6 +68,8 @@ def make_pools(
         num_pages,
         FreeList.of(np.arange(1, max_reqs + 1, dtype=np.int64)),
         FreeList.of(np.arange(1, num_pages + 1, dtype=np.int64)),
+        NO_INTS,
+        0,
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
         PrefixCache._empty(page_size, enabled=prefix_cache),
         _NO_PREFIXES,
@@ -81,7 +83,9 @@ def make_pools(
 def flush(pools: Pools) -> Pools:
     """Evict every cached page no row reads: at shutdown, every page is free after it.
 
-    Pages that live rows read (their cached prefixes) stay cached. With
+    Retired pages (duplicates given back at a prefill's end) join the free
+    list too: `flush` comes after the last forward. Pages that live rows
+    read (their cached prefixes) stay cached. With
     the cache off, `pools` itself. Host work only.
 
     >>> pools = flush(make_pools(4, 32, 64, torch.device("cpu"), prefix_cache=True))
@@ -90,9 +94,11 @@ def flush(pools: Pools) -> Pools:
     """
     expect_pools(pools)
     cache = pools.cache
-    if not cache.num_evictable:
+    if not cache.num_evictable and not pools.retired.shape[0]:
         return pools
     cache, evicted = cache._evict(cache.num_evictable)
+    # After the last forward: retired pages are written already, so they are free too.
+    freed = np.concatenate((pools.retired, np.array(evicted, dtype=np.int64)))
     return pools._evolve(
-        page_list=pools.page_list.give(np.array(evicted, dtype=np.int64)), cache=cache
+        page_list=pools.page_list.give(freed), retired=NO_INTS, cache=cache
     )._commit()

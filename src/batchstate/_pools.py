@@ -49,7 +49,10 @@ class Pools:
     - **free**: in the free list;
     - **cached**: held by `cache`, read by no live row (evictable);
     - **in use**: private to one row (past its cached prefix), or held by
-      the cache and read (locked) by one or more rows.
+      the cache and read (locked) by one or more rows;
+    - **retired**: a row's copy of pages the cache already held, given back
+      at the end of its prefill (`retired`): the forward in flight writes
+      it, no row reads it, and the next allocation frees it.
 
     A page's reference count is the rows that read it plus one while the
     cache holds it (`ref_counts`). Allocation evicts unlocked cached pages,
@@ -76,6 +79,10 @@ class Pools:
     num_pages: int  # usable pages; page 0 is padding and never handed out
     slot_list: FreeList  # free request slots, handed out from the front
     page_list: FreeList  # free KV pages, handed out from the front
+    # read-only int64: duplicate pages given back at a prefill's end; the forward in
+    # flight writes them, no row reads them; the next allocation moves them to `page_list`.
+    retired: HostArray
+    num_retired: int  # pages retired since the pools were made: a running total, for reports
     slot_tokens: HostArray  # read-only int64 [max_reqs + 1], slot -> KV tokens it owns
     cache: PrefixCache  # disabled: never matches, never holds a page
     # slot -> the cached prefix its row reads (whole pages), for slots that read one.
@@ -127,13 +134,13 @@ class Pools:
 
     @property
     def num_free_tokens(self) -> int:
-        """KV tokens in free pages, not counting what eviction could add."""
-        return len(self.page_list) * self.page_size
+        """KV tokens in free pages (retired ones included), not counting what eviction could add."""
+        return (len(self.page_list) + len(self.retired)) * self.page_size
 
     @property
     def num_available_tokens(self) -> int:
-        """KV tokens an allocation may take: free pages plus evictable cached ones."""
-        return (len(self.page_list) + self.cache.num_evictable) * self.page_size
+        """KV tokens an allocation may take: free (and retired) pages plus evictable cached ones."""
+        return (len(self.page_list) + len(self.retired) + self.cache.num_evictable) * self.page_size
 
     @property
     def prefix_lens(self) -> HostArray:
@@ -299,6 +306,8 @@ class Pools:
         *,
         slot_list: FreeList | None = None,
         page_list: FreeList | None = None,
+        retired: HostArray | None = None,
+        num_retired: int | None = None,
         slot_tokens: HostArray | None = None,
         cache: PrefixCache | None = None,
         prefixes: Map[int, Tokens] | None = None,
@@ -313,6 +322,8 @@ class Pools:
             self.num_pages,
             self.slot_list if slot_list is None else slot_list,
             self.page_list if page_list is None else page_list,
+            self.retired if retired is None else retired,
+            self.num_retired if num_retired is None else num_retired,
             self.slot_tokens if slot_tokens is None else slot_tokens,
             self.cache if cache is None else cache,
             self.prefixes if prefixes is None else prefixes,

@@ -26,7 +26,8 @@ def check_shared_pools(
 ) -> None:
     """Check that every KV page is exactly one of free, cached or in use, and counted right.
 
-    - free + cached + private (in use by one row, past its prefix) = capacity,
+    - free (retired included) + cached + private (in use by one row, past its
+      prefix) = capacity,
       no page in two of them, page 0 in none, every cached page and every
       page a row reads in 1..num_pages;
     - each slot's cached prefix is whole pages, no longer than its row, and
@@ -83,12 +84,13 @@ def check_shared_pools(
                 int(readers[page]) == count,
                 f"page {page}: locked by {count} rows, read by {int(readers[page])}",
             )
-    every = np.concatenate((pools.free_pages, cached, *private))
+    free = np.concatenate((pools.free_pages, pools.retired))  # retired: free at the next allocation
+    every = np.concatenate((free, cached, *private))
     uses = np.bincount(every, minlength=pools.num_pages + 1)
     _expect(
         uses.shape[0] == pools.num_pages + 1 and int(uses[0]) == 0 and bool((uses[1:] == 1).all()),
-        f"KV pages: {pools.free_pages.shape[0]} free + {cached.shape[0]} cached"
-        f" + {every.shape[0] - pools.free_pages.shape[0] - cached.shape[0]} private"
+        f"KV pages: {free.shape[0]} free + {cached.shape[0]} cached"
+        f" + {every.shape[0] - free.shape[0] - cached.shape[0]} private"
         f" != {pools.num_pages}, or a page is in two states or none",
     )
     _check_slots(pools, batches, compare_device=compare_device)

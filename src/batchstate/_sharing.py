@@ -1,4 +1,4 @@
-"""How rows share KV pages through the prefix cache: lock a prefix, publish pages, give back.
+"""How rows share KV pages through the prefix cache: lock a prefix, give back.
 
 The pools call these with the cache on; each takes the cache and the
 host table and returns a new cache, never changing what it was given.
@@ -25,7 +25,6 @@ __all__ = [
     "lock_prefixes",
     "match_prefix",
     "prefix_cells",
-    "publish",
 ]
 
 
@@ -63,36 +62,6 @@ def lock_matched(
     for tokens, length in zip(token_lists, lengths, strict=True):
         if length:
             cache = cache._lock(tuple(tokens), length)
-    return cache
-
-
-def publish(
-    cache: PrefixCache,
-    table: npt.NDArray[np.int32],
-    prefixes: MapMutation[int, Tokens],
-    slots: Sequence[int],
-    token_lists: Sequence[Tokens],
-) -> PrefixCache:
-    """Cache each slot's whole pages of `token_lists[i]` and move its lock to them.
-
-    `prefixes` (the caller's mutation of the pools' map) is updated in place. A slot whose tokens
-    the cache already holds past its own prefix (another row computed and
-    published them first) keeps its pages private: its table row points at
-    its own pages, so its lock cannot move onto the other row's.
-    """
-    page_size = cache.page_size
-    for slot, tokens in zip(slots, token_lists, strict=True):
-        full = len(tokens) // page_size * page_size
-        old = prefixes.get(slot, ())
-        if full <= len(old):
-            continue
-        ids = tuple(tokens[:full])
-        pages = table[slot, len(old) : full : page_size].astype(np.int64) // page_size
-        published = cache._publish(ids, len(old), pages.tolist())
-        if published is None:
-            continue  # cached past its prefix by another row: stays private
-        cache = published
-        prefixes[slot] = ids
     return cache
 
 

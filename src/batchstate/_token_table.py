@@ -29,8 +29,10 @@ class TokenTable:
 
     NOTE: transitions write it only after every allocation of that
     transition has succeeded, and only at cells that the records and pools
-    handed in treat as unused (free slots, positions past a row's length).
-    An abandoned result therefore leaves every earlier value valid.
+    handed in treat as unused (free slots, positions past a row's length),
+    but for one kind of write: a row's cells of whole pages the prefix cache
+    holds already move onto the cache's pages, which hold the same KV
+    (docs/design.md, "Where device memory is written").
     """
 
     _cells: npt.NDArray[np.int32]  # the host side: read-only but while `write*` writes it

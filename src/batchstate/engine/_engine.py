@@ -174,6 +174,7 @@ class Engine(EngineState):
     def _advance(self) -> None:
         self.clock += 1
         self.trace.evicted_pages = self.pools.cache.num_evicted
+        self.trace.duplicate_tokens_freed = self.pools.num_retired * self.pools.page_size
         every = self.config.check_every
         if every and len(self.trace) % every == 0:
             self.check()

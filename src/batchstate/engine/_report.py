@@ -50,6 +50,7 @@ class Summary:
     cache_hits: int = 0  # extended requests that read a cached prefix
     extended_requests: int = 0  # requests extended (retracted ones count again)
     evicted_pages: int = 0
+    duplicate_tokens_freed: int = 0  # KV computed though cached, freed at the prefill's end
     step_ms: float = 0.0  # mean wall time per step
     sampling: str = "greedy"  # the workload's sampling mix, and how many requests sampled
     prebuilt_requests: int = 0  # admitted with KV and first token from a prefill server
@@ -127,6 +128,7 @@ def summarize(run: Simulation) -> Summary:
         cache_hits=trace.cache_hits,
         extended_requests=trace.extended_requests,
         evicted_pages=trace.evicted_pages,
+        duplicate_tokens_freed=trace.duplicate_tokens_freed,
         step_ms=1e3 * sum(trace.step_s) / max(steps, 1),
         sampling=_sampling_line(run),
         prebuilt_requests=trace.prebuilt_requests,
@@ -260,7 +262,7 @@ def _cache_line(s: Summary) -> str:
     rate = 100 * s.cache_hits / max(s.extended_requests, 1)
     line = (
         f"on: {s.cache_hits}/{s.extended_requests} prefills hit ({rate:.0f}%),"
-        f" {s.evicted_pages} pages evicted"
+        f" {s.evicted_pages} pages evicted, {s.duplicate_tokens_freed} duplicate tokens freed"
     )
     if not s.shares_prefixes:
         # Hits can still happen (random prompts that agree on a page); they are chance.

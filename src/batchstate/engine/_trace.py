@@ -31,6 +31,8 @@ class Trace:
         self.cache_hits = 0  # requests extended with a cached prefix
         self.extended_requests = 0  # requests extended (a retracted one again)
         self.evicted_pages = 0  # cached pages evicted to make room
+        # KV tokens of pages rows computed though the cache held them, freed at the prefill's end
+        self.duplicate_tokens_freed = 0
         self.num_chunks = 0  # forwards' rows that stopped part way through a prompt
         self.num_mixed_steps = 0  # forwards with prompt tokens and decode rows together
         self.named_reads = 0  # sampled-token reads through read_sampled (one per mixed step)
