@@ -25,14 +25,16 @@ BATCHES = (8, 64, 256)
 
 def _decoding(batch: int, seed: int = 0) -> Driver:
     """A driver whose running batch holds `batch` requests, past their prefill."""
-    driver = Driver(page_size=1, kv_tokens=batch * 160, rows=batch, context=256, seed=seed)
+    driver = Driver(page_size=1, kv_tokens=batch * 200, rows=batch, context=256, seed=seed)
     rng = random.Random(seed)
     shared = [rng.randrange(100, 30000) for _ in range(32)]
     for _ in range(batch):
-        driver.submit(shared + [rng.randrange(100, 30000) for _ in range(16)], 10_000)
-    while driver.waiting:
+        driver.submit(shared + [rng.randrange(100, 30000) for _ in range(16)], 200)
+    for _ in range(batch):  # admission reserves room for half of each request's output
+        if not driver.waiting:
+            return driver
         driver.step()
-    return driver
+    raise RuntimeError(f"{len(driver.waiting)} requests still waiting after {batch} steps")
 
 
 def _per_step(driver: Driver, steps: int, extra: Callable[[Driver], object]) -> float:

@@ -141,21 +141,24 @@ def _locked_tokens(live: Sequence[Any]) -> int:
     return tokens
 
 
-def _free_tokens(allocator: Any) -> set[int]:
-    """Every KV token location the allocator would hand out next."""
+def _free_mask(allocator: Any) -> torch.Tensor:
+    """A host mask over KV token locations: True where the allocator would hand it out."""
     page = int(allocator.page_size)
     pieces = [allocator.free_pages, *getattr(allocator, "staged_pages", [])]
     release = getattr(allocator, "release_pages", None)
     if release is not None:
         pieces.append(release)
-    pages = [p for piece in pieces for p in _host(piece)]
-    return {p * page + k for p in pages for k in range(page)} if page > 1 else set(pages)
+    pages = torch.cat([p.detach().to("cpu").reshape(-1) for p in pieces])
+    tokens = (pages[:, None] * page + torch.arange(page)).reshape(-1)
+    mask = torch.zeros(int(allocator.size) + 2 * page, dtype=torch.bool)
+    mask[tokens] = True
+    return mask
 
 
 def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
     allocator, tree = batch.token_to_kv_pool_allocator, batch.tree_cache
     table = batch.req_to_token_pool.req_to_token
-    free = _free_tokens(allocator)
+    free = _free_mask(allocator)
     page = int(allocator.page_size)
     owned: dict[int, str] = {}
     uncached = 0
@@ -165,7 +168,8 @@ def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
         start, end = req.kv.cache_protected_len, req.kv.kv_allocated_len
         # A paged allocator hands out whole pages; the tree keys whole pages only.
         uncached += -(-end // page) * page - start
-        locations = _host(table[req.kv.req_pool_idx, :end])
+        row = table[req.kv.req_pool_idx, :end].detach().to("cpu").long()
+        locations = [int(v) for v in row.tolist()]
         if 0 in locations:
             yield Violation(
                 "slot 0",
@@ -174,7 +178,7 @@ def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
                 f"slot 0 at {locations.index(0)}",
                 req.rid,
             )
-        stale = sorted(free.intersection(locations))
+        stale = sorted({int(v) for v in row[free[row]].tolist()})
         if stale:
             yield Violation(
                 "freed while held",
