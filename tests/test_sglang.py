@@ -39,13 +39,15 @@ def topology() -> Iterator[None]:
 
 
 def _loaded(page_size: int, kv_tokens: int, requests: int = 40, seed: int = 1) -> Driver:
-    """Requests sharing prefixes of one system prompt, long enough outputs to retract."""
-    driver = Driver(page_size=page_size, kv_tokens=kv_tokens, rows=16, seed=seed)
+    """Requests sharing prefixes of one system prompt, prompts long enough to be chunked,
+    outputs long enough to retract."""
+    chunk = 32 if page_size == 1 else 64
+    driver = Driver(page_size=page_size, kv_tokens=kv_tokens, rows=16, seed=seed, chunk=chunk)
     rng = random.Random(seed)
     shared = [rng.randrange(100, 30000) for _ in range(48)]
     for _ in range(requests):
         prompt = shared[: rng.randrange(0, 48)] + [
-            rng.randrange(100, 30000) for _ in range(rng.randrange(4, 40))
+            rng.randrange(100, 30000) for _ in range(rng.randrange(4, 120))
         ]
         driver.submit(prompt, rng.randrange(30, 100))
     return driver
@@ -58,7 +60,7 @@ def _run(
     outputs: list[tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]] = []
     for _ in range(steps):
         kind = driver.step()
-        if kind == "idle" and not driver.waiting:
+        if kind == "idle" and not driver.waiting and driver.chunked_req is None:
             break
         batch = driver.running
         rows: tuple[int, ...] = ()
@@ -84,6 +86,7 @@ def test_default_lifecycle_runs_hundreds_of_steps_without_a_divergence(
     assert driver.finished == 40  # every request ran to its length
     assert max(len(rids) for _, rids, _, _ in steps) >= 4  # requests ran together
     assert driver.retracted > 0  # memory pressure retracted and re-admitted requests
+    assert driver.chunks > 0  # prompts over the chunk size were prefilled in chunks
     assert {s.operation for s in watch.trace} >= {
         "prepare_for_extend",
         "prepare_for_decode",
@@ -222,13 +225,14 @@ def test_pages_allocated_twice_to_two_rows_are_named(
 def test_a_batch_whose_fields_moved_is_refused_by_name(topology: None) -> None:
     driver = _loaded(1, 420, requests=2)
     driver.step()
-    assert audit(driver.running).ok
+    chunked = [] if driver.chunked_req is None else [driver.chunked_req]
+    assert audit(driver.running, also_live=chunked).ok
     moved = SimpleNamespace(
         **{f: getattr(driver.running, f) for f in BATCH_FIELDS if f != "req_pool_indices_cpu"}
     )
     with pytest.raises(UnsupportedSGLang, match=r"'req_pool_indices_cpu'.*0\.5\.23"):
         audit(moved)
-    assert audit(driver.running).ok  # nothing changed
+    assert audit(driver.running, also_live=chunked).ok  # nothing changed
 
 
 def test_the_trace_names_every_call_and_lands_on_disk(
@@ -242,3 +246,23 @@ def test_the_trace_names_every_call_and_lands_on_disk(
     assert len(lines) == len(watch.trace) > 10
     assert len(watch.divergences) > 1  # "log" goes on past the first
     assert '"operation": "prepare_for_extend"' in lines[0]
+
+
+def test_a_chunk_written_over_its_previous_chunk_is_named(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def overwrite(batch: Any) -> None:
+        req = batch.chunked_req
+        if req is not None and req.kv.cache_protected_len > 0 and req in batch.reqs:
+            table, kv = batch.req_to_token_pool.req_to_token, req.kv
+            # The previous chunk's last page handed out again to this chunk.
+            table[kv.req_pool_idx, kv.cache_protected_len - 1] = table[
+                kv.req_pool_idx, kv.cache_protected_len
+            ]
+
+    _patch(monkeypatch, "prepare_for_extend", overwrite)
+    divergence = _first_divergence(_loaded(1, 420))
+    assert (divergence.operation, divergence.violation.check) == (
+        "prepare_for_extend",
+        "prefix row",
+    )

@@ -235,7 +235,6 @@ def audit(batch: object, *, also_live: Sequence[object] = ()) -> AuditReport:
     if live_batch.reqs:
         violations += _mirrors(live_batch, len(live_batch.reqs))
         violations += _rows(live_batch)
-    seen = {id(r) for r in live_batch.reqs}
-    live = [*live_batch.reqs, *(r for r in also_live if id(r) not in seen)]
+    live = list({id(r): r for r in (*live_batch.reqs, *also_live)}.values())
     violations += _pool(live_batch, live)
     return AuditReport(tuple(violations))

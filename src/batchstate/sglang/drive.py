@@ -29,7 +29,14 @@ class Driver:
     """
 
     def __init__(
-        self, *, page_size: int, kv_tokens: int, rows: int, context: int = 1024, seed: int = 0
+        self,
+        *,
+        page_size: int,
+        kv_tokens: int,
+        rows: int,
+        context: int = 1024,
+        seed: int = 0,
+        chunk: int | None = None,
     ) -> None:
         install_stubs()
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -53,7 +60,11 @@ class Driver:
         self.model_config = SimpleNamespace(vocab_size=32000, is_encoder_decoder=False)
         self.waiting: list[Any] = []
         self.running: Any = self._batch([])
+        self.chunk = chunk  # chunked prefill's token budget per prefill; None: off
+        self.chunked_req: Any = None
+        self.last_batch: Any = None  # held as the scheduler holds it, until the next step
         self.finished = 0
+        self.chunks = 0  # prefills that left a request mid-prompt
         self.retracted = 0
         self._next_rid = 0
 
@@ -68,7 +79,7 @@ class Driver:
         self._next_rid += 1
         self.waiting.append(req)
 
-    def _batch(self, reqs: list[Any]) -> Any:
+    def _batch(self, reqs: list[Any], chunked_req: Any = None) -> Any:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -80,15 +91,24 @@ class Driver:
             self.model_config,
             False,
             SpeculativeAlgorithm.NONE,
+            chunked_req=chunked_req,
         )
 
     def step(self) -> str:
         """One scheduler step: a prefill when one is admitted, else a decode. Returns
         'prefill', 'decode' or 'idle'."""
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
         batch = self._prefill()
         if batch is not None:
             self._forward(batch)
-            batch.filter_batch()
+            self.last_batch = batch
+            if self.chunked_req is not None:
+                # Scheduler.get_next_batch_to_run: stash the chunk, keep it out of the merge.
+                checkpoint_kv_cache(self.chunked_req, self.tree_cache)
+                batch.filter_batch(reqs_to_exclude=[self.chunked_req])
+            else:
+                batch.filter_batch()
             if self.running.is_empty():
                 self.running = batch
             elif not batch.is_empty():
@@ -110,17 +130,26 @@ class Driver:
     def _prefill(self) -> Any:
         from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
-        if not self.waiting or self.req_to_token_pool.available_size() == 0:
+        if self.chunked_req is None and (
+            not self.waiting or self.req_to_token_pool.available_size() == 0
+        ):
             return None
         adder = PrefillAdder(
-            self.page_size, self.tree_cache, self.allocator, self.running, 0.5, 4096, None
+            self.page_size, self.tree_cache, self.allocator, self.running, 0.5, 4096, self.chunk
         )
+        if self.chunked_req is not None:
+            self.chunked_req.init_next_round_input()
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
         for req in self.waiting:
+            if self.chunked_req is not None or adder.new_chunked_req is not None:
+                break
             if len(adder.can_run_list) >= self.req_to_token_pool.available_size():
                 break
             req.init_next_round_input(self.tree_cache)
             if (
-                adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+                adder.add_one_req(
+                    req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None
+                )
                 != AddReqResult.CONTINUE
             ):
                 break
@@ -128,7 +157,12 @@ class Driver:
             return None
         admitted = {id(r) for r in adder.can_run_list}
         self.waiting = [r for r in self.waiting if id(r) not in admitted]
-        batch = self._batch(adder.can_run_list)
+        if adder.new_chunked_req is not None:
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.inflight_middle_chunks += 1
+            self.chunks += 1
+        batch = self._batch(adder.can_run_list, self.chunked_req)
         batch.prepare_for_extend()
         return batch
 
@@ -137,6 +171,9 @@ class Driver:
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
         for req in batch.reqs:
+            if req.inflight_middle_chunks > 0:  # a middle chunk samples nothing
+                req.inflight_middle_chunks -= 1
+                continue
             req.output_ids.append(self.rng.randrange(100, 32000))
             req.update_finish_state()
             if req.finished():

@@ -135,6 +135,10 @@ class Watch:
                 del self._batches[key]
             elif other is not batch:
                 live += [r for r in other.reqs if r.kv.req_pool_idx is not None]
+            # A chunked request between chunks is in no batch's reqs, only here.
+            chunked = getattr(other, "chunked_req", None)
+            if chunked is not None and chunked.kv.req_pool_idx is not None:
+                live.append(chunked)
         return live
 
     def _after(self, operation: str, batch: Any) -> None:
