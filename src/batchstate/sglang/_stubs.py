@@ -93,6 +93,11 @@ def _absent(name: str) -> bool:
 
 def install_stubs() -> None:
     """Stub triton and torchvision where they are not importable; idempotent."""
+    if "sglang" not in sys.modules:
+        # An earlier `import sglang` that failed (no triton) leaves its submodules
+        # behind without their parent; importing SGLang again needs them gone.
+        for name in [n for n in sys.modules if n.startswith("sglang.")]:
+            del sys.modules[name]
     if _absent("torchvision"):
         # transformers caches whether torchvision is installed; ask it first, so it
         # keeps taking it as absent (a stub has no version to compare).
