@@ -1,0 +1,23 @@
+"""batchstate beside a live SGLang scheduler (`pip install 'batchstate[sglang]'`).
+
+`audit(batch)` checks a live `ScheduleBatch`, its pools and its radix cache against
+batchstate's invariants; `Watch` does so after every lifecycle call and names the
+first call that breaks one. See docs/sglang.md.
+"""
+
+from batchstate.sglang._fields import SUPPORTED_VERSIONS, UnsupportedSGLang
+from batchstate.sglang._topology import cpu_topology
+from batchstate.sglang.audit import AuditReport, Violation, audit
+from batchstate.sglang.watch import Divergence, TraceStep, Watch
+
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "AuditReport",
+    "Divergence",
+    "TraceStep",
+    "UnsupportedSGLang",
+    "Violation",
+    "Watch",
+    "audit",
+    "cpu_topology",
+]

@@ -1,0 +1,71 @@
+"""The SGLang attributes batchstate reads, checked up front with a clear error.
+
+A batch from an SGLang release whose fields moved must fail with the attribute's
+name and the releases this package was built against, never with an
+`AttributeError` from deep inside a check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SUPPORTED_VERSIONS: tuple[str, ...] = ("0.5.23",)
+"""SGLang releases whose scheduler bookkeeping this package reads and was tested on."""
+
+BATCH_FIELDS = (
+    "reqs",
+    "req_pool_indices",
+    "req_pool_indices_cpu",
+    "seq_lens",
+    "seq_lens_cpu",
+    "seq_lens_sum",
+    "spec_info",
+    "req_to_token_pool",
+    "token_to_kv_pool_allocator",
+    "tree_cache",
+)
+REQ_FIELDS = ("rid", "kv", "last_node", "finished")
+KV_FIELDS = ("req_pool_idx", "cache_protected_len", "kv_allocated_len")
+REQ_POOL_FIELDS = ("req_to_token", "free_slots", "size")
+ALLOCATOR_FIELDS = ("size", "page_size", "free_pages", "available_size")
+TREE_FIELDS = ("evictable_size", "protected_size", "root_node")
+
+
+class UnsupportedSGLang(TypeError):
+    """An SGLang object lacks an attribute batchstate reads: its version is not supported."""
+
+    def __init__(self, owner: str, attribute: str) -> None:
+        self.owner = owner
+        self.attribute = attribute
+        super().__init__(
+            f"{owner} has no attribute {attribute!r}: batchstate.sglang reads SGLang "
+            f"{', '.join(SUPPORTED_VERSIONS)} (installed: {installed_version()})"
+        )
+
+
+def installed_version() -> str:
+    """The installed SGLang's version, or 'not installed'."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def require(obj: object, owner: str, names: tuple[str, ...]) -> None:
+    """Raise `UnsupportedSGLang` naming the first of `names` that `obj` lacks."""
+    for name in names:
+        if not hasattr(obj, name):
+            raise UnsupportedSGLang(owner, name)
+
+
+def require_batch(batch: Any) -> None:
+    """Check every attribute `audit` and `Watch` read on a batch and what it points to."""
+    require(batch, "ScheduleBatch", BATCH_FIELDS)
+    require(batch.req_to_token_pool, "ReqToTokenPool", REQ_POOL_FIELDS)
+    require(batch.token_to_kv_pool_allocator, "KV allocator", ALLOCATOR_FIELDS)
+    require(batch.tree_cache, "tree cache", TREE_FIELDS)
+    for req in batch.reqs:
+        require(req, "Req", REQ_FIELDS)
+        require(req.kv, "Req.kv", KV_FIELDS)

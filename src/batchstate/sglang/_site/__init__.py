@@ -1,0 +1,1 @@
+"""Holds the `sitecustomize` that `batchstate.sglang.launch` puts on PYTHONPATH."""

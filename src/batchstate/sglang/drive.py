@@ -1,0 +1,202 @@
+"""A seeded workload driven through SGLang's own scheduler bookkeeping on CPU.
+
+No model: a "forward" appends one seeded token per request. Everything else is
+SGLang's: `PrefillAdder` admits from the waiting queue against the radix cache and
+the KV budget, `ScheduleBatch.prepare_for_extend` / `prepare_for_decode` allocate,
+`check_decode_mem` / `retract_decode` retract under memory pressure,
+`release_kv_cache` / `checkpoint_kv_cache` move KV into the radix cache,
+`filter_batch` / `merge_batch` reshape the running batch. The step order is
+`Scheduler.get_next_batch_to_run` + `update_running_batch` +
+`process_batch_result`'s, for the default (non-speculative, non-mixed) path.
+"""
+
+from __future__ import annotations
+
+import random
+from array import array
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from batchstate.sglang._stubs import install_stubs
+
+
+class Driver:
+    """SGLang's pools, radix cache and batches, stepped with seeded tokens.
+
+    Requires an active `cpu_topology()`.
+    """
+
+    def __init__(
+        self,
+        *,
+        page_size: int,
+        kv_tokens: int,
+        rows: int,
+        context: int = 1024,
+        seed: int = 0,
+        chunk: int | None = None,
+    ) -> None:
+        install_stubs()
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        self.page_size = page_size
+        self.rng = random.Random(seed)
+        self.req_to_token_pool: Any = ReqToTokenPool(
+            size=rows, max_context_len=context, device="cpu", enable_memory_saver=False
+        )
+        self.allocator: Any = _allocator(page_size, kv_tokens)
+        self.tree_cache: Any = RadixCache(
+            CacheInitParams(
+                disable=False,
+                req_to_token_pool=self.req_to_token_pool,
+                token_to_kv_pool_allocator=self.allocator,
+                page_size=page_size,
+            )
+        )
+        self.model_config = SimpleNamespace(vocab_size=32000, is_encoder_decoder=False)
+        self.waiting: list[Any] = []
+        self.running: Any = self._batch([])
+        self.chunk = chunk  # chunked prefill's token budget per prefill; None: off
+        self.chunked_req: Any = None
+        self.last_batch: Any = None  # held as the scheduler holds it, until the next step
+        self.finished = 0
+        self.chunks = 0  # prefills that left a request mid-prompt
+        self.retracted = 0
+        self._next_rid = 0
+
+    def submit(self, prompt: list[int], max_new_tokens: int) -> None:
+        """Queue one request (SGLang `Req`) with greedy sampling."""
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
+        params.normalize(None)
+        req = Req(f"r{self._next_rid}", "", array("q", prompt), params, vocab_size=32000)
+        self._next_rid += 1
+        self.waiting.append(req)
+
+    def _batch(self, reqs: list[Any], chunked_req: Any = None) -> Any:
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return ScheduleBatch.init_new(
+            reqs,
+            self.req_to_token_pool,
+            self.allocator,
+            self.tree_cache,
+            self.model_config,
+            False,
+            SpeculativeAlgorithm.NONE,
+            chunked_req=chunked_req,
+        )
+
+    def step(self) -> str:
+        """One scheduler step: a prefill when one is admitted, else a decode. Returns
+        'prefill', 'decode' or 'idle'."""
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+        batch = self._prefill()
+        if batch is not None:
+            self._forward(batch)
+            self.last_batch = batch
+            if self.chunked_req is not None:
+                # Scheduler.get_next_batch_to_run: stash the chunk, keep it out of the merge.
+                checkpoint_kv_cache(self.chunked_req, self.tree_cache)
+                batch.filter_batch(reqs_to_exclude=[self.chunked_req])
+            else:
+                batch.filter_batch()
+            if self.running.is_empty():
+                self.running = batch
+            elif not batch.is_empty():
+                self.running.merge_batch(batch)
+            return "prefill"
+        if self.running.is_empty():
+            return "idle"
+        self.running.filter_batch()
+        if self.running.is_empty():
+            return "idle"
+        if not self.running.check_decode_mem():
+            retracted, _, _ = self.running.retract_decode()
+            self.retracted += len(retracted)
+            self.waiting.extend(retracted)
+        self.running.prepare_for_decode()
+        self._forward(self.running)
+        return "decode"
+
+    def _prefill(self) -> Any:
+        from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+        if self.chunked_req is None and (
+            not self.waiting or self.req_to_token_pool.available_size() == 0
+        ):
+            return None
+        adder = PrefillAdder(
+            self.page_size, self.tree_cache, self.allocator, self.running, 0.5, 4096, self.chunk
+        )
+        if self.chunked_req is not None:
+            self.chunked_req.init_next_round_input()
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        for req in self.waiting:
+            if self.chunked_req is not None or adder.new_chunked_req is not None:
+                break
+            if len(adder.can_run_list) >= self.req_to_token_pool.available_size():
+                break
+            req.init_next_round_input(self.tree_cache)
+            if (
+                adder.add_one_req(
+                    req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None
+                )
+                != AddReqResult.CONTINUE
+            ):
+                break
+        if not adder.can_run_list:
+            return None
+        admitted = {id(r) for r in adder.can_run_list}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        if adder.new_chunked_req is not None:
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.inflight_middle_chunks += 1
+            self.chunks += 1
+        batch = self._batch(adder.can_run_list, self.chunked_req)
+        batch.prepare_for_extend()
+        return batch
+
+    def _forward(self, batch: Any) -> None:
+        """The fake model: one seeded token per row, then SGLang's result processing."""
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+
+        for req in batch.reqs:
+            if req.inflight_middle_chunks > 0:  # a middle chunk samples nothing
+                req.inflight_middle_chunks -= 1
+                continue
+            req.output_ids.append(self.rng.randrange(100, 32000))
+            req.update_finish_state()
+            if req.finished():
+                release_kv_cache(req, self.tree_cache, checkpoint=True)
+                self.finished += 1
+            elif batch.forward_mode.is_extend():
+                checkpoint_kv_cache(req, self.tree_cache)
+
+
+def _allocator(page_size: int, kv_tokens: int) -> Any:
+    if page_size == 1:
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+        return TokenToKVPoolAllocator(
+            size=kv_tokens, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False
+        )
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
+    return PagedTokenToKVPoolAllocator(
+        size=kv_tokens,
+        page_size=page_size,
+        dtype=torch.float16,
+        device="cpu",
+        kvcache=None,
+        need_sort=False,
+    )

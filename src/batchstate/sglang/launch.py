@@ -1,0 +1,46 @@
+"""Run SGLang with a `Watch` in every process: `python -m batchstate.sglang.launch ARGS`.
+
+`ARGS` are `sglang.launch_server`'s own. Nothing in SGLang is edited: the launcher
+starts `python -m sglang.launch_server ARGS` with a `sitecustomize` on PYTHONPATH
+that attaches a `Watch` in each process once SGLang's `schedule_batch` is imported.
+A `sitecustomize` of your own later on the path is shadowed while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from batchstate.sglang._hook import ENV_MODE, ENV_TRACE_DIR
+
+SITE = Path(__file__).parent / "_site"
+
+
+def environment(mode: str, trace_dir: Path, base: dict[str, str]) -> dict[str, str]:
+    """`base` plus what turns the watch on in the processes started with it."""
+    path = os.pathsep.join(p for p in (str(SITE), base.get("PYTHONPATH", "")) if p)
+    return {**base, ENV_MODE: mode, ENV_TRACE_DIR: str(trace_dir), "PYTHONPATH": path}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the module (SGLang's server by default) under the watch; its exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m batchstate.sglang.launch", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--watch-log", action="store_true", help="log divergences instead of raising"
+    )
+    parser.add_argument("--watch-trace-dir", type=Path, default=Path("."), help="where traces go")
+    parser.add_argument("--watch-module", default="sglang.launch_server", help="the module to run")
+    known, rest = parser.parse_known_args(argv)
+    env = environment(
+        "log" if known.watch_log else "raise", known.watch_trace_dir, dict(os.environ)
+    )
+    return subprocess.call([sys.executable, "-m", known.watch_module, *rest], env=env)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

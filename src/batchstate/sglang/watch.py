@@ -1,0 +1,174 @@
+"""`Watch`: audit a live SGLang scheduler after every batch lifecycle call, naming the
+first call that breaks an invariant, with a compact trace of every call so far.
+
+It wraps `ScheduleBatch`'s lifecycle methods on the class, from outside (SGLang's
+source is not edited), and restores them on `detach`. The wrappers only read: they
+call the original method with the same arguments and return its result unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from batchstate.sglang._stubs import install_stubs
+from batchstate.sglang.audit import AuditReport, Violation, audit
+
+LIFECYCLE = (
+    "prepare_for_extend",
+    "prepare_for_decode",
+    "filter_batch",
+    "merge_batch",
+    "retract_decode",
+)
+"""The `ScheduleBatch` methods a `Watch` checks after."""
+
+_log = logging.getLogger("batchstate.sglang")
+
+
+class Divergence(AssertionError):
+    """SGLang's state broke an invariant: names the call, the request, the field and
+    both values (`violation`), and where the trace was written."""
+
+    def __init__(self, step: int, operation: str, violation: Violation, trace: Path | None) -> None:
+        self.step = step
+        self.operation = operation
+        self.violation = violation
+        self.trace = trace
+        where = f"; trace of every call so far: {trace}" if trace is not None else ""
+        super().__init__(f"step {step}, after ScheduleBatch.{operation}: {violation}{where}")
+
+
+@attrs.frozen
+class TraceStep:
+    """One lifecycle call and the state it left: rows, lengths, pool counts."""
+
+    step: int
+    operation: str
+    rids: tuple[str, ...]
+    rows: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    available: int
+    evictable: int
+    protected: int
+    violations: tuple[str, ...]
+
+
+class Watch:
+    """Checks every SGLang batch lifecycle call while attached (`with Watch(): ...`).
+
+    `on_divergence="raise"` raises `Divergence` at the first broken invariant;
+    `"log"` logs it (logger `batchstate.sglang`) and goes on. `trace_path`, when set,
+    receives the trace (JSON lines) at the first divergence and on `detach`.
+    """
+
+    def __init__(
+        self,
+        *,
+        on_divergence: Literal["raise", "log"] = "raise",
+        trace_path: str | Path | None = None,
+    ) -> None:
+        self.on_divergence = on_divergence
+        self.trace_path = None if trace_path is None else Path(trace_path)
+        self.trace: list[TraceStep] = []
+        self.divergences: list[Divergence] = []
+        self._batches: dict[int, weakref.ref[Any]] = {}
+        self._originals: dict[str, Callable[..., object]] = {}
+
+    def attach(self) -> Watch:
+        """Wrap the lifecycle methods of SGLang's `ScheduleBatch` class."""
+        install_stubs()
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        if self._originals:
+            return self
+        for name in LIFECYCLE:
+            original = getattr(ScheduleBatch, name)
+            self._originals[name] = original
+            setattr(ScheduleBatch, name, self._wrap(name, original))
+        return self
+
+    def detach(self) -> None:
+        """Restore SGLang's methods and write the trace (when `trace_path` is set)."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        for name, original in self._originals.items():
+            setattr(ScheduleBatch, name, original)
+        self._originals.clear()
+        if self.trace_path is not None:
+            self.write_trace(self.trace_path)
+
+    def __enter__(self) -> Watch:
+        return self.attach()
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def write_trace(self, path: Path) -> None:
+        """Write every call so far, one JSON object per line."""
+        path.write_text("".join(json.dumps(attrs.asdict(s)) + "\n" for s in self.trace))
+
+    def _wrap(self, name: str, original: Callable[..., object]) -> Callable[..., object]:
+        watch = self
+
+        def checked(batch: Any, *args: object, **kwargs: object) -> object:
+            result = original(batch, *args, **kwargs)
+            watch._after(name, batch)
+            return result
+
+        checked.__name__ = name
+        checked.__doc__ = original.__doc__
+        return checked
+
+    def _live_requests(self, batch: Any) -> list[Any]:
+        self._batches[id(batch)] = weakref.ref(batch)
+        live: list[Any] = []
+        for key, ref in list(self._batches.items()):
+            other = ref()
+            if other is None:
+                del self._batches[key]
+            elif other is not batch:
+                live += [r for r in other.reqs if r.kv.req_pool_idx is not None]
+            # A chunked request between chunks is in no batch's reqs, only here.
+            chunked = getattr(other, "chunked_req", None)
+            if chunked is not None and chunked.kv.req_pool_idx is not None:
+                live.append(chunked)
+        return live
+
+    def _after(self, operation: str, batch: Any) -> None:
+        report = audit(batch, also_live=self._live_requests(batch))
+        self.trace.append(_snapshot(len(self.trace), operation, batch, report))
+        if report.ok:
+            return
+        first = report.violations[0]
+        if self.trace_path is not None and not self.divergences:
+            self.write_trace(self.trace_path)
+        divergence = Divergence(len(self.trace) - 1, operation, first, self.trace_path)
+        self.divergences.append(divergence)
+        if self.on_divergence == "raise":
+            raise divergence
+        _log.error("%s", divergence)
+
+
+def _snapshot(step: int, operation: str, batch: Any, report: AuditReport) -> TraceStep:
+    def host(values: Any) -> tuple[int, ...]:
+        return () if values is None else tuple(int(v) for v in values.tolist())
+
+    allocator, tree = batch.token_to_kv_pool_allocator, batch.tree_cache
+    return TraceStep(
+        step=step,
+        operation=operation,
+        rids=tuple(r.rid for r in batch.reqs),
+        rows=host(batch.req_pool_indices_cpu) if batch.reqs else (),
+        seq_lens=host(batch.seq_lens_cpu) if batch.reqs else (),
+        available=int(allocator.available_size()),
+        evictable=int(tree.evictable_size()),
+        protected=int(tree.protected_size()),
+        violations=tuple(map(str, report.violations)),
+    )
