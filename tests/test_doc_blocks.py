@@ -47,6 +47,8 @@ FRAGMENT: Final = re.compile(
 )
 CUDA_SETUP: Final = "on-a-cuda-device"
 NEEDS_CUDA: Final = "> Needs a CUDA device."  # a whole program that runs only there
+# A whole program that runs only where an optional package is installed.
+NEEDS_PACKAGE: Final = re.compile(r"^> Needs the `(?P<module>[\w.]+)` package\b.*\.$")
 FENCE: Final = re.compile(r"^```(\S*)\s*$")
 CLAIM: Final = re.compile(r"^\s*print\(.*\)\s+# (.+)$")
 
@@ -95,6 +97,9 @@ def read_blocks(path: Path, text: str) -> list[Block]:
         needs = (mark["needs"],) if mark and mark["needs"] else ()
         if before.strip() == NEEDS_CUDA:
             needs = ("cuda",)
+        package = NEEDS_PACKAGE.match(before.strip())
+        if package:
+            needs = (package["module"],)
         blocks.append(
             Block(
                 path=path,
@@ -168,6 +173,10 @@ def _require(needs: tuple[str, ...]) -> None:
         if need == "cuda":
             if not torch.cuda.is_available():
                 pytest.skip("needs a CUDA device")
+        elif need == "sglang":
+            # Installed is enough: importing SGLang itself needs batchstate.sglang's stubs.
+            if importlib.util.find_spec(need) is None:
+                pytest.skip("needs sglang (the `sglang` extra)")
         else:
             pytest.importorskip(need)
 
