@@ -29,8 +29,9 @@ from returns.result import Failure, Success
 
 import batchstate._decode
 import batchstate._extend
+import batchstate._extend_placement
 import batchstate._mirrored
-import batchstate._mix
+import batchstate._mix_forward
 import batchstate._pool_allocation
 import batchstate._pools
 import batchstate._rows
@@ -73,10 +74,11 @@ class _Injected(RuntimeError):
 _SEAMS: Final[tuple[tuple[object, str], ...]] = (
     # The allocators, where each transition calls them (a module's own name for each).
     (batchstate._extend, "take_slots"),
-    (batchstate._extend, "take_fresh"),
-    (batchstate._extend, "take_tokens"),
-    (batchstate._mix, "take_slots"),
-    (batchstate._mix, "take_tokens"),
+    (batchstate._extend_placement, "take_slots"),
+    (batchstate._extend_placement, "take_fresh"),
+    (batchstate._extend_placement, "take_tokens"),
+    (batchstate._mix_forward, "take_slots"),
+    (batchstate._mix_forward, "take_tokens"),
     (batchstate._decode, "take_next"),
     (batchstate._speculative, "take_tokens"),
     (batchstate._pool_allocation, "_take_pages"),
@@ -89,9 +91,9 @@ _SEAMS: Final[tuple[tuple[object, str], ...]] = (
     (batchstate._mirrored, "upload"),
     (batchstate._rows, "upload"),
     (batchstate._decode, "build_rows"),
-    (batchstate._extend, "build_rows"),
+    (batchstate._extend_placement, "build_rows"),
     (batchstate._rows, "host_int64"),
-    (batchstate._extend, "host_int64"),
+    (batchstate._extend_placement, "host_int64"),
     (np, "concatenate"),
     (torch, "from_numpy"),
     (torch.Tensor, "to"),
@@ -356,7 +358,7 @@ def test_allocator_failure_value(
         return failure  # what the transitions' internal allocators return
 
     before = snapshot(pools)
-    monkeypatch.setattr(batchstate._extend, method, fail)
+    monkeypatch.setattr(batchstate._extend_placement, method, fail)
     result = extend(idle(CPU), items, pools)
     monkeypatch.undo()
     assert result == Failure(failure)
