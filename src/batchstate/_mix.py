@@ -19,13 +19,9 @@ import torch
 from returns.result import Failure, Result, Success
 
 from batchstate._chunked import Chunked, columns_in_order
-from batchstate._columns import (
-    NO_COLUMNS,
-    C,
-    NoColumns,
-    check_column_set,
-    join_pending,
-)
+from batchstate._column_checks import check_column_set
+from batchstate._column_rows import join_pending
+from batchstate._columns import NO_COLUMNS, C, NoColumns
 from batchstate._decode import DecodeError, _expect_current, _too_long, grow
 from batchstate._dedup import ExtendRows, publish_computed
 from batchstate._errors import (
