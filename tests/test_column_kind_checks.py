@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from batchstate import ColumnError, DeviceOnly, HostColumn, Mirrored
-from batchstate._columns import Columns, check_column_set
+from batchstate._column_checks import check_column_set
+from batchstate._columns import Columns
 from batchstate._mirrored import frozen
 
 CPU = torch.device("cpu")

@@ -12,17 +12,9 @@ import numpy as np
 import torch
 
 from batchstate import Mirrored
-from batchstate._columns import (
-    NO_COLUMNS,
-    Columns,
-    NoColumns,
-    build_columns,
-    cat_pending,
-    empty_columns,
-    join_pending,
-    slice_columns,
-    take_pending,
-)
+from batchstate._column_building import build_columns, empty_columns
+from batchstate._column_rows import cat_pending, join_pending, slice_columns, take_pending
+from batchstate._columns import NO_COLUMNS, Columns, NoColumns
 
 CPU = torch.device("cpu")
 

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from batchstate._ahead import Ahead, AheadStep, settle_ahead, verify_ahead
     from batchstate._captured_sizes import PaddingError
     from batchstate._chunked import Chunked
-    from batchstate._columns import Columns, HostColumn, NoColumns, build_columns
+    from batchstate._column_building import build_columns
+    from batchstate._columns import Columns, HostColumn, NoColumns
     from batchstate._decode import DecodeError, decode
     from batchstate._errors import (
         AllocError,
@@ -80,12 +81,13 @@ if TYPE_CHECKING:
     from batchstate._sampled import Sampled, follow, join_sampled, read_sampled
     from batchstate._sampling import Sampling
     from batchstate._sampling_params import GREEDY, SamplingParams
-    from batchstate._speculative import Verifying, VerifyStep, sync, verify
+    from batchstate._speculative import sync, verify
     from batchstate._token_table import TokenTable
     from batchstate._transitions import TRANSITIONS, Transition
     from batchstate._unwrap import UnwrapError, unwrap
     from batchstate._upper_bound import UpperBound
     from batchstate._verified import Verified, read_verified
+    from batchstate._verifying import Verifying, VerifyStep
     from batchstate._version import __version__
 
 

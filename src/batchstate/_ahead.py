@@ -40,8 +40,9 @@ from batchstate._pool_allocation import take_tokens
 from batchstate._pool_release import shrink_slots
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req
-from batchstate._speculative import Drafts, Verifying, VerifyStep, _draft_lens, window_lens
+from batchstate._speculative import Drafts, _draft_lens
 from batchstate._upper_bound import UpperBound
+from batchstate._verifying import Verifying, VerifyStep, window_lens
 
 __all__ = ["Ahead", "AheadStep", "settle_ahead", "verify_ahead"]
 

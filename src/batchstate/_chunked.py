@@ -7,7 +7,8 @@ from typing import Generic, final
 
 import attrs
 
-from batchstate._columns import NO_COLUMNS, C, NoColumns, slice_columns
+from batchstate._column_rows import slice_columns
+from batchstate._columns import NO_COLUMNS, C, NoColumns
 from batchstate._copies import read_only_copies
 from batchstate._errors import NotHeld
 from batchstate._pools import Pools

@@ -14,10 +14,16 @@ Any other field, or a set that is not frozen attrs of its own, is a
 `ColumnError` when a transition first reads the class, and a mypy error
 where it is written with `batchstate.mypy_plugin` enabled.
 
-Filter, split, merge and decode handle every field through the functions
-here, so a column can be forgotten in no lifecycle method: there is none to
-write. The library never names a column.
+This module holds the declaration: the base classes, the type variables
+transitions are generic over, and the reading of a set's fields (kinds and
+dtypes, once per class). Building a set is `_column_building`, checking one
+`_column_checks`, and taking, joining and slicing its rows `_column_rows`:
+filter, split, merge and decode handle every field through those functions,
+so a column can be forgotten in no lifecycle method: there is none to write.
+The library never names a column.
 
+>>> import torch
+>>> from batchstate import build_columns
 >>> @attrs.frozen(eq=False)
 ... class Lora(Columns):
 ...     adapter: Mirrored[np.int32]
@@ -30,40 +36,21 @@ from __future__ import annotations
 
 import sys
 import typing
-from collections.abc import Mapping, Sequence
 from typing import Final, NamedTuple, TypeAlias, final
 
 import attrs
 import numpy as np
 import numpy.typing as npt
-import torch
 from typing_extensions import TypeVar
 
-from batchstate._column_values import exact_values
 from batchstate._errors import ColumnError
-from batchstate._mirrored import (
-    DeviceOnly,
-    HostArray,
-    Mirrored,
-    frozen,
-    gather_rows,
-    torch_dtype,
-    upload,
-)
+from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._scalars import SCALAR_NAMES
 
 __all__ = [
     "Columns",
     "HostColumn",
     "NoColumns",
-    "Pending",
-    "build_columns",
-    "cat_pending",
-    "check_column_set",
-    "empty_columns",
-    "join_pending",
-    "slice_columns",
-    "take_pending",
 ]
 
 ScalarT = TypeVar("ScalarT", bound=np.generic)
@@ -170,227 +157,3 @@ _NAMES: Final = {
     "np": np,
     "numpy": np,
 }
-
-
-def empty_columns(cls: type[C], device: torch.device) -> C:
-    """Zero rows of every column of `cls`, both sides."""
-    if cls is NoColumns:
-        return NO_COLUMNS  # type: ignore[return-value]  # C is NoColumns here
-    values: dict[str, object] = {}
-    for field in _fields(cls):
-        if field.kind == "mirrored":
-            assert field.dtype is not None
-            values[field.name] = Mirrored.empty(field.dtype.type, device)
-        elif field.kind == "device":
-            values[field.name] = DeviceOnly.empty(torch.int64, device)
-        else:
-            assert field.dtype is not None
-            values[field.name] = frozen(np.empty(0, dtype=field.dtype))
-    return cls(**values)
-
-
-def build_columns(
-    cls: type[C],
-    values: Mapping[str, Sequence[object] | npt.NDArray[np.generic]],
-    device: torch.device,
-) -> C:
-    """A column set for new rows from per-row host values, in one host-to-device copy.
-
-    Args:
-        cls: the column set.
-        values: column name -> one value per row (Python scalars or a 1-D
-            array). `DeviceOnly` fields take their dtype from the values.
-        device: where the device sides live.
-
-    Raises:
-        ColumnError: a column is missing or unknown, the columns' lengths
-            differ, or a value does not fit its column's dtype exactly (a
-            float into an int column, an int out of range): nothing is
-            wrapped or truncated.
-    """
-    fields = _fields(cls)
-    names = {field.name for field in fields}
-    if set(values) != names:
-        raise ColumnError(f"{cls.__name__}: columns {sorted(names)} expected, got {sorted(values)}")
-    lengths = {len(column) for column in values.values()}
-    if len(lengths) > 1:
-        raise ColumnError(f"{cls.__name__}: columns of different lengths {sorted(lengths)}")
-    hosts = [
-        exact_values(f"{cls.__name__}.{field.name}", values[field.name], field.dtype)
-        for field in fields
-    ]
-    on_device = [host for host, field in zip(hosts, fields, strict=True) if field.kind != "host"]
-    sides = upload(on_device, device)
-    built: dict[str, object] = {}
-    side = iter(sides)
-    for host, field in zip(hosts, fields, strict=True):
-        if field.kind == "mirrored":
-            built[field.name] = Mirrored._pair(frozen(host.copy()), next(side))
-        elif field.kind == "device":
-            built[field.name] = DeviceOnly(next(side))
-        else:
-            built[field.name] = frozen(host.copy())
-    return cls(**built)
-
-
-def check_column_set(columns: Columns, length: int, device: torch.device, where: str) -> None:
-    """Raise `ColumnError` unless every column has `length` rows of its dtype, on `device`."""
-    if type(columns) is NoColumns:
-        return
-    for field in _fields(type(columns)):
-        value = getattr(columns, field.name)
-        name = f"{where}.{type(columns).__name__}.{field.name}"
-        if field.kind == "mirrored" and isinstance(value, Mirrored):
-            _check_host(name + ".host", value.host, field.dtype, length)
-            _check_device(name + ".device", value.device, field.dtype, length, device)
-        elif field.kind == "device" and isinstance(value, DeviceOnly):
-            _check_device(name, value.device, None, length, device)
-        elif field.kind == "host" and isinstance(value, np.ndarray):
-            _check_host(name, value, field.dtype, length)
-        else:
-            raise ColumnError(f"{name}: expected a {field.kind} column, got {type(value).__name__}")
-
-
-def _check_host(
-    name: str, array: npt.NDArray[np.generic], dtype: np.dtype[np.generic] | None, length: int
-) -> None:
-    if array.shape != (length,) or array.dtype != dtype or array.flags.writeable:
-        raise ColumnError(
-            f"{name}: expected a read-only {dtype} array [{length}], got a"
-            f" {'writable' if array.flags.writeable else 'read-only'} {array.dtype}"
-            f" array {list(array.shape)}"
-        )
-    base = array.base
-    while isinstance(base, np.ndarray):
-        if base.flags.writeable:
-            # Its owner can still write it: the records would change under a passing check.
-            raise ColumnError(
-                f"{name}: a read-only view of a writable array; pass a copy"
-                f" (`frozen(array.copy())`) or build the set with `build_columns`"
-            )
-        base = base.base
-
-
-def _check_device(
-    name: str,
-    tensor: torch.Tensor,
-    dtype: np.dtype[np.generic] | None,
-    length: int,
-    device: torch.device,
-) -> None:
-    expected = None if dtype is None else torch_dtype(dtype)
-    if (
-        tensor.shape[:1] != (length,)
-        or tensor.device != device
-        or (expected is not None and tensor.dtype != expected)
-    ):
-        raise ColumnError(
-            f"{name}: expected {expected or 'a tensor'} [{length}] on {device},"
-            f" got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
-        )
-
-
-class Pending(NamedTuple):
-    """A column set whose new host sides await the transition's upload.
-
-    `hosts` join the other columns in one copy; `finish` takes their device
-    copies back, in order, and returns the column set.
-    """
-
-    hosts: tuple[npt.NDArray[np.generic], ...]
-    finish: typing.Callable[[Sequence[torch.Tensor]], Columns]
-
-
-def take_pending(columns: C, index: HostArray) -> C | Pending:
-    """The rows at host positions `index` of every column, mirrored hosts left for the upload.
-
-    Host-only columns are taken now; `DeviceOnly` ones are gathered on the
-    device once the positions are uploaded (the host does not know them).
-    """
-    if type(columns) is NoColumns:
-        return columns
-    fields = _fields(type(columns))
-    hosts: list[npt.NDArray[np.generic]] = []
-    built: dict[str, object] = {}
-    gathers: list[str] = []
-    for field in fields:
-        value = getattr(columns, field.name)
-        if field.kind == "mirrored":
-            hosts.append(value.host.take(index))
-        elif field.kind == "host":
-            built[field.name] = frozen(value.take(index))
-        else:
-            gathers.append(field.name)
-    if gathers:
-        hosts.append(index)  # the gather needs the positions on the device
-
-    def finish(sides: Sequence[torch.Tensor]) -> Columns:
-        side = iter(sides)
-        for field, host in zip((f for f in fields if f.kind == "mirrored"), hosts, strict=False):
-            built[field.name] = Mirrored._pair(frozen(host), next(side))
-        if gathers:
-            positions = sides[-1]
-            for name in gathers:
-                built[name] = DeviceOnly(gather_rows(getattr(columns, name).device, positions))
-        return type(columns)(**built)
-
-    return Pending(tuple(hosts), finish)
-
-
-def cat_pending(first: C, second: C) -> C | Pending:
-    """Every column's rows of `first` followed by `second`'s, host sides left for the upload."""
-    return join_pending((first, second))
-
-
-def join_pending(parts: Sequence[C]) -> C | Pending:
-    """Every column's rows of each part in turn, host sides left for the upload.
-
-    Mirrored and host-only columns are joined on the host; `DeviceOnly` ones
-    with one `cat` on the device each.
-    """
-    first = parts[0]
-    if type(first) is NoColumns or len(parts) == 1:
-        return first
-    for part in parts[1:]:
-        if type(part) is not type(first):
-            raise ColumnError(
-                f"cannot join {type(part).__name__} columns to {type(first).__name__} ones"
-            )
-    fields = _fields(type(first))
-    hosts: list[npt.NDArray[np.generic]] = []
-    built: dict[str, object] = {}
-    for field in fields:
-        values = [getattr(part, field.name) for part in parts]
-        if field.kind == "mirrored":
-            hosts.append(np.concatenate([value.host for value in values]))
-        elif field.kind == "host":
-            built[field.name] = frozen(np.concatenate(values))
-        else:
-            # An empty part (an `Idle` batch's) has no dtype of its own to give: leave it
-            # out, so that `cat` keeps the rows' dtype instead of promoting to int64.
-            tensors = [value.device for value in values if len(value)] or [values[0].device]
-            built[field.name] = DeviceOnly(tensors[0] if len(tensors) == 1 else torch.cat(tensors))
-
-    def finish(sides: Sequence[torch.Tensor]) -> Columns:
-        mirrored = [field for field in fields if field.kind == "mirrored"]
-        for field, host, side in zip(mirrored, hosts, sides, strict=True):
-            built[field.name] = Mirrored._pair(frozen(host), side)
-        return type(first)(**built)
-
-    return Pending(tuple(hosts), finish)
-
-
-def slice_columns(columns: C, start: int, stop: int) -> C:
-    """Rows `[start, stop)` of every column, as views: no copy, no upload, no kernel."""
-    if type(columns) is NoColumns:
-        return columns
-    built: dict[str, object] = {}
-    for field in _fields(type(columns)):
-        value = getattr(columns, field.name)
-        if field.kind == "mirrored":
-            built[field.name] = Mirrored._pair(value.host[start:stop], value.device[start:stop])
-        elif field.kind == "host":
-            built[field.name] = value[start:stop]  # a view of a read-only array: read-only
-        else:
-            built[field.name] = DeviceOnly(value.device[start:stop])
-    return type(columns)(**built)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from batchstate._chunked import Chunked
-from batchstate._columns import C, check_column_set
+from batchstate._column_checks import check_column_set
+from batchstate._columns import C
 from batchstate._errors import BatchConflict, ColumnError, ContextTooLong, EmptyPrompt
 from batchstate._phases import Idle
 from batchstate._rows import Req

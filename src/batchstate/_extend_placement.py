@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Generic, NamedTuple
 import numpy as np
 
 from batchstate._chunked import Chunked, columns_in_order
-from batchstate._columns import C, join_pending
+from batchstate._column_rows import join_pending
+from batchstate._columns import C
 from batchstate._dedup import ExtendRows, publish_computed
 from batchstate._errors import OutOfKVTokens, OutOfReqSlots
 from batchstate._extend_checks import _expect_unique, _first_problem

@@ -18,8 +18,8 @@ from batchstate._columns import C
 from batchstate._errors import PhaseError
 from batchstate._lineage import GENERATION_BITS
 from batchstate._mirrored import HostArray
-from batchstate._speculative import Verifying, holds_window
 from batchstate._token_table import TokenTable
+from batchstate._verifying import Verifying, holds_window
 
 if TYPE_CHECKING:
     from batchstate._forward_inputs import ForwardPhase

@@ -30,8 +30,8 @@ from batchstate._forward_checks import ForwardInputsError, expect_table_of, wind
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate._mixed import Mixed
 from batchstate._phases import Decoding, Extended, Idle
-from batchstate._speculative import Verifying
 from batchstate._token_table import TokenTable
+from batchstate._verifying import Verifying
 
 __all__ = ["ForwardInputs", "ForwardInputsError", "ForwardPhase", "forward_inputs"]
 

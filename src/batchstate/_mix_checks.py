@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from batchstate._chunked import Chunked
-from batchstate._columns import C, check_column_set
+from batchstate._column_checks import check_column_set
+from batchstate._columns import C
 from batchstate._errors import BatchConflict, ColumnError, ContextTooLong, EmptyPrompt, NotHeld
 from batchstate._mirrored import same
 from batchstate._mix_forward import Tokens

@@ -18,7 +18,8 @@ import numpy.typing as npt
 import torch
 
 from batchstate._chunked import Chunked
-from batchstate._columns import C, join_pending
+from batchstate._column_rows import join_pending
+from batchstate._columns import C
 from batchstate._dedup import ExtendRows, publish_computed
 from batchstate._errors import OutOfKVTokens, OutOfReqSlots
 from batchstate._mirrored import NO_INTS, DeviceOnly, HostArray, Mirrored, frozen, host_int64

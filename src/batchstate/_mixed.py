@@ -28,10 +28,8 @@ import numpy as np
 import torch
 
 from batchstate._chunked import Chunked
-from batchstate._columns import (
-    C,
-    slice_columns,
-)
+from batchstate._column_rows import slice_columns
+from batchstate._columns import C
 from batchstate._copies import read_only_copies
 from batchstate._errors import (
     PhaseError,

@@ -14,7 +14,7 @@ from batchstate._mirrored import HostArray, host_int64, overlap
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req
-from batchstate._speculative import Verifying, window_lens
+from batchstate._verifying import Verifying, window_lens
 
 __all__ = ["release"]
 

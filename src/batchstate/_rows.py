@@ -11,15 +11,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from batchstate._columns import (
-    NO_COLUMNS,
-    C,
-    Pending,
-    cat_pending,
-    check_column_set,
-    empty_columns,
-    take_pending,
-)
+from batchstate._column_building import empty_columns
+from batchstate._column_checks import check_column_set
+from batchstate._column_rows import Pending, cat_pending, take_pending
+from batchstate._columns import NO_COLUMNS, C
 from batchstate._copies import read_only_copies
 from batchstate._errors import ColumnError, RecordShapeError
 from batchstate._mirrored import (

@@ -9,7 +9,8 @@ import attrs
 import numpy as np
 import torch
 
-from batchstate._columns import Columns, build_columns
+from batchstate._column_building import build_columns
+from batchstate._columns import Columns
 from batchstate._mirrored import Mirrored
 from batchstate._sampling_params import GREEDY, SamplingParams
 

@@ -32,7 +32,8 @@ from batchstate._mix import decode_sampled, mix
 from batchstate._mixed import Mixed, settle
 from batchstate._padding import Padded, PaddingError, TooLargeToPad, pad
 from batchstate._phases import Decoding, Extended, Filtered, Idle
-from batchstate._speculative import Verifying, sync, verify
+from batchstate._speculative import sync, verify
+from batchstate._verifying import Verifying
 
 __all__ = ["TRANSITIONS", "Transition"]
 

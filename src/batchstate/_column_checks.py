@@ -1,0 +1,75 @@
+"""Checking a column set a record is built with: lengths, dtypes, devices, read-only hosts.
+
+Records run `check_column_set` when they are built, so a set assembled by
+hand (not by `build_columns`) is refused with a `ColumnError` naming the
+column before any transition reads it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from batchstate._columns import Columns, NoColumns, _fields
+from batchstate._errors import ColumnError
+from batchstate._mirrored import DeviceOnly, Mirrored, torch_dtype
+
+__all__ = ["check_column_set"]
+
+
+def check_column_set(columns: Columns, length: int, device: torch.device, where: str) -> None:
+    """Raise `ColumnError` unless every column has `length` rows of its dtype, on `device`."""
+    if type(columns) is NoColumns:
+        return
+    for field in _fields(type(columns)):
+        value = getattr(columns, field.name)
+        name = f"{where}.{type(columns).__name__}.{field.name}"
+        if field.kind == "mirrored" and isinstance(value, Mirrored):
+            _check_host(name + ".host", value.host, field.dtype, length)
+            _check_device(name + ".device", value.device, field.dtype, length, device)
+        elif field.kind == "device" and isinstance(value, DeviceOnly):
+            _check_device(name, value.device, None, length, device)
+        elif field.kind == "host" and isinstance(value, np.ndarray):
+            _check_host(name, value, field.dtype, length)
+        else:
+            raise ColumnError(f"{name}: expected a {field.kind} column, got {type(value).__name__}")
+
+
+def _check_host(
+    name: str, array: npt.NDArray[np.generic], dtype: np.dtype[np.generic] | None, length: int
+) -> None:
+    if array.shape != (length,) or array.dtype != dtype or array.flags.writeable:
+        raise ColumnError(
+            f"{name}: expected a read-only {dtype} array [{length}], got a"
+            f" {'writable' if array.flags.writeable else 'read-only'} {array.dtype}"
+            f" array {list(array.shape)}"
+        )
+    base = array.base
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            # Its owner can still write it: the records would change under a passing check.
+            raise ColumnError(
+                f"{name}: a read-only view of a writable array; pass a copy"
+                f" (`frozen(array.copy())`) or build the set with `build_columns`"
+            )
+        base = base.base
+
+
+def _check_device(
+    name: str,
+    tensor: torch.Tensor,
+    dtype: np.dtype[np.generic] | None,
+    length: int,
+    device: torch.device,
+) -> None:
+    expected = None if dtype is None else torch_dtype(dtype)
+    if (
+        tensor.shape[:1] != (length,)
+        or tensor.device != device
+        or (expected is not None and tensor.dtype != expected)
+    ):
+        raise ColumnError(
+            f"{name}: expected {expected or 'a tensor'} [{length}] on {device},"
+            f" got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
+        )
