@@ -37,7 +37,8 @@ from batchstate._phases import Decoding, Filtered, Step
 from batchstate._pool_allocation import reissue, take_tokens
 from batchstate._pool_release import shrink_slots
 from batchstate._pools import Pools, expect_pools
-from batchstate._rows import Req, build_rows, check_columns, check_device, check_host
+from batchstate._row_checks import check_columns, check_device, check_host
+from batchstate._rows import Req, build_rows
 from batchstate._token_table import TokenTable
 from batchstate.audit import permitted_reads
 
