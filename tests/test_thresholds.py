@@ -19,7 +19,7 @@ import torch
 
 import batchstate._extend
 import batchstate._filter
-import batchstate._mirrored
+import batchstate._overlap
 import batchstate._pool_release
 import batchstate._rows
 from batchstate import (
@@ -45,7 +45,7 @@ from batchstate._mirrored import host_int64
 from tests.builders import CPU, make_reqs
 
 ROW_READS = batchstate._pool_release._MAX_ROW_READS
-PAIRS = batchstate._mirrored._MAX_PAIRS
+PAIRS = batchstate._overlap._MAX_PAIRS
 ROW_WRITES = batchstate._extend._MAX_ROW_WRITES
 PYTHON_CHECK = batchstate._filter._MAX_PYTHON_CHECK
 ONE_BY_ONE = batchstate._rows._MAX_ONE_BY_ONE
@@ -126,7 +126,7 @@ def test_overlap_matches_python_on_both_sides_of_the_pair_limit(
     values = [3 * i + 1 for i in range(num_values)][::-1]  # not sorted
     offset = {"none": 10**6, "some": 3 * (num_values // 2), "all": 0}[shared]
     among = [3 * i + 1 + offset for i in range(num_among)]
-    got = batchstate._mirrored.overlap(host_int64(values), host_int64(among)).tolist()
+    got = batchstate._overlap.overlap(host_int64(values), host_int64(among)).tolist()
     members = set(among)
     assert got == [value for value in values if value in members]
     assert (num_values * num_among > PAIRS) == (

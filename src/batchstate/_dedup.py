@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchstate._mirrored import HostArray, frozen
+from batchstate._pool_versions import next_version
 from batchstate._prefix_cache import PrefixCache, Tokens
 
 if TYPE_CHECKING:
@@ -111,9 +112,10 @@ def publish_computed(
             cache = published
             prefixes[slot] = ids
     if not retired:
-        return pools._evolve(cache=cache, prefixes=prefixes.finish()), cells
+        return next_version(pools, cache=cache, prefixes=prefixes.finish()), cells
     freed = np.concatenate(retired)
-    after = pools._evolve(
+    after = next_version(
+        pools,
         cache=cache,
         prefixes=prefixes.finish(),
         retired=frozen(np.concatenate((pools.retired, freed))),

@@ -11,7 +11,8 @@ from batchstate._errors import InvariantViolation, PhaseError, RecordShapeError
 from batchstate._mirrored import torch_dtype
 from batchstate._phases import Batch, Decoding, Extended
 from batchstate._pools import Pools, expect_pools
-from batchstate._rows import Rows, check_columns
+from batchstate._row_checks import check_columns
+from batchstate._rows import Rows
 from batchstate._shared_invariants import (
     check_shared_pools,
     expect_generations,

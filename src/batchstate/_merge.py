@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from batchstate._columns import C
 from batchstate._errors import BatchConflict, ColumnError, PhaseError
-from batchstate._mirrored import HostArray, overlap
+from batchstate._mirrored import HostArray
+from batchstate._overlap import overlap
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 
 __all__ = ["merge"]

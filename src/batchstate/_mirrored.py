@@ -30,7 +30,6 @@ __all__ = [
     "frozen",
     "gather_rows",
     "host_int64",
-    "overlap",
     "same",
     "upload",
     "writing",
@@ -280,22 +279,6 @@ def same(left: npt.NDArray[np.generic], right: npt.NDArray[np.generic]) -> bool:
     return left.tobytes() == right.tobytes()
 
 
-def overlap(values: HostArray, among: HostArray) -> HostArray:
-    """The elements of host array `values` that are also in `among`, in order.
-
-    `np.isin` sorts; comparing every pair costs less while one side is small
-    (one request joining, one leaving).
-    """
-    if values.shape[0] == 1:  # one request joining or leaving, the usual case
-        return values if (among == values[0]).any() else values[:0]
-    if values.shape[0] * among.shape[0] > _MAX_PAIRS:
-        shared: HostArray = values[np.isin(values, among)]
-    else:
-        shared = values[(values[:, None] == among).any(1)]
-    return shared
-
-
-_MAX_PAIRS: Final = 1 << 16
 _SIGNED: Final = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 _from_numpy = torch.from_numpy
 _new = object.__new__

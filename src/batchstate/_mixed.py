@@ -38,7 +38,8 @@ from batchstate._errors import (
 from batchstate._mirrored import DeviceOnly, HostArray, frozen, host_int64
 from batchstate._phases import Filtered, _rows_held
 from batchstate._pools import Pools
-from batchstate._rows import Rows, check_host
+from batchstate._row_checks import check_host
+from batchstate._rows import Rows
 
 __all__ = ["MixStep", "Mixed", "Settled", "settle"]
 

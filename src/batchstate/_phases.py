@@ -14,7 +14,8 @@ from batchstate._copies import read_only_copies
 from batchstate._errors import RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray
 from batchstate._pools import Pools
-from batchstate._rows import Rows, check_host
+from batchstate._row_checks import check_host
+from batchstate._rows import Rows
 
 __all__ = ["Batch", "Decoding", "Extended", "Filtered", "Idle", "Running", "Step"]
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from batchstate._errors import OutOfKVTokens, OutOfReqSlots
 from batchstate._mirrored import NO_INTS, HostArray, frozen, host_int64
+from batchstate._pool_versions import next_version
 from batchstate._sharing import lanes
 
 if TYPE_CHECKING:
@@ -39,8 +40,8 @@ def take_slots(pools: Pools, num_slots: int) -> tuple[HostArray, Pools] | OutOfR
     slot_gens[slots] = pools.next_gen  # one generation per allocation call
     # A copy: the rows keep these as their mirror, and a view would tie that mirror to
     # the free list's buffer, which later values write.
-    return frozen(slots.copy()), pools._evolve(
-        slot_list=rest, slot_gens=frozen(slot_gens), next_gen=pools.next_gen + 1
+    return frozen(slots.copy()), next_version(
+        pools, slot_list=rest, slot_gens=frozen(slot_gens), next_gen=pools.next_gen + 1
     )
 
 
@@ -54,7 +55,7 @@ def reissue(pools: Pools, slots: HostArray) -> tuple[HostArray, Pools]:
     slot_gens = pools.slot_gens.copy()
     slot_gens[slots] = pools.next_gen
     gens = frozen(np.full(slots.shape[0], pools.next_gen, dtype=np.int64))
-    return gens, pools._evolve(slot_gens=frozen(slot_gens), next_gen=pools.next_gen + 1)
+    return gens, next_version(pools, slot_gens=frozen(slot_gens), next_gen=pools.next_gen + 1)
 
 
 def take_tokens(
@@ -155,8 +156,8 @@ def _take_pages(
     pages, rest = page_list.take(num_pages)
     slot_tokens = pools.slot_tokens.copy()
     slot_tokens[slots] = new_lens
-    return pages, pools._evolve(
-        page_list=rest, retired=NO_INTS, slot_tokens=frozen(slot_tokens), cache=cache
+    return pages, next_version(
+        pools, page_list=rest, retired=NO_INTS, slot_tokens=frozen(slot_tokens), cache=cache
     )
 
 

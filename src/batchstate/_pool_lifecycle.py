@@ -8,6 +8,7 @@ import torch
 from batchstate._free_list import FreeList
 from batchstate._lineage import Stamp
 from batchstate._mirrored import NO_INTS, frozen
+from batchstate._pool_versions import next_version
 from batchstate._pools import _NO_PREFIXES, Pools, expect_pools
 from batchstate._prefix_cache import PrefixCache
 from batchstate._token_table import TokenTable
@@ -99,6 +100,6 @@ def flush(pools: Pools) -> Pools:
     cache, evicted = cache._evict(cache.num_evictable)
     # After the last forward: retired pages are written already, so they are free too.
     freed = np.concatenate((pools.retired, np.array(evicted, dtype=np.int64)))
-    return pools._evolve(
-        page_list=pools.page_list.give(freed), retired=NO_INTS, cache=cache
+    return next_version(
+        pools, page_list=pools.page_list.give(freed), retired=NO_INTS, cache=cache
     )._commit()

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from batchstate._mirrored import NO_INTS, HostArray
+from batchstate._pool_versions import next_version
 from batchstate._prefix_cache import Tokens
 from batchstate._sharing import lock_matched, lock_prefixes
 
@@ -30,7 +31,7 @@ def lock_cached_prefixes(
     if not pools.cache.enabled:
         return pools, [0] * len(token_lists), [NO_INTS] * len(token_lists)
     cache, lengths, pages = lock_prefixes(pools.cache, token_lists)
-    return pools._evolve(cache=cache), lengths, pages
+    return next_version(pools, cache=cache), lengths, pages
 
 
 def lock_matched_prefixes(
@@ -39,4 +40,4 @@ def lock_matched_prefixes(
     """`lock_cached_prefixes` for prompts matched already (`match_prefix` on this cache)."""
     if not any(lengths):
         return pools
-    return pools._evolve(cache=lock_matched(pools.cache, token_lists, lengths))
+    return next_version(pools, cache=lock_matched(pools.cache, token_lists, lengths))

@@ -16,6 +16,7 @@ from returns.result import Failure, Result, Success
 
 from batchstate._errors import NotOwned, PoolsArgumentError
 from batchstate._mirrored import HostArray, frozen, same
+from batchstate._pool_versions import next_version
 from batchstate._prefix_cache import Tokens
 from batchstate._sharing import give_back
 
@@ -55,7 +56,8 @@ def give_back_slots(
     if page_size > 1:
         pages = pages // page_size
     return Success(
-        pools._evolve(
+        next_version(
+            pools,
             slot_list=pools.slot_list.give(slots),
             page_list=pools.page_list.give(pages),
             slot_tokens=_zeroed(pools.slot_tokens, slots),
@@ -70,7 +72,8 @@ def _give_back_shared(
     # `give_back_slots` with the cache on: each slot's whole pages go into the cache.
     prefixes = pools.prefixes.mutate()
     cache, freed = give_back(pools.cache, pools.table.host, prefixes, owned, tokens)
-    return pools._evolve(
+    return next_version(
+        pools,
         slot_list=pools.slot_list.give(slots),
         page_list=pools.page_list.give(freed),
         slot_tokens=_zeroed(pools.slot_tokens, slots),
@@ -105,7 +108,7 @@ def shrink_slots(pools: Pools, slots: HostArray, new_lens: HostArray) -> Result[
     slot_tokens = pools.slot_tokens.copy()
     slot_tokens[slots] = new_lens
     return Success(
-        pools._evolve(page_list=pools.page_list.give(pages), slot_tokens=frozen(slot_tokens))
+        next_version(pools, page_list=pools.page_list.give(pages), slot_tokens=frozen(slot_tokens))
     )
 
 

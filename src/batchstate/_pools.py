@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Final, final
 
 import attrs
-import numpy as np
 from immutables import Map
 from returns.result import Failure, Result, Success
 
@@ -14,7 +13,7 @@ from batchstate._copies import read_only_copies
 from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots, StalePools
 from batchstate._free_list import FreeList
 from batchstate._lineage import Stamp
-from batchstate._mirrored import HostArray, describe, frozen
+from batchstate._mirrored import HostArray, describe
 from batchstate._pool_allocation import Allocation, take_fresh, take_next, take_slots, take_tokens
 from batchstate._pool_arguments import (
     check_count,
@@ -25,6 +24,8 @@ from batchstate._pool_arguments import (
     check_tokens,
 )
 from batchstate._pool_release import give_back_slots, shrink_slots
+from batchstate._pool_scans import cached_prefix_lens, page_ref_counts
+from batchstate._pool_versions import committed_allocation
 from batchstate._prefix_cache import PrefixCache, Tokens
 from batchstate._token_table import TokenTable
 
@@ -145,10 +146,7 @@ class Pools:
     @property
     def prefix_lens(self) -> HostArray:
         """Read-only int64 `[max_reqs + 1]`: tokens each slot's row reads from the cache."""
-        lens = np.zeros_like(self.slot_tokens)
-        for slot, tokens in self.prefixes.items():
-            lens[slot] = len(tokens)
-        return frozen(lens)
+        return cached_prefix_lens(self)
 
     def ref_counts(self) -> HostArray:
         """Read-only int64 `[num_pages + 1]`: rows reading each page, plus one if cached.
@@ -156,15 +154,7 @@ class Pools:
         0 for a free page, 1 for a private page or an evictable cached one.
         Host work over every slot's row and the cache: for checks, not per step.
         """
-        counts = np.zeros(self.num_pages + 1, dtype=np.int64)
-        for page, locks in self.cache.entries().values():
-            counts[page] += 1 + locks
-        page_size, table = self.page_size, self.table.host
-        for slot in self.slot_tokens.nonzero()[0].tolist():
-            start = len(self.prefixes.get(slot, ()))
-            private = table[slot, start : int(self.slot_tokens[slot]) : page_size] // page_size
-            counts[private.astype(np.int64)] += 1
-        return frozen(counts)
+        return page_ref_counts(self)
 
     @property
     def kv_cache_size(self) -> int:
@@ -202,7 +192,7 @@ class Pools:
         self._expect_newest()
         check_tokens(self, slots, old_lens, new_lens)
         allocation = take_tokens(self, slots, old_lens, new_lens)
-        return _committed(allocation)
+        return committed_allocation(allocation)
 
     def allocate_fresh(
         self, slots: HostArray, seq_lens: Sequence[int]
@@ -215,7 +205,7 @@ class Pools:
         """
         self._expect_newest()
         allocation = take_fresh(self, slots, check_fresh(self, slots, seq_lens))
-        return _committed(allocation)
+        return committed_allocation(allocation)
 
     def allocate_next(
         self, slots: HostArray, new_lens: HostArray
@@ -229,7 +219,7 @@ class Pools:
         self._expect_newest()
         check_next(self, slots, new_lens)
         allocation = take_next(self, slots, new_lens)
-        return _committed(allocation)
+        return committed_allocation(allocation)
 
     def free(
         self,
@@ -301,38 +291,6 @@ class Pools:
         shrunk = shrink_slots(self, slots, new_lens)
         return shrunk if isinstance(shrunk, Failure) else Success(shrunk.unwrap()._commit())
 
-    def _evolve(
-        self,
-        *,
-        slot_list: FreeList | None = None,
-        page_list: FreeList | None = None,
-        retired: HostArray | None = None,
-        num_retired: int | None = None,
-        slot_tokens: HostArray | None = None,
-        cache: PrefixCache | None = None,
-        prefixes: Map[int, Tokens] | None = None,
-        slot_gens: HostArray | None = None,
-        next_gen: int | None = None,
-    ) -> Pools:
-        # A copy with some fields replaced, at a new version not yet committed (the
-        # transition commits its result); attrs.evolve costs four times as much.
-        return Pools(
-            self.table,
-            self.page_size,
-            self.num_pages,
-            self.slot_list if slot_list is None else slot_list,
-            self.page_list if page_list is None else page_list,
-            self.retired if retired is None else retired,
-            self.num_retired if num_retired is None else num_retired,
-            self.slot_tokens if slot_tokens is None else slot_tokens,
-            self.cache if cache is None else cache,
-            self.prefixes if prefixes is None else prefixes,
-            self.slot_gens if slot_gens is None else slot_gens,
-            self.next_gen if next_gen is None else next_gen,
-            self._stamp,
-            self._stamp.issue(),
-        )
-
     def __repr__(self) -> str:
         cached = (
             f" cached_pages={self.cache.num_pages} ({self.cache.num_locked} in use),"
@@ -356,13 +314,6 @@ def expect_pools(pools: object) -> None:
     if not isinstance(pools, Pools):
         raise TypeError(f"expected Pools, got {type(pools).__name__}")
     pools._expect_newest()
-
-
-def _committed(allocation: Allocation | OutOfKVTokens) -> Result[Allocation, OutOfKVTokens]:
-    if isinstance(allocation, OutOfKVTokens):
-        return Failure(allocation)
-    allocation.pools._commit()
-    return Success(allocation)
 
 
 _NO_PREFIXES: Final[Map[int, Tokens]] = Map()

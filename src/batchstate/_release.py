@@ -10,7 +10,8 @@ from batchstate._chunked import Chunked
 from batchstate._columns import C, D
 from batchstate._errors import NotOwned, PhaseError, ReleaseError, StillRunning
 from batchstate._filter import Departed
-from batchstate._mirrored import HostArray, host_int64, overlap
+from batchstate._mirrored import HostArray, host_int64
+from batchstate._overlap import overlap
 from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import Req

@@ -22,7 +22,8 @@ from batchstate._errors import BatchConflict, PhaseError, RecordShapeError
 from batchstate._expect import expect_instance
 from batchstate._mirrored import DeviceOnly, HostArray, describe, frozen, same, upload
 from batchstate._phases import Filtered
-from batchstate._rows import Rows, check_host
+from batchstate._row_checks import check_host
+from batchstate._rows import Rows
 from batchstate.audit import permitted_reads
 
 __all__ = ["Sampled", "follow", "join_sampled", "read_sampled"]

@@ -30,7 +30,8 @@ from batchstate._phases import Decoding, Filtered, Step
 from batchstate._pool_allocation import reissue, take_tokens
 from batchstate._pool_release import shrink_slots
 from batchstate._pools import Pools, expect_pools
-from batchstate._rows import build_rows, check_columns
+from batchstate._row_checks import check_columns
+from batchstate._rows import build_rows
 from batchstate._verifying import Verifying, VerifyStep, _window_layout, window_lens
 from batchstate.audit import permitted_reads
 

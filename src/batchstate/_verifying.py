@@ -21,7 +21,8 @@ from batchstate._copies import read_only_copies
 from batchstate._errors import ColumnError, RecordShapeError
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, same
 from batchstate._pools import Pools
-from batchstate._rows import Req, check_device, check_host
+from batchstate._row_checks import check_device, check_host
+from batchstate._rows import Req
 from batchstate._token_table import TokenTable
 
 __all__ = ["VerifyStep", "Verifying", "holds_window", "window_lens"]
