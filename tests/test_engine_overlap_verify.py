@@ -17,10 +17,12 @@ from batchstate.engine import (
     Engine,
     EngineConfig,
     ModelTokens,
+    SimulationConfig,
     UnreadAcceptance,
     WorkloadConfig,
     make_kv_cache,
     make_workload,
+    simulate,
 )
 from tests.engine_oracle import PassThrough, alone_outputs, tiny_model
 
@@ -106,3 +108,24 @@ def test_overlap_costs_speculation_no_steps_nor_concurrency() -> None:
     assert len(overlapped.trace) <= 1.1 * len(synced.trace)
     sizes, synced_sizes = overlapped.trace.forward_sizes(), synced.trace.forward_sizes()
     assert sum(sizes) / len(sizes) >= 0.9 * sum(synced_sizes) / len(synced_sizes)
+
+
+def test_overlapped_verify_reads_nothing_on_meta_but_the_named_read() -> None:
+    """Every step audited on `meta`: verify_ahead, settle_ahead and sync with host counts
+    read nothing (a read of `meta` data would raise), and each verify is read once."""
+    config = SimulationConfig(
+        workload=WORKLOAD,
+        engine=EngineConfig(
+            max_running=8, overlap=True, speculative=3, audit_every=1, check_every=1
+        ),
+        device="meta",
+    )
+    run = simulate(config)
+    trace = run.trace
+    # Every step whose forward ran rows was audited (a step with none is not).
+    assert all(
+        audited for audited, rows in zip(trace.audited, trace.batch_size, strict=True) if rows
+    )
+    assert trace.device_reads == 0
+    assert trace.speculative_steps > 0
+    assert trace.speculative_steps <= trace.named_reads <= len(trace)
