@@ -18,14 +18,16 @@ from batchstate import (
     Pools,
     Sampled,
     Sampling,
+    Verified,
     Verifying,
 )
 from batchstate.engine import (
     END_TOKEN,
+    Acceptance,
     ModelConfig,
     TinyModel,
     TokenSource,
-    Verified,
+    UnreadAcceptance,
     WorkloadConfig,
     generate_alone,
     make_model,
@@ -90,5 +92,17 @@ class PassThrough:
         pools: Pools,
         committed: npt.NDArray[np.int64],
         tokens: Sequence[Sequence[int]],
-    ) -> Verified:
+    ) -> Acceptance:
         return self.inner.after_verify(window, pools, committed, tokens)
+
+    def verify_unread(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> UnreadAcceptance:
+        return self.inner.verify_unread(window, pools, committed, tokens)
+
+    def read_acceptance(self, unread: UnreadAcceptance) -> Verified:
+        return self.inner.read_acceptance(unread)

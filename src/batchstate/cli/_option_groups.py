@@ -188,8 +188,8 @@ def add_engine_options(add: Add) -> None:
         default=0,
         metavar="K",
         help="draft K tokens per decode step with a draft model (the target's first layer) and"
-        " verify them with the target; 0: no speculation. A speculative step reads its tokens"
-        " before the next is built, so overlap has no effect on it",
+        " verify them with the target; 0: no speculation. With overlap, the next verify window"
+        " opens before the last one's accepted tokens are read (one read a step)",
     )
     add(
         "--cuda-graph-sizes",

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from batchstate.engine._simulation_config import DEVICES, SimulationConfig
     from batchstate.engine._sources import ModelTokens, TokenSource
     from batchstate.engine._trace import Trace
-    from batchstate.engine._verify import Verified
+    from batchstate.engine._verify import Acceptance, UnreadAcceptance
     from batchstate.engine._workload import (
         ARRIVALS,
         END_TOKEN,
@@ -57,6 +57,7 @@ __all__ = [
     "DEVICES",
     "END_TOKEN",
     "SAMPLING_MIXES",
+    "Acceptance",
     "Arrival",
     "Attend",
     "Budget",
@@ -86,7 +87,7 @@ __all__ = [
     "TinyModel",
     "TokenSource",
     "Trace",
-    "Verified",
+    "UnreadAcceptance",
     "WorkloadConfig",
     "check_oracle",
     "choose",

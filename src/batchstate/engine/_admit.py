@@ -42,6 +42,7 @@ from batchstate import (
 from batchstate.engine._admission import Budget, reserve
 from batchstate.engine._config import EngineError
 from batchstate.engine._forwards import ExtendForward, MixedForward, Transfer
+from batchstate.engine._overlap_verify import close_window
 from batchstate.engine._state import EngineState, Running
 
 __all__ = ["admit", "admit_chunks", "columns_of", "mix_rows", "running_tokens"]
@@ -49,6 +50,8 @@ __all__ = ["admit", "admit_chunks", "columns_of", "mix_rows", "running_tokens"]
 
 def admit(state: EngineState) -> Transfer | ExtendForward | MixedForward | None:
     """The step's admissions, their memory taken from the pools; None: nobody admitted."""
+    if state.window is not None and (state.waiting or state.held):
+        close_window(state)  # admissions join a running batch: the verify window syncs first
     ordered = state.policy.order(state.waiting)
     if ordered is not state.waiting:
         state.waiting = deque(ordered)

@@ -30,6 +30,7 @@ from typing import final
 import attrs
 
 from batchstate import (
+    Holder,
     InvariantViolation,
     Pools,
     Req,
@@ -88,7 +89,7 @@ class Engine(EngineState):
             InvariantViolation: a periodic or final check failed (prefixed with the step).
         """
         while self.busy:
-            if self.pending and not (self.waiting or len(self.running.rows) or self.held):
+            if self.pending and not (self.waiting or self.num_running or self.held):
                 self.clock = max(self.clock, self.pending[0].arrival_step)  # skip idle steps
             self.arrive()
             self.step()
@@ -99,14 +100,18 @@ class Engine(EngineState):
     @property
     def busy(self) -> bool:
         """Whether any request is still to come, waiting, held, running or unread."""
-        return bool(
-            self.pending or self.waiting or len(self.running.rows) or self.held or self.unread
-        )
+        return bool(self.pending or self.waiting or self.num_running or self.held or self.unread)
+
+    @property
+    def num_running(self) -> int:
+        """Rows running: the running batch's, or an unread verify window's."""
+        window = self.window
+        return len(self.running.rows) if window is None else len(window.rids)
 
     @property
     def load(self) -> int:
         """Requests this engine holds: pending, waiting, held between chunks and running."""
-        return len(self.pending) + len(self.waiting) + len(self.held) + len(self.running.rows)
+        return len(self.pending) + len(self.waiting) + len(self.held) + self.num_running
 
     def submit(self, spec: RequestSpec) -> None:
         """Hand the engine one more request; it joins the queue at `spec.arrival_step`."""
@@ -185,10 +190,13 @@ class Engine(EngineState):
         Raises:
             InvariantViolation: which invariant, with the step it was found after.
         """
+        # An unread verify window holds the running rows (its lengths are the pools').
+        window = self.window
+        holders: list[Holder] = [self.running if window is None else window.window, *self.held]
         try:
             check_batch(self.running)
-            check_pools(self.pools, [self.running])
-            check_leaks(self.pools, [self.running, *self.held])
+            check_pools(self.pools, [self.running] if window is None else [])
+            check_leaks(self.pools, holders)
         except InvariantViolation as error:
             raise InvariantViolation(f"after step {len(self.trace)}: {error}") from error
         self.trace.num_checks += 1

@@ -5,14 +5,15 @@ KV stays cached); the others join the running batch: admitted rows merge
 into it, decoded rows replace it, rows parked during a prefill step come
 back. With overlap, the forward's tokens stay unread until the next step,
 and each running row's last token stays on the device for the next
-forward. Then the step is traced.
+forward; a verify window's rows stay in it, unread, until the next step
+(`_overlap_verify`). Then the step is traced.
 """
 
 from __future__ import annotations
 
 from time import perf_counter
 
-from batchstate import Filtered, merge
+from batchstate import Filtered, Sampling, idle, merge
 from batchstate.engine._forwards import (
     DecodeForward,
     ExtendForward,
@@ -21,8 +22,8 @@ from batchstate.engine._forwards import (
     VerifyForward,
 )
 from batchstate.engine._record import Recorded
-from batchstate.engine._run import DeviceTokens, HostTokens, Ran, VerifiedTokens
-from batchstate.engine._state import EngineState
+from batchstate.engine._run import DeviceTokens, HostTokens, Ran, UnreadVerified, VerifiedTokens
+from batchstate.engine._state import EngineState, UnreadWindow
 
 __all__ = ["finish"]
 
@@ -30,6 +31,14 @@ __all__ = ["finish"]
 def finish(state: EngineState, ran: Ran, recorded: Recorded | None, start: float) -> None:
     """Retire the finished rows of the step's forward, keep the others running, trace the step."""
     trace = state.trace
+    if isinstance(ran, UnreadVerified):
+        _hold_window(state, ran)
+        trace.append(
+            is_extend=False, batch_size=len(ran.forward.rids), kv_tokens_used=state.used(),
+            step_s=perf_counter() - start, bookkeeping_s=state.bookkeeping_s,
+            audited=state.audited,
+        )  # fmt: skip
+        return
     if recorded is None:  # no row ran
         trace.append(
             is_extend=False, batch_size=0, kv_tokens_used=state.used(), step_s=0.0,
@@ -121,3 +130,14 @@ def _finish_verify(state: EngineState, forward: VerifyForward, recorded: Recorde
     trace.speculative_steps += 1
     trace.drafted_tokens += forward.num_drafted
     trace.accepted_drafts += recorded.accepted
+
+
+def _hold_window(state: EngineState, ran: UnreadVerified) -> None:
+    # The window holds the rows until the next step reads its acceptance.
+    forward = ran.forward
+    state.window = UnreadWindow(forward.window, forward.rids, forward.committed, ran.unread)
+    state.running = idle(forward.window.device, Sampling)
+    state.device_tokens = None
+    trace = state.trace
+    trace.speculative_steps += 1
+    trace.drafted_tokens += forward.num_drafted

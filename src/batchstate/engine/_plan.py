@@ -3,9 +3,11 @@
 Admissions run as they were admitted (a `Transfer`, an `ExtendForward` or a
 `MixedForward`). With none, the running rows decode: a `VerifyForward`
 with speculation, a `MixedForward` with chunks, mixed steps or overlap, a
-`DecodeForward` otherwise. A held chunk that nothing can run beside starts
-again afresh; with overlap, a step may have no rows left to run
-(`NoForward`) while the last forward's tokens are still to be read.
+`DecodeForward` otherwise. With speculation and overlap, an unread verify
+window opens the next one ahead of its read (`verify_overlapped`). A held
+chunk that nothing can run beside starts again afresh; with overlap, a step
+may have no rows left to run (`NoForward`) while the last forward's tokens
+are still to be read.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from batchstate.engine._forwards import (
     NoForward,
     Transfer,
 )
+from batchstate.engine._overlap_verify import verify_overlapped
 from batchstate.engine._retract import retract_held
 from batchstate.engine._state import EngineState
 
@@ -32,6 +35,12 @@ def plan(state: EngineState, admitted: Transfer | ExtendForward | MixedForward |
     """The step's one forward, its batch built (and KV allocated) by the transitions."""
     if admitted is not None:
         return admitted
+    if state.window is not None:
+        ahead = verify_overlapped(state)
+        if ahead is not None:
+            return ahead
+        if not len(state.running.rows):
+            return NoForward()  # the window's rows all finished
     config = state.config
     if not config.uses_mix:
         return draft_and_verify(state) if config.speculative else DecodeForward(decode_rows(state))

@@ -19,10 +19,11 @@ from batchstate import (
     Pools,
     Sampled,
     Sampling,
+    Verified,
     Verifying,
 )
 from batchstate.engine._feeder import Feeder
-from batchstate.engine._verify import Verified
+from batchstate.engine._verify import Acceptance, UnreadAcceptance
 
 __all__ = ["RandomTokens"]
 
@@ -81,8 +82,12 @@ class RandomTokens:
         pools: Pools,
         committed: npt.NDArray[np.int64],
         tokens: Sequence[Sequence[int]],
-    ) -> Verified:
+    ) -> Acceptance:
         """A random count of accepted drafts per row, and the target's tokens to match them."""
+        return self.after_verify_tokens(tokens)
+
+    def after_verify_tokens(self, tokens: Sequence[Sequence[int]]) -> Acceptance:
+        """`after_verify`'s draw for windows holding `tokens` (a decode token, then drafts)."""
         accepted = np.array(
             [self.rng.randrange(len(row)) for row in tokens], dtype=np.int64
         )  # in [0, drafts]
@@ -90,7 +95,32 @@ class RandomTokens:
             [*row[1 : 1 + count], *self._draw(len(row) - count)]
             for row, count in zip(tokens, accepted.tolist(), strict=True)
         ]
-        return Verified(accepted, targets)
+        return Acceptance(accepted, targets)
+
+    def verify_unread(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> UnreadAcceptance:
+        """Placeholder device counts and tokens (meta holds no data); the read draws them."""
+        num_reqs, width = len(tokens), max((len(row) for row in tokens), default=1)
+        device = window.device
+        counts = torch.empty(num_reqs, dtype=torch.int64, device=device)
+        targets = torch.empty((num_reqs, width), dtype=torch.int64, device=device)
+        return UnreadAcceptance(counts, targets, [list(row) for row in tokens])
+
+    def read_acceptance(self, unread: UnreadAcceptance) -> Verified:
+        """Counts and tokens drawn on the host as `after_verify` draws them: nothing is read."""
+        drawn = self.after_verify_tokens(unread.proposed)
+        width = unread.targets.shape[1]
+        targets = np.zeros((len(drawn.targets), width), dtype=np.int64)
+        for row, outs in enumerate(drawn.targets):
+            targets[row, : len(outs)] = outs
+        counts = drawn.accepted.copy()
+        counts.setflags(write=False)  # as read_verified's: read-only
+        return Verified(counts, targets)
 
     def _inputs(
         self,

@@ -20,6 +20,7 @@ from batchstate import (
     Rows,
     Sampled,
     Sampling,
+    Verified,
     Verifying,
 )
 from batchstate.engine._feeder import Feeder
@@ -27,7 +28,7 @@ from batchstate.engine._model import TinyModel
 from batchstate.engine._paged import KVCache, forward_idle
 from batchstate.engine._ranks import Fault, Phase, RankGroup, StepShape
 from batchstate.engine._sources import ModelTokens
-from batchstate.engine._verify import Verified
+from batchstate.engine._verify import Acceptance, UnreadAcceptance
 
 __all__ = ["RankStatus", "RankTokens"]
 
@@ -115,12 +116,29 @@ class RankTokens:
         pools: Pools,
         committed: npt.NDArray[np.int64],
         tokens: Sequence[Sequence[int]],
-    ) -> Verified:
+    ) -> Acceptance:
         """Exchange the window's shape (each row's decode token and drafts), then verify."""
         num_tokens = sum(len(row) for row in tokens)
         reserved = int(committed.sum() + window.draft_lens.sum())
         self._exchange_shape(Phase.VERIFY, len(window.reqs), num_tokens, reserved)
         return self.local.after_verify(window, pools, committed, tokens)
+
+    def verify_unread(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> UnreadAcceptance:
+        """Exchange the window's shape, then verify, the acceptance left on the device."""
+        num_tokens = sum(len(row) for row in tokens)
+        reserved = int(committed.sum() + window.draft_lens.sum())
+        self._exchange_shape(Phase.VERIFY, len(window.reqs), num_tokens, reserved)
+        return self.local.verify_unread(window, pools, committed, tokens)
+
+    def read_acceptance(self, unread: UnreadAcceptance) -> Verified:
+        """This rank's own read: nothing is exchanged."""
+        return self.local.read_acceptance(unread)
 
     def _exchange(self, phase: Phase, rows: Rows[Sampling], tokens: int) -> None:
         self._exchange_shape(phase, len(rows), tokens, rows.seq_lens_sum)

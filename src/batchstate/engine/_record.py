@@ -5,7 +5,8 @@ Host tokens are recorded as they come. A mixed forward's tokens are settled
 are read at once, with overlap the previous step's are read instead (one
 step late: this step's stay on the device for the next step's inputs). A
 verify forward's accepted drafts are synced, then each row's accepted
-drafts and the target's token after them are recorded, up to a stop.
+drafts and the target's token after them are recorded, up to a stop; with
+overlap, the next step's plan reads and records them (`_overlap_verify`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from typing import final
 import attrs
 
 from batchstate import Decoding, Extended, Filtered, Mixed, Sampled, Sampling, settle, sync
-from batchstate.engine._run import DeviceTokens, HostTokens, NoTokens, Ran, VerifiedTokens
+from batchstate.engine._run import (
+    DeviceTokens,
+    HostTokens,
+    NoTokens,
+    Ran,
+    UnreadVerified,
+    VerifiedTokens,
+)
 from batchstate.engine._state import EngineState
 
 __all__ = ["Recorded", "read_unread", "record"]
@@ -51,6 +59,8 @@ def record(state: EngineState, ran: Ran) -> Recorded | None:
             done = _record_each(state, rids, verified.targets, accepted)
             keep = [row for row, rid in enumerate(rids) if rid not in done]
             return Recorded(rows, keep, done, sum(accepted))
+        case UnreadVerified():
+            return None  # read next step, when the next window is open
         case NoTokens():
             if state.config.overlap:
                 read_unread(state)  # the previous step's tokens, read one step late

@@ -4,7 +4,8 @@ The source builds the forward's inputs from the batch (`forward_inputs`,
 padded to a captured CUDA-graph size by its `Feeder`), runs the model, and
 samples each row with its own parameters. Host tokens come back for
 extend, decode and transfer; with chunks, mixed steps or overlap the tokens
-stay on the device (`Sampled`) until the record stage reads them.
+stay on the device (`Sampled`) until the record stage reads them, and a
+verify's accepted counts and tokens stay there until the next step's plan.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ from batchstate.engine._forwards import (
     VerifyForward,
 )
 from batchstate.engine._state import EngineState
-from batchstate.engine._verify import Verified
+from batchstate.engine._verify import Acceptance, UnreadAcceptance
 
-__all__ = ["DeviceTokens", "HostTokens", "NoTokens", "Ran", "VerifiedTokens", "run_forward"]
+__all__ = [
+    "DeviceTokens",
+    "HostTokens",
+    "NoTokens",
+    "Ran",
+    "UnreadVerified",
+    "VerifiedTokens",
+    "run_forward",
+]
 
 
 @final
@@ -53,7 +62,16 @@ class VerifiedTokens:
     """The drafts each row accepted and the target's token after each window position."""
 
     forward: VerifyForward
-    verified: Verified
+    verified: Acceptance
+
+
+@final
+@attrs.frozen
+class UnreadVerified:
+    """Overlap: the verify forward's acceptance, left on the device for the next step to read."""
+
+    forward: VerifyForward
+    unread: UnreadAcceptance
 
 
 @final
@@ -62,7 +80,7 @@ class NoTokens:
     """The forward ran over no rows."""
 
 
-Ran: TypeAlias = HostTokens | DeviceTokens | VerifiedTokens | NoTokens
+Ran: TypeAlias = HostTokens | DeviceTokens | VerifiedTokens | UnreadVerified | NoTokens
 
 
 def run_forward(state: EngineState, forward: Forward) -> Ran:
@@ -78,8 +96,8 @@ def run_forward(state: EngineState, forward: Forward) -> Ran:
             return HostTokens(forward, tokens.after_decode(batch, pools, last))
         case MixedForward(batch):
             return DeviceTokens(forward, tokens.after_mixed(batch, pools, _sampling_of(batch)))
-        case VerifyForward(window, _, committed, rows):
-            return VerifiedTokens(forward, tokens.after_verify(window, pools, committed, rows))
+        case VerifyForward():
+            return _run_verify(state, forward)
         case NoForward():
             tokens.after_idle(state.running)  # ranks sharing a forward join with no rows
             return NoTokens()
@@ -90,3 +108,12 @@ def _sampling_of(batch: Mixed[Sampling]) -> Sampling | None:
     # (the forward then takes the argmax path, as before columns).
     columns = batch.rows.columns
     return columns if columns.temperature.host.any() else None
+
+
+def _run_verify(state: EngineState, forward: VerifyForward) -> VerifiedTokens | UnreadVerified:
+    # With overlap the acceptance stays on the device; without, it comes back now.
+    tokens, pools = state.tokens, state.pools
+    window, committed, rows = forward.window, forward.committed, forward.tokens
+    if state.config.overlap:
+        return UnreadVerified(forward, tokens.verify_unread(window, pools, committed, rows))
+    return VerifiedTokens(forward, tokens.after_verify(window, pools, committed, rows))

@@ -22,8 +22,10 @@ from batchstate import (
     Sampled,
     Sampling,
     SamplingParams,
+    Verified,
     Verifying,
     read_sampled,
+    read_verified,
 )
 from batchstate.engine._alone import prefill_alone
 from batchstate.engine._feeder import Feeder
@@ -37,7 +39,14 @@ from batchstate.engine._paged import (
     write_prefilled,
 )
 from batchstate.engine._random_tokens import RandomTokens
-from batchstate.engine._verify import Verified, draft_model, propose, sample_verify
+from batchstate.engine._verify import (
+    Acceptance,
+    UnreadAcceptance,
+    draft_model,
+    propose,
+    sample_verify,
+    sample_verify_unread,
+)
 
 __all__ = ["ModelTokens", "RandomTokens", "TokenSource"]
 
@@ -96,12 +105,26 @@ class TokenSource(Protocol):
         pools: Pools,
         committed: npt.NDArray[np.int64],
         tokens: Sequence[Sequence[int]],
-    ) -> Verified:
+    ) -> Acceptance:
         """Run the verify forward over each row's decode token and drafts (`tokens[row]`).
 
         `committed[row]`: the row's length before its drafts. Returns the drafts
         each row accepted and the target's token after each window position.
         """
+        ...
+
+    def verify_unread(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> UnreadAcceptance:
+        """`after_verify` under overlap: the counts and tokens stay on the device, unread."""
+        ...
+
+    def read_acceptance(self, unread: UnreadAcceptance) -> Verified:
+        """The host's copy of `unread` (`read_verified`): the one named read of a step."""
         ...
 
 
@@ -210,25 +233,41 @@ class ModelTokens:
         pools: Pools,
         committed: npt.NDArray[np.int64],
         tokens: Sequence[Sequence[int]],
-    ) -> Verified:
+    ) -> Acceptance:
         """Run the target over the windows (writes the cache); accept the matching drafts."""
-        columns = window.columns
-        sampling = None
-        if columns.temperature.host.any():
-            # Every window token samples with its row's parameters.
-            spans = (window.draft_lens + 1).tolist()
-            params = [_params(columns, row) for row, span in enumerate(spans) for _ in range(span)]
-            sampling = Sampling.of(params, window.device)
+        sampling = _window_sampling(window)
         return sample_verify(
-            self.model,
-            self.cache,
-            window,
-            pools,
-            committed,
-            tokens,
-            sampling,
+            self.model, self.cache, window, pools, committed, tokens, sampling,
             feed_forward=self.feed_forward,
-        )
+        )  # fmt: skip
+
+    def verify_unread(
+        self,
+        window: Verifying[Sampling],
+        pools: Pools,
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> UnreadAcceptance:
+        """Run the target over the windows (writes the cache); count acceptance on the device."""
+        sampling = _window_sampling(window)
+        return sample_verify_unread(
+            self.model, self.cache, window, pools, committed, tokens, sampling,
+            feed_forward=self.feed_forward,
+        )  # fmt: skip
+
+    def read_acceptance(self, unread: UnreadAcceptance) -> Verified:
+        """`read_verified`: one permitted read of the counts and tokens, which waits for them."""
+        return read_verified(unread.counts, unread.targets)
+
+
+def _window_sampling(window: Verifying[Sampling]) -> Sampling | None:
+    # Every window token samples with its row's parameters; None: every row is greedy.
+    columns = window.columns
+    if not columns.temperature.host.any():
+        return None
+    spans = (window.draft_lens + 1).tolist()
+    params = [_params(columns, row) for row, span in enumerate(spans) for _ in range(span)]
+    return Sampling.of(params, window.device)
 
 
 def _params(columns: Sampling, row: int) -> SamplingParams:

@@ -17,6 +17,8 @@ from time import perf_counter
 from typing import TypeAlias, TypeVar, final
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from batchstate import (
@@ -30,6 +32,7 @@ from batchstate import (
     Req,
     Sampled,
     Sampling,
+    Verifying,
     follow,
     idle,
     join_sampled,
@@ -41,9 +44,10 @@ from batchstate.engine._policy import SchedulerPolicy
 from batchstate.engine._reads import ReadCounter
 from batchstate.engine._sources import TokenSource
 from batchstate.engine._trace import Trace
+from batchstate.engine._verify import UnreadAcceptance
 from batchstate.engine._workload import END_TOKEN, RequestSpec
 
-__all__ = ["EngineState", "Live", "Running"]
+__all__ = ["EngineState", "Live", "Running", "UnreadWindow"]
 
 _T = TypeVar("_T")
 # The running batch, carrying each row's sampling parameters.
@@ -57,6 +61,17 @@ class Live:
 
     spec: RequestSpec
     generated: list[int]
+
+
+@final
+@attrs.frozen
+class UnreadWindow:
+    """Overlap: a verify window whose forward ran, its acceptance still on the device."""
+
+    window: Verifying[Sampling]
+    rids: list[int]  # the rows' requests, in row order
+    committed: npt.NDArray[np.int64]  # each row's length before its drafts
+    unread: UnreadAcceptance
 
 
 class EngineState:
@@ -93,6 +108,9 @@ class EngineState:
         # Overlap: every running row's last token on the device (it may hold finished rows').
         self.device_tokens: Sampled | None = None
         self.parked: Running | None = None  # running rows sitting out a prefill step
+        # Overlap with speculation: the last verify window, read next step (the running
+        # batch is then empty: the window holds the rows).
+        self.window: UnreadWindow | None = None
 
     def timed(self, work: Callable[[], _T], *, audit: bool = True) -> _T:
         """Run a batchstate call, timed into this step's bookkeeping.

@@ -35,7 +35,7 @@ class Trace:
         self.duplicate_tokens_freed = 0
         self.num_chunks = 0  # forwards' rows that stopped part way through a prompt
         self.num_mixed_steps = 0  # forwards with prompt tokens and decode rows together
-        self.named_reads = 0  # sampled-token reads through read_sampled (one per mixed step)
+        self.named_reads = 0  # read_sampled (one per mixed step) and, under overlap, read_verified
         self.overshoot_tokens = 0  # overlap: tokens decoded past a stop, then dropped
         self.idle_steps = 0  # steps run with no rows (data-parallel ranks with nothing to do)
         self.prebuilt_requests = 0  # requests admitted with KV prefilled elsewhere

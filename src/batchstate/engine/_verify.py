@@ -27,14 +27,33 @@ from batchstate.engine._alone import AloneRun
 from batchstate.engine._model import FeedForward, TinyModel
 from batchstate.engine._paged import KVCache, _forward
 
-__all__ = ["Verified", "draft_model", "propose", "sample_verify"]
+__all__ = [
+    "Acceptance",
+    "UnreadAcceptance",
+    "draft_model",
+    "propose",
+    "sample_verify",
+    "sample_verify_unread",
+]
 
 
-class Verified(NamedTuple):
+class Acceptance(NamedTuple):
     """What a verify forward decided: counts for `sync`, and the target's tokens per row."""
 
     accepted: npt.NDArray[np.int64]  # [num_reqs], on the host: drafts each row accepted
     targets: list[list[int]]  # per row: the target's token after each window position
+
+
+class UnreadAcceptance(NamedTuple):
+    """What a verify forward decided, still on the device (overlap: read next step).
+
+    `read_verified(counts, targets)` brings both back in one read: row i's
+    accepted drafts and the target's token after them are `targets[i, : counts[i] + 1]`.
+    """
+
+    counts: torch.Tensor  # int64 [num_reqs]: drafts each row accepted
+    targets: torch.Tensor  # int64 [num_reqs, max_drafts + 1]: the target's token per position
+    proposed: list[list[int]]  # per row, its decode token then its drafts, as the host sent them
 
 
 def draft_model(target: TinyModel, num_layers: int = 1) -> TinyModel:
@@ -64,7 +83,7 @@ def sample_verify(  # noqa: PLR0917  # the window, its forward's inputs, and how
     sampling: Sampling | None,
     *,
     feed_forward: FeedForward | None = None,
-) -> Verified:
+) -> Acceptance:
     """Run the target over each row's window and accept its drafts that match the target.
 
     Args:
@@ -83,6 +102,68 @@ def sample_verify(  # noqa: PLR0917  # the window, its forward's inputs, and how
         device and leave the read to `sync`). Writes the window's K/V at
         `window.out_cache_loc` (mutates `cache`).
     """
+    sampled = _sample_window(model, cache, window, pools, committed, tokens, sampling, feed_forward)
+    spans = window.draft_lens + 1
+    num_reqs = len(window.reqs)
+    targets = sampled.tolist()  # NOTE: the step's read of its tokens, as a decode's
+    per_row: list[list[int]] = []
+    accepted = np.zeros(num_reqs, dtype=np.int64)
+    start = 0
+    for row, span in enumerate(spans.tolist()):
+        outs = targets[start : start + span]
+        proposed = tokens[row][1:]
+        while accepted[row] < span - 1 and proposed[accepted[row]] == outs[accepted[row]]:
+            accepted[row] += 1
+        per_row.append(outs)
+        start += span
+    return Acceptance(accepted, per_row)
+
+
+def sample_verify_unread(  # noqa: PLR0917  # as sample_verify
+    model: TinyModel,
+    cache: KVCache,
+    window: Verifying[Sampling],
+    pools: Pools,
+    committed: npt.NDArray[np.int64],
+    tokens: Sequence[Sequence[int]],
+    sampling: Sampling | None,
+    *,
+    feed_forward: FeedForward | None = None,
+) -> UnreadAcceptance:
+    """`sample_verify`, with the acceptance decided on the device and nothing read.
+
+    Each row's sampled tokens are gathered into `[num_reqs, max_drafts + 1]`;
+    a row accepts the leading drafts equal to them (a cumulative product of
+    matches), as a GPU verify kernel counts. Writes the window's K/V.
+    """
+    sampled = _sample_window(model, cache, window, pools, committed, tokens, sampling, feed_forward)
+    spans = window.draft_lens + 1
+    width = int(spans.max()) if spans.shape[0] else 1
+    starts = np.cumsum(spans) - spans
+    within = np.arange(width)
+    index = starts[:, None] + np.minimum(within[None, :], spans[:, None] - 1)
+    drafts = np.full((len(tokens), max(width - 1, 0)), -1, dtype=np.int64)  # -1 matches no token
+    for row, proposed in enumerate(tokens):
+        drafts[row, : len(proposed) - 1] = proposed[1:]
+    device = sampled.device
+    index_side = torch.from_numpy(index.reshape(-1)).to(device)
+    targets = sampled.to(torch.int64).index_select(0, index_side).view(len(tokens), width)
+    matches = targets[:, :-1] == torch.from_numpy(drafts).to(device)
+    counts = matches.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    return UnreadAcceptance(counts, targets, [list(row) for row in tokens])
+
+
+def _sample_window(  # noqa: PLR0917  # as sample_verify
+    model: TinyModel,
+    cache: KVCache,
+    window: Verifying[Sampling],
+    pools: Pools,
+    committed: npt.NDArray[np.int64],
+    tokens: Sequence[Sequence[int]],
+    sampling: Sampling | None,
+    feed_forward: FeedForward | None,
+) -> torch.Tensor:
+    # The target over every window token; the token it samples after each, on the device.
     spans = window.draft_lens + 1
     num_reqs = len(window.reqs)
     # The kernel's inputs for the window; its lengths are what each slot now owns.
@@ -95,15 +176,4 @@ def sample_verify(  # noqa: PLR0917  # the window, its forward's inputs, and how
     cols = np.arange(token_rows.shape[0]) - (np.cumsum(spans) - spans)[token_rows]
     positions = committed[token_rows] - 1 + cols
     sampled = model.sample(hidden, sampling, positions + 1)
-    targets = sampled.tolist()  # NOTE: the step's read of its tokens, as a decode's
-    per_row: list[list[int]] = []
-    accepted = np.zeros(num_reqs, dtype=np.int64)
-    start = 0
-    for row, span in enumerate(spans.tolist()):
-        outs = targets[start : start + span]
-        proposed = tokens[row][1:]
-        while accepted[row] < span - 1 and proposed[accepted[row]] == outs[accepted[row]]:
-            accepted[row] += 1
-        per_row.append(outs)
-        start += span
-    return Verified(accepted, per_row)
+    return sampled
