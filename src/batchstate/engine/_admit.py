@@ -10,9 +10,10 @@ step of their own (a `Transfer`); held chunks go before new requests.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import islice, takewhile
+from typing import Protocol, TypeVar
 
 import torch
 from returns.result import Result
@@ -46,6 +47,16 @@ from batchstate.engine._overlap_verify import close_window
 from batchstate.engine._state import EngineState, Running
 
 __all__ = ["admit", "admit_chunks", "columns_of", "mix_rows", "running_tokens"]
+
+
+class _Stepped(Protocol):
+    # What an admitting transition returns: `Step` and `MixStep` both.
+    @property
+    def pools(self) -> Pools: ...
+
+
+_Item = TypeVar("_Item", Req, Req | Chunked[Sampling])
+_Step = TypeVar("_Step", bound=_Stepped)
 
 
 def admit(state: EngineState) -> Transfer | ExtendForward | MixedForward | None:
@@ -101,25 +112,21 @@ def _admit_whole(state: EngineState) -> Extended[Sampling] | None:
     )
     reqs = list(islice(state.waiting, _chosen(state, budget)))
     device = state.running.device
-    while reqs:
+
+    def attempt(reqs: list[Req]) -> Callable[[], Result[Step[Extended[Sampling]], ExtendError]]:
         # The admitted rows' own sampling parameters, in row order, in one upload.
-        columns = columns_of(state, reqs, device)
-        result = state.timed(partial(_extend, device, reqs, state.pools, columns), audit=False)
-        step = result.value_or(None)
-        if step is not None:
-            state.pools = step.pools
-            for _ in reqs:
-                state.waiting.popleft()
-            batch = step.batch
-            state.trace.prefill_computed += batch.extend_num_tokens
-            state.trace.prefill_cached += int(batch.prefix_lens.sum())
-            state.trace.cache_hits += int((batch.prefix_lens > 0).sum())
-            state.trace.extended_requests += len(reqs)
-            return batch
-        failure = result.failure()
-        if not isinstance(failure, OutOfKVTokens | OutOfReqSlots):
-            raise EngineError(f"extend failed: {failure}")
-        reqs.pop()  # the estimate was off: try one fewer
+        return partial(_extend, device, reqs, state.pools, columns_of(state, reqs, device))
+
+    step = _fewer_until_it_fits(state, reqs, attempt, "extend", audit=False)
+    if step is not None:
+        for _ in reqs:
+            state.waiting.popleft()
+        batch = step.batch
+        state.trace.prefill_computed += batch.extend_num_tokens
+        state.trace.prefill_cached += int(batch.prefix_lens.sum())
+        state.trace.cache_hits += int((batch.prefix_lens > 0).sum())
+        state.trace.extended_requests += len(reqs)
+        return batch
     if not len(running):
         raise EngineError(f"nothing running and request {state.waiting[0].rid} does not fit")
     return None
@@ -141,19 +148,16 @@ def admit_chunks(state: EngineState) -> Mixed[Sampling] | None:
     admit: list[Req | Chunked[Sampling]] = [*held, *islice(state.waiting, chosen)]
     base = running if config.mixed else idle(running.rows.device, Sampling)
     budget = state.policy.chunk_budget(config)
-    while admit:
+
+    def attempt(
+        admit: list[Req | Chunked[Sampling]],
+    ) -> Callable[[], Result[MixStep[Sampling], MixError]]:
         tokens = running_tokens(state, base)
         columns = columns_of(state, admit, base.rows.device)
-        result = state.timed(partial(mix_rows, base, admit, budget, state.pools, tokens, columns))
-        step = result.value_or(None)
-        if step is not None:
-            state.pools = step.pools
-            return _admitted(state, step.batch, len(held))
-        failure = result.failure()
-        if not isinstance(failure, OutOfKVTokens | OutOfReqSlots):
-            raise EngineError(f"mix failed: {failure}")
-        admit.pop()  # the estimate was off: try one fewer
-    return None
+        return partial(mix_rows, base, admit, budget, state.pools, tokens, columns)
+
+    step = _fewer_until_it_fits(state, admit, attempt, "mix")
+    return None if step is None else _admitted(state, step.batch, len(held))
 
 
 def _admitted(state: EngineState, batch: Mixed[Sampling], num_held: int) -> Mixed[Sampling]:
@@ -196,20 +200,41 @@ def _admit_prebuilt(state: EngineState) -> Transfer | None:
     remaining = (state.remaining(req.rid) for req in arrivals)
     reqs = arrivals[: state.policy.admit(arrivals, remaining, budget)]
     device = state.running.device
-    while reqs:
-        columns = columns_of(state, reqs, device)
-        result = state.timed(partial(_prebuilt, device, reqs, state.pools, columns), audit=False)
+
+    def attempt(reqs: list[Req]) -> Callable[[], Result[Step[Filtered[Sampling]], ExtendError]]:
+        return partial(_prebuilt, device, reqs, state.pools, columns_of(state, reqs, device))
+
+    step = _fewer_until_it_fits(state, reqs, attempt, "prebuilt", audit=False)
+    if step is None:
+        return None  # none fits: the step runs without them
+    for _ in reqs:
+        state.waiting.popleft()
+    return Transfer(step.batch, [req.input_ids for req in reqs])
+
+
+def _fewer_until_it_fits(
+    state: EngineState,
+    items: list[_Item],
+    attempt: Callable[[list[_Item]], Callable[[], Result[_Step, ExtendError | MixError]]],
+    what: str,
+    *,
+    audit: bool = True,
+) -> _Step | None:
+    # Run the transition `attempt` builds for `items` (its inputs built untimed, the
+    # call timed), dropping the last item each time the pools run short (the policy's
+    # estimate was off); `items` ends as the ones admitted. The pools move on with
+    # the step that succeeded; None: not even one fits.
+    while items:
+        result = state.timed(attempt(items), audit=audit)
         step = result.value_or(None)
         if step is not None:
             state.pools = step.pools
-            for _ in reqs:
-                state.waiting.popleft()
-            return Transfer(step.batch, [req.input_ids for req in reqs])
+            return step
         failure = result.failure()
         if not isinstance(failure, OutOfKVTokens | OutOfReqSlots):
-            raise EngineError(f"prebuilt failed: {failure}")
-        reqs.pop()  # the estimate was off: try one fewer
-    return None  # none fits: the step runs without them
+            raise EngineError(f"{what} failed: {failure}")
+        items.pop()
+    return None
 
 
 def _arrives_prebuilt(state: EngineState, req: Req) -> bool:
