@@ -118,9 +118,7 @@ class RankTokens:
         tokens: Sequence[Sequence[int]],
     ) -> Acceptance:
         """Exchange the window's shape (each row's decode token and drafts), then verify."""
-        num_tokens = sum(len(row) for row in tokens)
-        reserved = int(committed.sum() + window.draft_lens.sum())
-        self._exchange_shape(Phase.VERIFY, len(window.reqs), num_tokens, reserved)
+        self._exchange_window(window, committed, tokens)
         return self.local.after_verify(window, pools, committed, tokens)
 
     def verify_unread(
@@ -131,10 +129,19 @@ class RankTokens:
         tokens: Sequence[Sequence[int]],
     ) -> UnreadAcceptance:
         """Exchange the window's shape, then verify, the acceptance left on the device."""
+        self._exchange_window(window, committed, tokens)
+        return self.local.verify_unread(window, pools, committed, tokens)
+
+    def _exchange_window(
+        self,
+        window: Verifying[Sampling],
+        committed: npt.NDArray[np.int64],
+        tokens: Sequence[Sequence[int]],
+    ) -> None:
+        # A verify window's shape: its rows, its tokens, and the KV its rows reserve.
         num_tokens = sum(len(row) for row in tokens)
         reserved = int(committed.sum() + window.draft_lens.sum())
         self._exchange_shape(Phase.VERIFY, len(window.reqs), num_tokens, reserved)
-        return self.local.verify_unread(window, pools, committed, tokens)
 
     def read_acceptance(self, unread: UnreadAcceptance) -> Verified:
         """This rank's own read: nothing is exchanged."""
