@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final, final
 
 import attrs
+import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812  # torch's own idiom
 from returns.result import Failure, Result, Success
@@ -29,7 +30,14 @@ from batchstate._captured_sizes import PaddingError, check_sizes, is_int
 from batchstate._expect import expect_instance
 from batchstate._forward_inputs import ForwardInputs
 from batchstate._mirrored import DeviceOnly, upload
-from batchstate._padded_layout import padded_layout, with_padding
+from batchstate._padded_layout import (
+    HostLayout,
+    field_pairs,
+    fields_bytes,
+    page_counts,
+    with_padding,
+    write_layout,
+)
 
 __all__ = [
     "FILL_FIELDS",
@@ -251,30 +259,49 @@ def pad(
 
 def _pad_to(inputs: ForwardInputs, size: int, fills: Mapping[str, int]) -> Padded:
     rows = size if inputs.is_decode else inputs.num_rows  # prefill: tokens in no row
-    layout = padded_layout(inputs, rows, size, fills)
+    host = HostLayout.of(np.empty(fields_bytes(rows, size), dtype=np.uint8), rows, size)
+    seq = inputs.seq_lens.host
+    sizes = write_layout(
+        host,
+        inputs.req_pool_indices.host,
+        inputs.prefix_lens.host,
+        inputs.extend_lens.host,
+        seq,
+        page_counts(seq, inputs.page_size),
+        inputs.num_tokens,
+        inputs.page_size,
+        fills,
+    )
+    host.packed.setflags(write=False)
+    hosts = host.read_only()
+    pairs = field_pairs(hosts, upload(hosts, inputs.device))
     page_table = inputs.page_table.device
     width = max(inputs.table_pages, page_table.shape[1])
-    page_fill = fills["kv_indices"]
+    page_fill, added = fills["kv_indices"], sizes.new_rows
     padded_inputs = with_padding(
         inputs,
-        layout,
-        upload(layout.hosts, inputs.device),
-        DeviceOnly(
-            F.pad(inputs.kv_indices.device, (0, layout.new_rows * layout.pages), value=page_fill)
-        ),
-        DeviceOnly(
-            F.pad(page_table, (0, width - page_table.shape[1], 0, layout.new_rows), value=page_fill)
-        ),
-        DeviceOnly(
-            F.pad(
-                inputs.out_cache_loc.device,
-                (0, size - inputs.num_tokens),
-                value=fills["out_cache_loc"],
-            )
+        rows,
+        size,
+        sizes,
+        pairs,
+        (
+            DeviceOnly(
+                F.pad(inputs.kv_indices.device, (0, added * sizes.pad_pages), value=page_fill)
+            ),
+            DeviceOnly(
+                F.pad(page_table, (0, width - page_table.shape[1], 0, added), value=page_fill)
+            ),
+            DeviceOnly(
+                F.pad(
+                    inputs.out_cache_loc.device,
+                    (0, size - inputs.num_tokens),
+                    value=fills["out_cache_loc"],
+                )
+            ),
         ),
     )
     # the size holds the count, and a padded row adds at most one token
-    assert size - inputs.num_tokens - layout.new_rows * layout.query >= 0
+    assert size - inputs.num_tokens - added * fills["extend_lens"] >= 0
     return Padded(padded_inputs, inputs.num_rows, inputs.num_tokens, dict(fills))
 
 
