@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import overload
 
+import numpy as np
 import torch
 from returns.result import Failure, Result, Success
 
@@ -103,15 +104,15 @@ def fill(
     expect_table_of(batch, table, page_size)
     fills, n = buffers.fills, seq.shape[0]
     pages = page_counts(seq, page_size)
-    widest = int(pages.max()) if n else 0
+    widest = int(np.maximum.reduce(pages)) if n else 0
     new_rows = max(buffers.rows - n, 0)
     pad_pages = -(-fills["seq_lens"] // page_size)
-    tokens = int(extend.sum())
+    tokens = int(np.add.reduce(extend))
     for what, needed, capacity in (
         ("rows", n, buffers.rows),
         ("tokens", tokens + new_rows * fills["extend_lens"], buffers.tokens),
         ("pages per row", widest, buffers.max_pages),
-        ("kv pages", int(pages.sum()) + new_rows * pad_pages, buffers.kv_capacity),
+        ("kv pages", int(np.add.reduce(pages)) + new_rows * pad_pages, buffers.kv_capacity),
     ):
         if needed > capacity:
             return Failure(DoesNotFit(what, needed, capacity))
@@ -135,7 +136,7 @@ def fill(
     if device.type == "cuda":
         buffers.copies.append(torch.cuda.Event())  # type: ignore[no-untyped-call]  # torch's
         buffers.copies[0].record()
-    _write_device_fields(buffers, table, locs, n, widest, sizes.num_pages)
+    kv_indices = _write_device_fields(buffers, table, locs, n, widest, sizes.num_pages)
     shape = TableShape(
         device,
         page_size,
@@ -150,7 +151,7 @@ def fill(
         sizes,
         buffers.pairs,
         (
-            DeviceOnly(buffers.kv_indices[: sizes.num_pages]),
+            DeviceOnly(kv_indices),
             DeviceOnly(buffers.page_table),
             DeviceOnly(buffers.out_cache_loc),
         ),
@@ -165,26 +166,28 @@ def _write_device_fields(  # noqa: PLR0917  # the bucket, the table, then what t
     rows: int,
     widest: int,
     num_pages: int,
-) -> None:
-    # Device work into fixed addresses, every index from the block just uploaded. Only the
-    # batch's columns of the page table are written: FA3 reads a row's pages and no more.
+) -> torch.Tensor:
+    # Device work into fixed addresses, every index from the block just uploaded; returns
+    # the used part of `kv_indices`. Only the batch's columns of the page table are written:
+    # FA3 reads a row's pages and no more. Each slice is a torch call, so there are few.
     fills, page_size, page_table = buffers.fills, buffers.page_size, buffers.page_table
     if rows and widest:
         # Row i's page j starts at token j * page_size of its slot's row of the table.
-        starts = table.device[:, ::page_size][:, :widest]
-        slots = buffers.fields[0][:rows, None].expand(rows, widest)
+        starts = table.device[:, : widest * page_size : page_size]
         written = page_table[:rows, :widest]
-        torch.gather(starts, 0, slots, out=written)
+        torch.index_select(starts, 0, buffers.fields[0][:rows], out=written)
         if page_size > 1:
             written.div_(page_size, rounding_mode="floor")
     pad_pages = -(-fills["seq_lens"] // page_size)
     if rows < buffers.rows and pad_pages:
         page_table[rows:, :pad_pages].fill_(fills["kv_indices"])
+    kv_indices = buffers.kv_indices[:num_pages]
     if num_pages:  # the ragged pages, padded rows' included, from the page table just written
         cells = buffers.cells[:num_pages]
-        torch.index_select(page_table.view(-1), 0, cells, out=buffers.kv_indices[:num_pages])
+        torch.index_select(buffers.flat_page_table, 0, cells, out=kv_indices)
     tokens = locs.shape[0]
     if tokens:
         buffers.out_cache_loc[:tokens].copy_(locs)
     if tokens < buffers.tokens:
         buffers.out_cache_loc[tokens:].fill_(fills["out_cache_loc"])
+    return kv_indices

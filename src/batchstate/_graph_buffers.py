@@ -8,8 +8,8 @@ record's forward into it and returns the `Padded` forward the replay reads
 
     block  (uint8, one host-to-device copy)   req_pool_indices, positions, sample_index
                                               (int64); qo_indptr, cu_seqlens_k, kv_indptr,
-                                              seq_lens, prefix_lens, extend_lens,
-                                              kv_last_page_len (int32); then cells
+                                              extend_lens, seq_lens, kv_last_page_len,
+                                              prefix_lens (int32); then cells
                                               (int32 [kv_capacity]): each kv_indices
                                               entry's cell in the page table
     page_table  int32 [rows, max_pages]       FA3: the batch's pages copied into the
@@ -96,6 +96,7 @@ class GraphBuffers:
         host: writable views of `staging`, for `fill` alone.
         pairs: each mirrored field: a read-only view of `staging` and its
             view of `block`, in `PADDED_FIELDS` order.
+        flat_page_table: `page_table` viewed as one row, where `cells` index.
         copies: on CUDA, the event of the last copy out of `staging`, which
             the next `fill` waits on before it writes `staging` again.
     """
@@ -116,6 +117,7 @@ class GraphBuffers:
     staging: torch.Tensor
     host: HostLayout
     pairs: FieldPairs
+    flat_page_table: torch.Tensor
     copies: list[torch.cuda.Event]
 
     @classmethod
@@ -177,6 +179,7 @@ class GraphBuffers:
         host = HostLayout.of(staging.numpy(), rows, tokens)
         host.packed.setflags(write=False)  # `host`'s views stay writable; no new view is
         pairs = field_pairs(host.read_only(), views)
+        page_table = torch.zeros(rows, max_pages, dtype=torch.int32, device=device)
         return cls(
             device,
             page_size,
@@ -189,11 +192,12 @@ class GraphBuffers:
             tuple(views),
             block[size:].view(torch.int32),
             torch.zeros(capacity, dtype=torch.int32, device=device),
-            torch.zeros(rows, max_pages, dtype=torch.int32, device=device),
+            page_table,
             torch.zeros(tokens, dtype=torch.int64, device=device),
             staging,
             host,
             pairs,
+            page_table.view(-1),
             [],
         )
 

@@ -12,7 +12,7 @@ packed byte array, so that one host-to-device copy moves them all:
 
     int64   req_pool_indices [rows] | positions [tokens] | sample_index [rows]
     int32   qo_indptr | cu_seqlens_k | kv_indptr [rows + 1 each]
-            seq_lens | prefix_lens | extend_lens | kv_last_page_len [rows each]
+            extend_lens | seq_lens | kv_last_page_len | prefix_lens [rows each]
             cells [the rest]: each kv_indices entry's cell in a page table
 """
 
@@ -51,10 +51,10 @@ PADDED_FIELDS: Final = (
     "qo_indptr",
     "cu_seqlens_k",
     "kv_indptr",
-    "seq_lens",
-    "prefix_lens",
     "extend_lens",
+    "seq_lens",
     "kv_last_page_len",
+    "prefix_lens",
 )
 
 IntArray = npt.NDArray[np.integer]
@@ -85,7 +85,7 @@ def fields_bytes(rows: int, tokens: int) -> int:
 
 def page_counts(seq: IntArray, page_size: int) -> IntArray:
     """KV pages each row of `seq` KV tokens reads."""
-    return -(-seq // page_size) if page_size > 1 else seq
+    return (seq + (page_size - 1)) // page_size if page_size > 1 else seq
 
 
 @final
@@ -100,20 +100,24 @@ class HostLayout:
     packed: npt.NDArray[np.uint8]
     fields: tuple[npt.NDArray[np.int64] | npt.NDArray[np.int32], ...]  # `PADDED_FIELDS` order
     offsets: npt.NDArray[np.int32]  # [3, rows + 1]: qo_indptr, cu_seqlens_k, kv_indptr
-    per_row: npt.NDArray[np.int32]  # [4, rows]: seq, prefix and extend lens, then last page's
+    # [4, rows]: extend, seq and last page's lens (each row's pages, while the offsets are
+    # summed from the first three), then prefix lens
+    per_row: npt.NDArray[np.int32]
     cells: npt.NDArray[np.int32]
     rows: int
     tokens: int
 
     @classmethod
     def of(cls, packed: npt.NDArray[np.uint8], rows: int, tokens: int) -> Self:
-        """Views of `packed`, at least `fields_bytes(rows, tokens)` long."""
+        """Views of `packed`, at least `fields_bytes(rows, tokens)` long; the offsets' first
+        column set to 0, which `write_layout` leaves as it is."""
         wide = 8 * (2 * rows + tokens)
         narrow = fields_bytes(rows, tokens)
         longs = packed[:wide].view(np.int64)
         ints = packed[wide:narrow].view(np.int32)
         offsets = ints[: 3 * (rows + 1)].reshape(3, rows + 1)
         per_row = ints[3 * (rows + 1) :].reshape(4, rows)
+        offsets[:, 0] = 0
         fields = (
             longs[:rows],
             longs[rows : rows + tokens],
@@ -168,46 +172,47 @@ def write_layout(  # noqa: PLR0917  # the target, a forward's per-row arrays, th
     `cells` gets each page's cell in a page table of that width (a
     bucket's), added rows' pages included.
     """
+    # ufunc calls (`np.add.accumulate`, not `np.cumsum`): numpy's Python wrappers cost as
+    # much as the work on a batch's arrays.
     rows, n = host.rows, seq.shape[0]
     new_rows = rows - n
     query, kv = fills["extend_lens"], fills["seq_lens"]
     pad_pages = -(-kv // page_size)
     slots_v, positions, sample = host.fields[:3]
     per_row, offsets = host.per_row, host.offsets
-    seq_v, prefix_v, extend_v, last_v = per_row
+    extend_v, seq_v, last_v, prefix_v = per_row
     slots_v[:n] = slots
-    per_row[0, :n] = seq
-    per_row[1, :n] = prefix
-    per_row[2, :n] = extend
-    per_row[3, :n] = pages  # each row's pages, for now
+    per_row[0, :n] = extend
+    per_row[1, :n] = seq
+    per_row[2, :n] = pages  # each row's pages, for now
+    per_row[3, :n] = prefix
     if new_rows:
         slots_v[n:] = fills["req_pool_indices"]
-        per_row[:, n:] = np.array([[kv], [kv - query], [query], [pad_pages]])
-    offsets[:, 0] = 0
-    np.cumsum(per_row[(2, 0, 3),], axis=1, out=offsets[:, 1:])
+        per_row[:, n:] = np.array([[query], [kv], [pad_pages], [kv - query]])
+    np.add.accumulate(per_row[:3], axis=1, out=offsets[:, 1:])
     kv_ptr = offsets[2]
     num_pages = int(kv_ptr[-1])
     if columns:
         # Row r's j-th page sits at cell r * columns + j; kv_ptr[r] is j = 0's entry.
-        starts = np.arange(0, rows * columns, columns, dtype=np.int32) - kv_ptr[:-1]
-        np.add(
-            np.repeat(starts, last_v),
-            np.arange(num_pages, dtype=np.int32),
-            out=host.cells[:num_pages],
-        )
+        starts = np.arange(0, rows * columns, columns, dtype=np.int32)
+        np.subtract(starts, kv_ptr[:-1], out=starts)
+        counter = np.arange(num_pages, dtype=np.int32)
+        np.add(starts.repeat(last_v), counter, out=host.cells[:num_pages])
     # Tokens in a row's last page: its KV tokens less its other pages' (0 with no KV).
     if page_size == 1:
         np.minimum(seq_v, 1, out=last_v)
     else:
-        np.maximum(last_v - 1, 0, out=last_v)
-        np.subtract(seq_v, last_v * page_size, out=last_v)
+        np.subtract(last_v, 1, out=last_v)
+        np.maximum(last_v, 0, out=last_v)
+        np.multiply(last_v, page_size, out=last_v)
+        np.subtract(seq_v, last_v, out=last_v)
     np.subtract(offsets[0, 1:], 1, out=sample)
     np.maximum(sample, 0, out=sample)
-    max_q_len = int(extend_v.max()) if rows else 0
+    max_q_len = int(np.maximum.reduce(extend_v)) if rows else 0
     if max_q_len <= 1 and real_tokens == n:  # decode: one query token a row, at its prefix
         positions[:n] = prefix
     else:
-        starts = np.repeat(prefix_v[:n] - offsets[0, :n], extend_v[:n])
+        starts = (prefix_v[:n] - offsets[0, :n]).repeat(extend_v[:n])
         np.add(starts, np.arange(real_tokens), out=positions[:real_tokens])
     positions[real_tokens:] = fills["positions"]
     return LayoutSizes(
@@ -219,7 +224,7 @@ def write_layout(  # noqa: PLR0917  # the target, a forward's per-row arrays, th
         num_pages=num_pages,
         seq_lens_sum=int(offsets[1, -1]),
         max_q_len=max_q_len,
-        max_kv_len=int(seq_v.max()) if rows else 0,
+        max_kv_len=int(np.maximum.reduce(seq_v)) if rows else 0,
     )
 
 
@@ -245,7 +250,7 @@ def with_padding(  # noqa: PLR0917  # the three device fields, in ForwardInputs'
 ) -> ForwardInputs:
     """The padded record: `rows` rows, `tokens` tokens, `pairs` (in `PADDED_FIELDS`
     order), `kv_indices`, `page_table`, `out_cache_loc`, and `like`'s table shape."""
-    slots, positions, sample, qo, cu_k, kv_ptr, seq, prefix, extend, last_len = pairs
+    slots, positions, sample, qo, cu_k, kv_ptr, extend, seq, last_len, prefix = pairs
     return ForwardInputs(
         device=like.device,
         page_size=like.page_size,
