@@ -193,7 +193,8 @@ def row_layout(
         empty = seq[:0]
         return rows.req_pool_indices, empty, empty, empty, rows.seq_lens.device[:0]
     if isinstance(batch, Decoding):
-        extend = np.ones_like(seq)
+        extend = np.empty_like(seq)  # then a fill: np.ones_like's wrapper costs more
+        extend.fill(1)
         return rows.req_pool_indices, seq - 1, extend, seq, batch.out_cache_loc.device
     prefix, extend = batch.prefix_lens, batch.extend_lens
     return rows.req_pool_indices, prefix, extend, seq, batch.out_cache_loc.device
