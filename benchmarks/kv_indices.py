@@ -21,6 +21,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -90,9 +91,7 @@ def measure(rows: int, per_row: int, repeats: int) -> dict[str, float]:
             torch.empty(num_pages, dtype=torch.int64, device=device),
         )
         if name == "cpu":
-            results["device_cpu_us"] = _median_us(
-                lambda args=args: device_cells(*args, num_pages), repeats
-            )
+            results["device_cpu_us"] = _median_us(partial(device_cells, *args, num_pages), repeats)
             got = device_cells(*args, num_pages)
             assert got.tolist() == expected.tolist()
         else:

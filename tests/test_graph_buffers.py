@@ -247,3 +247,16 @@ def test_inputs_of_another_page_size_or_device_are_refused() -> None:
         fill_record(GraphBuffers.for_decode(CPU, 1, 8, 400), record, pools)
     with pytest.raises(GraphBuffersError, match="meta"):
         fill_record(GraphBuffers.for_decode(META, 16, 8, 25), record, pools)
+
+
+def test_fills_outside_the_table_or_the_cache_are_refused() -> None:
+    """A bucket whose fills name a slot or a page the record's pools do not have: the fill
+    raises `PaddingError`, as `pad` does, and the buffers stay as they were."""
+    record, pools = make_record("decoding", _LENGTHS, make_pools_for(16))
+    for name, value in (("req_pool_indices", 17), ("kv_indices", 64 * 96 // 16 + 1)):
+        fills = dict(SGLANG_FILLS, **{name: value})
+        buffers = GraphBuffers.for_decode(CPU, 16, 8, 25, fills=fills)
+        before = buffers.block.clone()
+        with pytest.raises(PaddingError, match=name):
+            fill_record(buffers, record, pools)
+        assert torch.equal(buffers.block, before)

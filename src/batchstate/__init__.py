@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     )
     from batchstate._extend import ExtendError, extend, idle, prebuilt
     from batchstate._fill import fill
+    from batchstate._fill_tables import FILL_FIELDS, SGLANG_FILLS, VLLM_FILLS
     from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
     from batchstate._forward_inputs import (
         ForwardInputs,
@@ -62,9 +63,6 @@ if TYPE_CHECKING:
     from batchstate._mixed import Mixed, MixStep, Settled, settle
     from batchstate._outcome import Err, Ok, Outcome, outcome
     from batchstate._padding import (
-        FILL_FIELDS,
-        SGLANG_FILLS,
-        VLLM_FILLS,
         Padded,
         PaddedOutput,
         TooLargeToPad,

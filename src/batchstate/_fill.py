@@ -19,6 +19,7 @@ from returns.result import Failure, Result, Success
 
 from batchstate._columns import C
 from batchstate._expect import expect_instance
+from batchstate._fill_tables import check_fill_ranges
 from batchstate._forward_checks import expect_table_of
 from batchstate._forward_inputs import ForwardPhase, row_layout
 from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError
@@ -81,6 +82,8 @@ def fill(
             the table's page size is not theirs.
         ForwardInputsError: `table` is another pools' than `batch`'s, or
             `slot_tokens` do not hold the window.
+        PaddingError: the bucket's fills point outside `table` or its KV
+            cache (a slot, position, location or page no pools hand out).
 
     >>> from batchstate import Req, decode, extend, idle, make_pools
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"))
@@ -102,7 +105,15 @@ def fill(
             f" {buffers.device} with pages of {buffers.page_size}"
         )
     expect_table_of(batch, table, page_size)
+    shape = TableShape(
+        device,
+        page_size,
+        -(-table.max_context_len // page_size),
+        int(table.host.shape[0]),
+        table.kv_cache_size,
+    )
     fills, n = buffers.fills, seq.shape[0]
+    check_fill_ranges(shape, fills)
     pages = page_counts(seq, page_size)
     widest = int(np.maximum.reduce(pages)) if n else 0
     new_rows = max(buffers.rows - n, 0)
@@ -137,13 +148,6 @@ def fill(
         buffers.copies.append(torch.cuda.Event())  # type: ignore[no-untyped-call]  # torch's
         buffers.copies[0].record()
     kv_indices = _write_device_fields(buffers, table, locs, n, widest, sizes.num_pages)
-    shape = TableShape(
-        device,
-        page_size,
-        -(-table.max_context_len // page_size),
-        int(table.host.shape[0]),
-        table.kv_cache_size,
-    )
     padded = with_padding(
         shape,
         buffers.rows,

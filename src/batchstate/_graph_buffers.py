@@ -30,6 +30,7 @@ from typing import Final, Self, final
 import attrs
 import torch
 
+from batchstate._fill_tables import SGLANG_FILLS, check_fills
 from batchstate._mirrored import describe
 from batchstate._padded_layout import (
     FieldPairs,
@@ -38,7 +39,6 @@ from batchstate._padded_layout import (
     field_pairs,
     fields_bytes,
 )
-from batchstate._padding import SGLANG_FILLS, _check_fills
 
 __all__ = ["DoesNotFit", "GraphBuffers", "GraphBuffersError"]
 
@@ -148,7 +148,7 @@ class GraphBuffers:
             PaddingError: bad `fills`.
         """
         fills = dict(SGLANG_FILLS if fills is None else fills)
-        _check_fills(fills)
+        check_fills(fills)
         capacity = rows * max_pages if kv_capacity is None else kv_capacity
         sizes = {"page_size": page_size, "rows": rows, "tokens": tokens}
         sizes |= {"max_pages": max_pages, "kv_capacity": capacity}

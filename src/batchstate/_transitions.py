@@ -166,7 +166,7 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
             fill,
             Padded,
             failures=(DoesNotFit,),
-            raises=(GraphBuffersError, ForwardInputsError, BatchConflict),
+            raises=(GraphBuffersError, ForwardInputsError, BatchConflict, PaddingError),
         )
         for source in (Idle, Extended, Decoding, Mixed, Verifying)
     ),
