@@ -2,13 +2,13 @@
 
 For each batch size, a steady overlap decode loop on the CPU: each step
 runs the transition (`decode_sampled`, fed the last step's tokens), then,
-timed in the same step on its result: `forward_inputs`, `fill` of one
-decode bucket's buffers (allocated once, before the loop), and `pad`
-(fresh tensors, the page table as wide as the table) for comparison; then
-`settle` and the next step. Each figure is the median over the steps; the
-ratios are against that step's `decode_sampled`. Then, on `meta`, the
-kernels, copies and allocations of one `fill`. Prints Markdown tables
-(see docs/performance.md).
+timed in the same step on its result: `fill` of one decode bucket's
+buffers (allocated once, before the loop) straight from the record, and
+for comparison `forward_inputs` then `pad` (fresh tensors, the page table
+as wide as the table); then `settle` and the next step. Each figure is the
+median over the steps; the ratios are against that step's
+`decode_sampled`. Then, on `meta`, the kernels, copies and allocations of
+one `fill`. Prints Markdown tables (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -57,24 +57,24 @@ def measure(
     size = bucket(_CAPTURED, batch_size).unwrap()
     buffers = GraphBuffers.for_decode(device, page_size, size, row_pages)
     tokens = torch.zeros(batch_size, dtype=torch.int64)
-    times: dict[str, list[float]] = {"step": [], "inputs": [], "fill": [], "pad": []}
+    times: dict[str, list[float]] = {"step": [], "fill": [], "inputs": [], "pad": []}
     for _ in range(steps):
         sampled = Sampled.of(running.rows, tokens)
         start = time.perf_counter()
         mixed, pools = decode_sampled(running, sampled, pools).unwrap()
         stepped = time.perf_counter()
+        fill(buffers, mixed, pools.table).unwrap()
+        filled = time.perf_counter()
         inputs = forward_inputs(mixed, pools.table, page_size)
         built = time.perf_counter()
-        fill(buffers, inputs).unwrap()
-        filled = time.perf_counter()
         pad(inputs, _CAPTURED).unwrap()
         padded = time.perf_counter()
         running = settle(mixed).running
         for name, (a, b) in {
             "step": (start, stepped),
-            "inputs": (stepped, built),
-            "fill": (built, filled),
-            "pad": (filled, padded),
+            "fill": (stepped, filled),
+            "inputs": (filled, built),
+            "pad": (built, padded),
         }.items():
             times[name].append((b - a) * 1e6)
     median = {name: statistics.median(values) for name, values in times.items()}
@@ -85,7 +85,7 @@ def measure(
         "forward_inputs_us": median["inputs"],
         "fill_us": median["fill"],
         "pad_us": median["pad"],
-        "fill_ratio": (median["inputs"] + median["fill"]) / median["step"],
+        "fill_ratio": median["fill"] / median["step"],
         "pad_ratio": (median["inputs"] + median["pad"]) / median["step"],
     }
 
@@ -97,12 +97,11 @@ def count(batch_size: int, page_size: int) -> dict[str, int]:
     reqs = [Req(rid, tuple(range(1, 40))) for rid in range(batch_size)]
     extended, pools = extend(idle(meta), reqs, pools).unwrap()
     decoding, pools = decode(extended, pools).unwrap()
-    inputs = forward_inputs(decoding, pools.table, page_size)
     buffers = GraphBuffers.for_decode(meta, page_size, batch_size + 1, -(-256 // page_size))
     with count_device_work() as work, count_allocations() as made:
-        fill(buffers, inputs).unwrap()
+        fill(buffers, decoding, pools.table).unwrap()
     with count_allocations() as padded:
-        pad(inputs, _CAPTURED).unwrap()
+        pad(forward_inputs(decoding, pools.table, page_size), _CAPTURED).unwrap()
     return {
         "kernels": work.kernels,
         "copies": work.copies,
@@ -126,15 +125,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         f" tokens wide, median of {args.steps} steps"
     )
     print(
-        "| batch | bucket | decode_sampled µs | forward_inputs µs | fill µs | pad µs"
-        " | (inputs + fill) / step | (inputs + pad) / step |"
+        "| batch | bucket | decode_sampled µs | fill µs | forward_inputs µs | pad µs"
+        " | fill / step | (inputs + pad) / step |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.sizes:
         point = measure(size, args.prompt, args.page_size, args.steps, args.context)
         print(
             f"| {size} | {point['bucket']} | {point['decode_sampled_us']:.1f}"
-            f" | {point['forward_inputs_us']:.1f} | {point['fill_us']:.1f}"
+            f" | {point['fill_us']:.1f} | {point['forward_inputs_us']:.1f}"
             f" | {point['pad_us']:.1f} | {point['fill_ratio']:.2f} | {point['pad_ratio']:.2f} |",
             flush=True,
         )

@@ -106,12 +106,14 @@ def _pass(  # one variable per record of the pass
         device, 1, rows=rows, tokens=rows, max_pages=context, kv_capacity=capacity
     )
     with count_allocations() as allocated:
-        _timed(times, "fill (decode bucket)", lambda: fill(decode_bucket, decode_inputs).unwrap())
+        _timed(
+            times, "fill (decode bucket)", lambda: fill(decode_bucket, mixed, pools.table).unwrap()
+        )
     _timed(times, "pad", lambda: pad(decode_inputs, [rows]).unwrap())
     stepped, pools = decode(settle(mixed).running, pools).unwrap()
     drafts = np.full(rows, 3, dtype=np.int64)
     window, pools = _timed(times, "verify", lambda: verify(stepped, drafts, pools).unwrap())
-    window_inputs = _timed(
+    _timed(
         times,
         "forward_inputs (verify)",
         lambda: forward_inputs(window, pools.table, 1, slot_tokens=pools.slot_tokens),
@@ -119,7 +121,11 @@ def _pass(  # one variable per record of the pass
     verify_bucket = GraphBuffers.allocate(
         device, 1, rows=rows, tokens=4 * rows, max_pages=context, kv_capacity=capacity
     )
-    _timed(times, "fill (verify bucket)", lambda: fill(verify_bucket, window_inputs).unwrap())
+    _timed(
+        times,
+        "fill (verify bucket)",
+        lambda: fill(verify_bucket, window, pools.table, slot_tokens=pools.slot_tokens).unwrap(),
+    )
     counts = torch.ones(rows, dtype=torch.int32, device=device)
     opened, pools = _timed(
         times, "verify_ahead", lambda: verify_ahead(window, counts, drafts, pools).unwrap()

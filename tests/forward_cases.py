@@ -7,20 +7,25 @@ from typing import Any, Final
 
 import numpy as np
 import torch
+from returns.result import Result
 
 from batchstate import (
     Chunked,
     Decoding,
+    DoesNotFit,
     Extended,
     ForwardInputs,
+    GraphBuffers,
     Idle,
     Mixed,
     NoColumns,
+    Padded,
     Pools,
     Req,
     Verifying,
     decode,
     extend,
+    fill,
     forward_inputs,
     idle,
     make_pools,
@@ -81,6 +86,13 @@ def build(record: Record, pools: Pools) -> ForwardInputs:
     if isinstance(record, Verifying):
         return forward_inputs(record, pools.table, pools.page_size, slot_tokens=pools.slot_tokens)
     return forward_inputs(record, pools.table, pools.page_size)
+
+
+def fill_record(buffers: GraphBuffers, record: Record, pools: Pools) -> Result[Padded, DoesNotFit]:
+    """`fill` of `record` into `buffers`, with the pools' slot tokens for a verify window."""
+    if isinstance(record, Verifying):
+        return fill(buffers, record, pools.table, slot_tokens=pools.slot_tokens)
+    return fill(buffers, record, pools.table)
 
 
 def naive(

@@ -210,7 +210,7 @@ def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any],
     inputs = forward_inputs(extended, pools.table, pools.page_size)
     assert unwrap(pad(inputs, [64])).num_real_rows == 4
     buffers = GraphBuffers.allocate(CPU, pools.page_size, rows=8, tokens=64, max_pages=64)
-    assert unwrap(fill(buffers, inputs)).num_real_rows == 4
+    assert unwrap(fill(buffers, extended, pools.table)).num_real_rows == 4
     decoding, pools = unwrap(decode(extended, pools))
     story.check(pools, decoding)
     kept, left = split(decoding, [0, 2, 3])

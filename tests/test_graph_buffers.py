@@ -37,7 +37,7 @@ from batchstate import (
 from batchstate._padded_layout import PADDED_FIELDS
 from batchstate.audit import device_reads
 from batchstate.backends import sdpa_attention
-from tests.forward_cases import PHASE_NAMES, build, make_pools_for, make_record
+from tests.forward_cases import PHASE_NAMES, build, fill_record, make_pools_for, make_record
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
@@ -72,7 +72,7 @@ def test_filled_buffers_hold_the_padded_forward(
     record, pools = make_record(phase, _LENGTHS, make_pools_for(page_size))
     inputs = build(record, pools)
     buffers = _bucket_for(inputs, fills)
-    padded = fill(buffers, inputs).unwrap()
+    padded = fill_record(buffers, record, pools).unwrap()
     out = padded.inputs
     n, t = inputs.num_rows, inputs.num_tokens
     assert (out.num_rows, out.num_tokens) == (buffers.rows, buffers.tokens)
@@ -106,7 +106,7 @@ def test_a_decode_bucket_equals_pad_at_that_size(page_size: int) -> None:
     inputs = build(record, pools)
     width = inputs.page_table.device.shape[1]
     buffers = GraphBuffers.for_decode(CPU, page_size, 8, width)
-    filled = fill(buffers, inputs).unwrap().inputs
+    filled = fill_record(buffers, record, pools).unwrap().inputs
     padded = pad(inputs, [8]).unwrap().inputs
     for name in PADDED_FIELDS:
         assert getattr(filled, name).host.tolist() == getattr(padded, name).host.tolist(), name
@@ -131,9 +131,8 @@ def test_steps_write_the_same_addresses_and_allocate_nothing(
     ptrs = _buffer_ptrs(buffers)
     for step in range(20):
         decoding, pools = decode(batch, pools).unwrap()
-        inputs = forward_inputs(decoding, pools.table, page_size)
         with device_reads(forbid=True), count_allocations() as made, count_device_work() as work:
-            padded = fill(buffers, inputs).unwrap()
+            padded = fill(buffers, decoding, pools.table).unwrap()
         assert made == []
         if device == META:  # on the CPU every op is host work: meta tells copies from kernels
             assert work.copies == 1
@@ -159,7 +158,11 @@ def test_verify_windows_pad_per_batch_size() -> None:
         drafts = [(row * 2) % 4 for row in range(rows)]
         window, held = verify(one, drafts, pools).unwrap()
         inputs = forward_inputs(window, held.table, 16, slot_tokens=held.slot_tokens)
-        padded = fill(buffers, inputs).unwrap()
+        padded = fill(buffers, window, held.table, slot_tokens=held.slot_tokens).unwrap()
+        assert padded.inputs.cu_seqlens_k.host.tolist() == [
+            *inputs.cu_seqlens_k.host.tolist(),
+            *(int(inputs.cu_seqlens_k.host[-1]) + step for step in range(1, 5 - rows)),
+        ]
         out = padded.inputs
         real = rows + sum(drafts)
         assert (out.num_rows, out.num_tokens, padded.num_real_tokens) == (4, 16, real)
@@ -176,7 +179,7 @@ def test_attention_over_the_buffers_equals_the_unpadded_forward() -> None:
     """SDPA fed the filled buffers gives each real token the output it gets unpadded."""
     record, pools = make_record("mixed", _LENGTHS, make_pools_for(16))
     inputs = build(record, pools)
-    padded = fill(_bucket_for(inputs), inputs).unwrap()
+    padded = fill_record(_bucket_for(inputs), record, pools).unwrap()
     generator = torch.Generator().manual_seed(0)
     k = torch.randn(pools.kv_cache_size, 2, 8, generator=generator)
     v = torch.randn(pools.kv_cache_size, 2, 8, generator=generator)
@@ -204,17 +207,16 @@ def test_a_forward_the_bucket_cannot_hold_is_a_failure_and_writes_nothing() -> N
     for what, (sizes, needed) in cases.items():
         buffers = GraphBuffers.allocate(CPU, 1, **sizes)
         before = [tensor.clone() for tensor in (buffers.block, buffers.page_table)]
-        assert fill(buffers, inputs) == Failure(DoesNotFit(what, needed, needed - 1))
+        assert fill_record(buffers, record, pools) == Failure(DoesNotFit(what, needed, needed - 1))
         assert all(
             torch.equal(a, b)
             for a, b in zip(before, (buffers.block, buffers.page_table), strict=True)
         )
     # Padded rows need their tokens too: 4 rows of one token into 4 tokens with one real row
     # of 3 tokens needs 6.
-    assert fill(GraphBuffers.allocate(CPU, 1, rows=n + 2, tokens=t, max_pages=width), inputs) == (
-        Failure(DoesNotFit("tokens", t + 2, t))
-    )
-    fitted = fill(GraphBuffers.allocate(CPU, 1, **fits), inputs).unwrap()
+    small = GraphBuffers.allocate(CPU, 1, rows=n + 2, tokens=t, max_pages=width)
+    assert fill_record(small, record, pools) == (Failure(DoesNotFit("tokens", t + 2, t)))
+    fitted = fill_record(GraphBuffers.allocate(CPU, 1, **fits), record, pools).unwrap()
     assert fitted.padded_rows == 0
 
 
@@ -241,8 +243,20 @@ def test_bad_buckets_are_refused(sizes: dict[str, Any], match: str) -> None:
 def test_inputs_of_another_page_size_or_device_are_refused() -> None:
     """The buffers' page size and device are the graph's: other inputs raise, nothing written."""
     record, pools = make_record("decoding", _LENGTHS, make_pools_for(16))
-    inputs = build(record, pools)
-    with pytest.raises(GraphBuffersError, match="page size 16"):
-        fill(GraphBuffers.for_decode(CPU, 1, 8, 400), inputs)
+    with pytest.raises(GraphBuffersError, match="pages of 16"):
+        fill_record(GraphBuffers.for_decode(CPU, 1, 8, 400), record, pools)
     with pytest.raises(GraphBuffersError, match="meta"):
-        fill(GraphBuffers.for_decode(META, 16, 8, 25), inputs)
+        fill_record(GraphBuffers.for_decode(META, 16, 8, 25), record, pools)
+
+
+def test_fills_outside_the_table_or_the_cache_are_refused() -> None:
+    """A bucket whose fills name a slot or a page the record's pools do not have: the fill
+    raises `PaddingError`, as `pad` does, and the buffers stay as they were."""
+    record, pools = make_record("decoding", _LENGTHS, make_pools_for(16))
+    for name, value in (("req_pool_indices", 17), ("kv_indices", 64 * 96 // 16 + 1)):
+        fills = dict(SGLANG_FILLS, **{name: value})
+        buffers = GraphBuffers.for_decode(CPU, 16, 8, 25, fills=fills)
+        before = buffers.block.clone()
+        with pytest.raises(PaddingError, match=name):
+            fill_record(buffers, record, pools)
+        assert torch.equal(buffers.block, before)

@@ -177,8 +177,11 @@ def _settle_ahead(cache: bool) -> Call:
 
 def _fill(cache: bool) -> Call:
     batch, pools = _running(cache)
-    inputs = forward_inputs(batch, pools.table, pools.page_size)
-    return fill, [GraphBuffers.for_decode(CPU, pools.page_size, 4, max_pages=16), inputs]
+    return fill, [
+        GraphBuffers.for_decode(CPU, pools.page_size, 4, max_pages=16),
+        batch,
+        pools.table,
+    ]
 
 
 def _on_allocated(

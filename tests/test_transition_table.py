@@ -26,6 +26,7 @@ from batchstate import (
     Holder,
     Idle,
     Mixed,
+    Padded,
     Pools,
     Req,
     Sampled,
@@ -63,6 +64,7 @@ from tests.builders import (
     make_reqs,
     make_test_pools,
 )
+from tests.forward_cases import Record, build, fill_record
 
 Caller = Callable[[Batch | None, Batch | None, Pools], tuple[Batch, Pools, list[Batch]]]
 # The chunked and mixed rows take and return records outside Batch.
@@ -302,17 +304,40 @@ def _call_pad(source: Source, operand: Source, pools: Pools) -> tuple[object, Po
 
 
 def _call_fill(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
+    assert isinstance(source, Idle | Extended | Decoding)
+    return _fill_checked(source, pools), pools, [source]
+
+
+def _call_fill_mixed(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    mixed, pools, live = _call_mix(source, None, pools)
+    assert isinstance(mixed, Mixed)
+    return _fill_checked(mixed, pools), pools, live
+
+
+def _call_fill_verifying(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
     assert isinstance(source, Decoding)
-    inputs = forward_inputs(source, pools.table, pools.page_size)
-    rows, width = len(source.rows), inputs.page_table.device.shape[1]
-    buffers = GraphBuffers.for_decode(CPU, pools.page_size, rows + 1, max(width, 1))
-    padded = fill(buffers, inputs).unwrap()
+    window, pools = verify(source, [2] * len(source.rows), pools).unwrap()
+    return _fill_checked(window, pools), pools, [window]
+
+
+def _fill_checked(record: Record, pools: Pools) -> Padded:
+    # A bucket one row and one token larger than the forward; one row smaller is a Failure.
+    inputs = build(record, pools)
+    rows, width = inputs.num_rows, max(inputs.page_table.device.shape[1], 1)
+    sizes: dict[str, Any] = {"tokens": inputs.num_tokens + 1, "max_pages": width}
+    buffers = GraphBuffers.allocate(CPU, pools.page_size, rows=rows + 1, **sizes)
+    padded = fill_record(buffers, record, pools).unwrap()
     assert padded.num_real_rows == rows and padded.inputs.num_rows == rows + 1
+    assert padded.inputs.seq_lens.host[:rows].tolist() == inputs.seq_lens.host.tolist()
     assert padded.inputs.page_table.device.data_ptr() == buffers.page_table.data_ptr()
     if rows > 1:  # a bucket too small: a Failure, nothing written
-        small = GraphBuffers.for_decode(CPU, pools.page_size, rows - 1, max(width, 1))
-        assert fill(small, inputs) == Failure(DoesNotFit("rows", rows, rows - 1))
-    return padded, pools, [source]
+        small = GraphBuffers.allocate(CPU, pools.page_size, rows=rows - 1, **sizes)
+        assert fill_record(small, record, pools) == Failure(DoesNotFit("rows", rows, rows - 1))
+    return padded
 
 
 CALLERS: dict[Callable[..., object], Caller] = {
@@ -401,6 +426,9 @@ def test_transition_row(  # noqa: PLR0917  # pytest passes every parameter by na
             _call_forward_inputs_mixed if row.source is Mixed else _call_forward_inputs_verifying
         )
         caller = window  # type: ignore[assignment]  # as above
+    if row.function is fill and row.source in (Mixed, Verifying):
+        filled = _call_fill_mixed if row.source is Mixed else _call_fill_verifying
+        caller = filled  # type: ignore[assignment]  # as above
     assert caller is not None, f"add a caller for {row.function.__name__} to CALLERS"
     result, after, outputs = caller(source, operand, pools)  # type: ignore[arg-type]  # as above
     live: list[Holder] = list(outputs)

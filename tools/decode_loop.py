@@ -2,7 +2,9 @@
 
 The same script runs on any device: extend, then many decode steps with
 staggered finishes (filter, release), new requests merged in, and, when
-asked, speculative verify steps. Every decision is taken from host data,
+asked, speculative verify steps. Each extend, decode and verify forward is
+written into its captured bucket's `GraphBuffers` (one bucket of each,
+allocated before the loop) with `fill`. Every decision is taken from host data,
 and after each transition the loop records a `Snapshot` of the host side
 (mirrors, sums, slot and page ownership), so runs on two devices can be
 compared step by step.
@@ -21,13 +23,16 @@ from returns.result import Success
 from batchstate import (
     Batch,
     Decoding,
+    Extended,
     Filtered,
+    GraphBuffers,
     Idle,
     Pools,
     Req,
     Verifying,
     decode,
     extend,
+    fill,
     idle,
     make_pools,
     merge,
@@ -102,6 +107,7 @@ def run_loop(
         config.max_reqs, config.max_context_len, config.num_kv_tokens, device, config.page_size
     )
     snapshots: list[Snapshot] = []
+    buckets = _Buckets.allocate(device, config)
 
     def record(step: int, event: str, batch: Batch | Verifying, after: Pools) -> None:
         if check is not None and not isinstance(batch, Verifying):
@@ -117,6 +123,7 @@ def run_loop(
             if not isinstance(admitted, Success):
                 continue  # out of slots or KV: admit later, the pools are unchanged
             extended, pools = admitted.unwrap()
+            buckets.fill(extended, pools)
             next_rid += count
             running = merge(running, extended)
             record(step, "extend+merge", running, pools)
@@ -125,10 +132,11 @@ def run_loop(
         decoded = decode(running, pools)
         assert isinstance(decoded, Success), decoded
         decoding, pools = decoded.unwrap()
+        buckets.fill(decoding, pools)
         record(step, "decode", decoding, pools)
         current: Decoding | Filtered = decoding
         if config.draft_every and step % config.draft_every == 0:
-            current, pools = _speculate(step, decoding, pools, accept, record)
+            current, pools = _speculate(step, decoding, pools, accept, record, buckets)
         running, pools = _finish(step, current, pools, record)
     return tuple(snapshots)
 
@@ -144,13 +152,50 @@ def scripted_accept(batch: Verifying, step: int) -> torch.Tensor:
 Record = Callable[[int, str, "Batch | Verifying", Pools], None]
 
 
-def _speculate(
-    step: int, decoding: Decoding, pools: Pools, accept: Accept | None, record: Record
+@final
+@attrs.frozen
+class _Buckets:
+    # One captured bucket per forward kind, as large as the loop's forwards get.
+    extend: GraphBuffers
+    decode: GraphBuffers
+    verify: GraphBuffers
+
+    @classmethod
+    def allocate(cls, device: torch.device, config: LoopConfig) -> _Buckets:
+        rows, pages = config.max_reqs, -(-config.max_context_len // config.page_size)
+        longest = max(_PROMPT_LENS)
+        return cls(
+            GraphBuffers.for_extend(
+                device, config.page_size, config.first_reqs, config.first_reqs * longest, pages
+            ),
+            GraphBuffers.for_decode(device, config.page_size, rows, pages),
+            GraphBuffers.for_verify(device, config.page_size, rows, _MAX_DRAFTS, pages),
+        )
+
+    def fill(self, batch: Extended | Decoding | Verifying, pools: Pools) -> None:
+        # The forward's inputs, written into its bucket: the loop never runs out of room.
+        if isinstance(batch, Verifying):
+            filled = fill(self.verify, batch, pools.table, slot_tokens=pools.slot_tokens)
+        else:
+            filled = fill(
+                self.extend if isinstance(batch, Extended) else self.decode, batch, pools.table
+            )
+        assert isinstance(filled, Success), filled
+
+
+def _speculate(  # noqa: PLR0917  # the step, its records, then the loop's hooks
+    step: int,
+    decoding: Decoding,
+    pools: Pools,
+    accept: Accept | None,
+    record: Record,
+    buckets: _Buckets,
 ) -> tuple[Decoding | Filtered, Pools]:
-    drafts = (decoding.rows.rids + step) % 4  # 0 to 3 drafts per row
+    drafts = (decoding.rows.rids + step) % (_MAX_DRAFTS + 1)  # 0 to 3 drafts per row
     verified = verify(decoding, drafts, pools)
     assert isinstance(verified, Success), verified
     verifying, reserved = verified.unwrap()
+    buckets.fill(verifying, reserved)
     record(step, "verify", verifying, reserved)
     if accept is None:
         # Abandoned: no draft accepted, the reserved KV goes back. Pools are linear, so
@@ -221,3 +266,4 @@ def _target_len(req: Req) -> int:
 
 
 _PROMPT_LENS: Final = (3, 16, 17, 1, 32, 9, 40, 15, 33, 5)
+_MAX_DRAFTS: Final = 3

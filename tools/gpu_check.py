@@ -15,12 +15,14 @@ to each of the sizes 1, 2, 4 and 8, captures one CUDA graph per size of
 paged SDPA attention over the padded inputs, and checks that its replay
 equals the eager run; FlashInfer's decode and FA3's `flash_attn_with_kvcache`
 run on the same inputs when they are installed (each says so when not).
-Last, for decode buckets of 1, 4 and 8 rows and a verify bucket of 4 rows
-and 3 drafts a row, it fills one bucket's `GraphBuffers`, captures a CUDA
-graph of attention that reads only the buffers, fills them with another
-step's forward (other rows, lengths and drafts), replays, and compares the
-real tokens with SDPA run eagerly on the unpadded inputs; the buffers'
-addresses must not move (on the CPU the same check runs without capture).
+Last, for decode buckets of 1, 4 and 8 rows, an extend bucket of 4 rows
+and 96 tokens and a verify bucket of 4 rows and 3 drafts a row, it fills
+one bucket's `GraphBuffers` straight from a step's record, captures a
+CUDA graph of attention that reads only the buffers, fills them from
+another step's record (other rows, lengths, prompts and drafts), replays,
+and compares the real tokens with SDPA run eagerly on the unpadded
+`forward_inputs`; the buffers' addresses must not move (on the CPU the
+same check runs without capture: `--device cpu`).
 Exit status 1 if anything differs or raised.
 """
 
@@ -46,6 +48,7 @@ from batchstate import (
     Batch,
     ForwardInputs,
     GraphBuffers,
+    Padded,
     Pools,
     Req,
     check_batch,
@@ -185,6 +188,7 @@ def check_graph_buffers(device: torch.device) -> bool:
         "decode 1": (GraphBuffers.for_decode(device, page_size, 1, 16), 0),
         "decode 4": (GraphBuffers.for_decode(device, page_size, 4, 16), 0),
         "decode 8": (GraphBuffers.for_decode(device, page_size, 8, 16), 0),
+        "extend 4x96": (GraphBuffers.for_extend(device, page_size, 4, 96, 16), -1),
         "verify 4x3": (GraphBuffers.for_verify(device, page_size, 4, 3, 16), 3),
     }
     for name, (buffers, drafts) in buckets.items():
@@ -196,8 +200,7 @@ def check_graph_buffers(device: torch.device) -> bool:
         errors, graph, static_out = [], None, None
         for step in range(3):
             rows = max(buffers.rows - step, 1)
-            inputs = _step_inputs(device, page_size, rows, drafts, step)
-            padded = fill(buffers, inputs).unwrap()
+            inputs, padded = _step(buffers, rows, drafts, step)
             q = torch.randn(inputs.num_tokens, heads, dim, device=device, generator=generator)
             static_q.copy_(padded.pad_tokens(q))
             if device.type != "cuda":
@@ -254,20 +257,28 @@ def graph_attention(
     return out * in_row[:, None, None]
 
 
-def _step_inputs(
-    device: torch.device, page_size: int, rows: int, drafts: int, step: int
-) -> ForwardInputs:
-    # One step's forward: `rows` requests of lengths that change with `step`, decoded, and
-    # for a verify bucket, a window of ragged drafts (at most `drafts` a row).
+def _step(buffers: GraphBuffers, rows: int, drafts: int, step: int) -> tuple[ForwardInputs, Padded]:
+    # One step's forward, filled into `buffers` from its record, and its unpadded inputs:
+    # `rows` requests of lengths that change with `step`, their prompts (drafts < 0), a
+    # decode, or a verify window of ragged drafts (at most `drafts` a row).
+    device, page_size = buffers.device, buffers.page_size
     pools = make_pools(8, 256, 64 * 256, device, page_size)
     reqs = [Req(rid, tuple(range(1, 9 + 23 * rid + 11 * step))) for rid in range(rows)]
+    if drafts < 0:  # prompts of at most 96 tokens in all
+        reqs = [Req(rid, tuple(range(1, 4 + 7 * rid + 5 * step))) for rid in range(rows)]
     extended, pools = extend(idle(device), reqs, pools).unwrap()
+    if drafts < 0:
+        inputs = forward_inputs(extended, pools.table, page_size)
+        return inputs, fill(buffers, extended, pools.table).unwrap()
     decoding, pools = decode(extended, pools).unwrap()
     if not drafts:
-        return forward_inputs(decoding, pools.table, page_size)
+        inputs = forward_inputs(decoding, pools.table, page_size)
+        return inputs, fill(buffers, decoding, pools.table).unwrap()
     draft_lens = [(row + step) % (drafts + 1) for row in range(rows)]
     window, pools = verify(decoding, draft_lens, pools).unwrap()
-    return forward_inputs(window, pools.table, page_size, slot_tokens=pools.slot_tokens)
+    slot_tokens = pools.slot_tokens
+    inputs = forward_inputs(window, pools.table, page_size, slot_tokens=slot_tokens)
+    return inputs, fill(buffers, window, pools.table, slot_tokens=slot_tokens).unwrap()
 
 
 def _addresses(buffers: GraphBuffers) -> list[int]:

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
         StillRunning,
     )
     from batchstate._extend import ExtendError, extend, idle, prebuilt
+    from batchstate._fill import fill
+    from batchstate._fill_tables import FILL_FIELDS, SGLANG_FILLS, VLLM_FILLS
     from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
     from batchstate._forward_inputs import (
         ForwardInputs,
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
         forward_inputs,
     )
     from batchstate._free_list import FreeList
-    from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError, fill
+    from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError
     from batchstate._invariants import check_batch, check_pools
     from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
     from batchstate._merge import merge
@@ -61,9 +63,6 @@ if TYPE_CHECKING:
     from batchstate._mixed import Mixed, MixStep, Settled, settle
     from batchstate._outcome import Err, Ok, Outcome, outcome
     from batchstate._padding import (
-        FILL_FIELDS,
-        SGLANG_FILLS,
-        VLLM_FILLS,
         Padded,
         PaddedOutput,
         TooLargeToPad,

@@ -54,8 +54,8 @@ def expect_table_of(
     gens = batch.gens if isinstance(batch, Verifying) else batch.rows.gens
     if gens.shape[0]:
         lineage = table.first_gen >> GENERATION_BITS
-        if int(gens.min()) >> GENERATION_BITS != lineage or (
-            int(gens.max()) >> GENERATION_BITS != lineage
+        if int(np.minimum.reduce(gens)) >> GENERATION_BITS != lineage or (
+            int(np.maximum.reduce(gens)) >> GENERATION_BITS != lineage
         ):
             raise ForwardInputsError(
                 "the table is another pools' than the record's: pass the table of the pools"

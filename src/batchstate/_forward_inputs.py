@@ -33,7 +33,7 @@ from batchstate._phases import Decoding, Extended, Idle
 from batchstate._token_table import TokenTable
 from batchstate._verifying import Verifying
 
-__all__ = ["ForwardInputs", "ForwardInputsError", "ForwardPhase", "forward_inputs"]
+__all__ = ["ForwardInputs", "ForwardInputsError", "ForwardPhase", "forward_inputs", "row_layout"]
 
 # The records whose forward these inputs feed (Verifying: the verify forward).
 ForwardPhase: TypeAlias = Idle[C] | Extended[C] | Decoding[C] | Mixed[C]
@@ -169,17 +169,17 @@ def forward_inputs(
     ([1, 1], 5)
     """
     expect_instance(table, TokenTable, "forward_inputs: table")
-    slots, prefix, extend, seq, locs = _layout(batch, table, slot_tokens)
+    slots, prefix, extend, seq, locs = row_layout(batch, table, slot_tokens)
     device = slots.device.device
     table.expect_on(device)
     expect_table_of(batch, table, page_size)
     return _build(table, page_size, slots, prefix, extend, seq, locs)
 
 
-def _layout(
+def row_layout(
     batch: ForwardPhase[C] | Verifying[C], table: TokenTable, slot_tokens: HostArray | None
 ) -> tuple[Mirrored, HostArray, HostArray, HostArray, torch.Tensor]:
-    # Each row's slot, prefix, query and KV lengths (host), and the tokens' KV locations.
+    """Each row's slot, prefix, query and KV lengths (host), and the tokens' KV locations."""
     if isinstance(batch, Verifying):
         return _window_layout(batch, table, slot_tokens)
     if not isinstance(batch, Idle | Extended | Decoding | Mixed):
@@ -193,7 +193,8 @@ def _layout(
         empty = seq[:0]
         return rows.req_pool_indices, empty, empty, empty, rows.seq_lens.device[:0]
     if isinstance(batch, Decoding):
-        extend = np.ones_like(seq)
+        extend = np.empty_like(seq)  # then a fill: np.ones_like's wrapper costs more
+        extend.fill(1)
         return rows.req_pool_indices, seq - 1, extend, seq, batch.out_cache_loc.device
     prefix, extend = batch.prefix_lens, batch.extend_lens
     return rows.req_pool_indices, prefix, extend, seq, batch.out_cache_loc.device

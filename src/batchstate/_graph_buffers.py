@@ -3,13 +3,15 @@
 A graph replays the device addresses it was captured with, so an engine
 keeps, per captured bucket, one set of input buffers and writes each
 step's forward into them. `GraphBuffers` is that set; `fill` writes a
-`ForwardInputs` into it and returns the `Padded` forward the replay reads
+record's forward into it and returns the `Padded` forward the replay reads
 (its device sides are views of the buffers) and `unpad` takes.
 
     block  (uint8, one host-to-device copy)   req_pool_indices, positions, sample_index
                                               (int64); qo_indptr, cu_seqlens_k, kv_indptr,
-                                              seq_lens, prefix_lens, extend_lens,
-                                              kv_last_page_len (int32)
+                                              extend_lens, seq_lens, kv_last_page_len,
+                                              prefix_lens (int32); then cells
+                                              (int32 [kv_capacity]): each kv_indices
+                                              entry's cell in the page table
     page_table  int32 [rows, max_pages]       FA3: the batch's pages copied into the
                                               left columns; columns past a row's pages
                                               are never read
@@ -27,18 +29,22 @@ from typing import Final, Self, final
 
 import attrs
 import torch
-from returns.result import Failure, Result, Success
 
-from batchstate._expect import expect_instance
-from batchstate._forward_inputs import ForwardInputs
-from batchstate._mirrored import DeviceOnly, describe
-from batchstate._padded_layout import field_lengths, padded_layout, with_padding
-from batchstate._padding import SGLANG_FILLS, Padded, _check_fills
+from batchstate._fill_tables import SGLANG_FILLS, check_fills
+from batchstate._mirrored import describe
+from batchstate._padded_layout import (
+    FieldPairs,
+    HostLayout,
+    field_lengths,
+    field_pairs,
+    fields_bytes,
+)
 
-__all__ = ["DoesNotFit", "GraphBuffers", "GraphBuffersError", "fill"]
+__all__ = ["DoesNotFit", "GraphBuffers", "GraphBuffersError"]
 
 # Each field's bytes per entry, in `PADDED_FIELDS` order: int64 first, every view aligned.
 _WIDTHS: Final = (8, 8, 8, 4, 4, 4, 4, 4, 4, 4)
+_CELLS: Final = (1 << 31) - 1  # page-table cells an int32 index reaches
 
 
 class GraphBuffersError(ValueError):
@@ -63,11 +69,12 @@ class DoesNotFit:
 class GraphBuffers:
     """One captured bucket's input buffers on the device, allocated once.
 
-    Build it with `allocate` (or `for_decode`, `for_verify`) before capture;
+    Build it with `allocate` (or `for_decode`, `for_extend`, `for_verify`) before capture;
     capture the graph reading `fill`'s first result, then `fill` before each
     replay. The buffers are written in place, like the token table: a
-    `Padded` from an earlier `fill` shows the newer values on the device
-    once that newer fill has run, as the replay it fed did before it.
+    `Padded` from an earlier `fill` shows the newer values once that newer
+    fill has run, on the host at once and on the device once its copy has,
+    as the replay it fed did before it.
 
     Args:
         device: where the buffers live.
@@ -79,9 +86,19 @@ class GraphBuffers:
         fills: padded rows' and tokens' values (`FILL_FIELDS`).
         block: the mirrored fields' bytes, one tensor.
         fields: views of `block`, in `PADDED_FIELDS` order.
+        cells: int32 `[kv_capacity]`, a view of `block`'s tail: where each
+            `kv_indices` entry is gathered from in `page_table`, flattened.
         kv_indices: int32 `[kv_capacity]`.
         page_table: int32 `[rows, max_pages]`.
         out_cache_loc: int64 `[tokens]`.
+        staging: the host bytes `fill` lays a step out in, then copies into
+            `block` (pinned on CUDA).
+        host: writable views of `staging`, for `fill` alone.
+        pairs: each mirrored field: a read-only view of `staging` and its
+            view of `block`, in `PADDED_FIELDS` order.
+        flat_page_table: `page_table` viewed as one row, where `cells` index.
+        copies: on CUDA, the event of the last copy out of `staging`, which
+            the next `fill` waits on before it writes `staging` again.
     """
 
     device: torch.device
@@ -93,9 +110,15 @@ class GraphBuffers:
     fills: Mapping[str, int]
     block: torch.Tensor
     fields: tuple[torch.Tensor, ...]
+    cells: torch.Tensor
     kv_indices: torch.Tensor
     page_table: torch.Tensor
     out_cache_loc: torch.Tensor
+    staging: torch.Tensor
+    host: HostLayout
+    pairs: FieldPairs
+    flat_page_table: torch.Tensor
+    copies: list[torch.cuda.Event]
 
     @classmethod
     def allocate(  # a bucket's sizes, each by name
@@ -125,7 +148,7 @@ class GraphBuffers:
             PaddingError: bad `fills`.
         """
         fills = dict(SGLANG_FILLS if fills is None else fills)
-        _check_fills(fills)
+        check_fills(fills)
         capacity = rows * max_pages if kv_capacity is None else kv_capacity
         sizes = {"page_size": page_size, "rows": rows, "tokens": tokens}
         sizes |= {"max_pages": max_pages, "kv_capacity": capacity}
@@ -141,17 +164,22 @@ class GraphBuffers:
                 f"{tokens} tokens cannot hold {rows} padded rows of"
                 f" {fills['extend_lens']} query token each"
             )
-        lengths = field_lengths(rows, tokens)
-        block = torch.zeros(
-            sum(n * w for n, w in zip(lengths, _WIDTHS, strict=True)),
-            dtype=torch.uint8,
-            device=device,
-        )
+        if rows * max_pages > _CELLS:
+            raise GraphBuffersError(
+                f"a page table of {rows} x {max_pages} cells exceeds int32 cell indices"
+            )
+        lengths, size = field_lengths(rows, tokens), fields_bytes(rows, tokens)
+        block = torch.zeros(size + 4 * capacity, dtype=torch.uint8, device=device)
         views, start = [], 0
         for length, width in zip(lengths, _WIDTHS, strict=True):
             dtype = torch.int64 if width == 8 else torch.int32
             views.append(block[start : start + length * width].view(dtype))
             start += length * width
+        staging = torch.zeros(block.shape[0], dtype=torch.uint8, pin_memory=device.type == "cuda")
+        host = HostLayout.of(staging.numpy(), rows, tokens)
+        host.packed.setflags(write=False)  # `host`'s views stay writable; no new view is
+        pairs = field_pairs(host.read_only(), views)
+        page_table = torch.zeros(rows, max_pages, dtype=torch.int32, device=device)
         return cls(
             device,
             page_size,
@@ -162,9 +190,15 @@ class GraphBuffers:
             fills,
             block,
             tuple(views),
+            block[size:].view(torch.int32),
             torch.zeros(capacity, dtype=torch.int32, device=device),
-            torch.zeros(rows, max_pages, dtype=torch.int32, device=device),
+            page_table,
             torch.zeros(tokens, dtype=torch.int64, device=device),
+            staging,
+            host,
+            pairs,
+            page_table.view(-1),
+            [],
         )
 
     @classmethod
@@ -179,6 +213,26 @@ class GraphBuffers:
         """A decode bucket: `batch_size` rows of one token each."""
         return cls.allocate(
             device, page_size, rows=batch_size, tokens=batch_size, max_pages=max_pages, fills=fills
+        )
+
+    @classmethod
+    def for_extend(  # noqa: PLR0917  # an extend bucket's sizes
+        cls,
+        device: torch.device,
+        page_size: int,
+        rows: int,
+        tokens: int,
+        max_pages: int,
+        fills: Mapping[str, int] | None = None,
+    ) -> Self:
+        """An extend (prefill) or mixed bucket: up to `rows` rows and `tokens` query tokens.
+
+        A smaller forward gets padded rows of the fills' query tokens, then
+        tokens in no row up to `tokens`: `unpad` gathers each real row's
+        last token by the buffers' `sample_index`.
+        """
+        return cls.allocate(
+            device, page_size, rows=rows, tokens=tokens, max_pages=max_pages, fills=fills
         )
 
     @classmethod
@@ -215,88 +269,6 @@ class GraphBuffers:
             f"GraphBuffers(rows={self.rows}, tokens={self.tokens}, max_pages={self.max_pages},"
             f" kv_capacity={self.kv_capacity}, {describe('block', self.block)})"
         )
-
-
-def fill(buffers: GraphBuffers, inputs: ForwardInputs) -> Result[Padded, DoesNotFit]:
-    """Write `inputs`, padded to the bucket, into `buffers`: one upload, no allocation.
-
-    The host pads every offset, length and position by the bucket's fill
-    table and packs them into one host-to-device copy into `buffers.block`;
-    the device copies the forward's page gathers and KV locations into the
-    fixed page table, `kv_indices` and `out_cache_loc`, and fills the
-    padded rows' and tokens' cells. No device tensor is allocated and none
-    is read. Returns the `Padded` forward whose device sides are the
-    buffers (what the captured graph reads), or `Failure(DoesNotFit)`,
-    with the buffers unchanged.
-
-    Raises:
-        TypeError: `buffers` or `inputs` is not of its type.
-        GraphBuffersError: `inputs` live on another device or use another page size.
-
-    >>> from batchstate import Req, decode, extend, forward_inputs, idle, make_pools
-    >>> pools = make_pools(4, 32, 64, torch.device("cpu"))
-    >>> batch, pools = extend(idle("cpu"), [Req(0, (1, 2)), Req(1, (3,))], pools).unwrap()
-    >>> batch, pools = decode(batch, pools).unwrap()
-    >>> buffers = GraphBuffers.for_decode(torch.device("cpu"), 1, batch_size=4, max_pages=8)
-    >>> padded = fill(buffers, forward_inputs(batch, pools.table, 1)).unwrap()
-    >>> padded.inputs.seq_lens.device.tolist(), padded.inputs.page_table.device.shape
-    ([3, 2, 1, 1], torch.Size([4, 8]))
-    """
-    expect_instance(buffers, GraphBuffers, "fill: buffers")
-    expect_instance(inputs, ForwardInputs, "fill: inputs")
-    if inputs.device != buffers.device or inputs.page_size != buffers.page_size:
-        raise GraphBuffersError(
-            f"inputs on {inputs.device} with page size {inputs.page_size}; the buffers on"
-            f" {buffers.device} with page size {buffers.page_size}"
-        )
-    fills = buffers.fills
-    query, kv = fills["extend_lens"], fills["seq_lens"]
-    pad_pages = -(-kv // buffers.page_size)
-    new_rows = buffers.rows - inputs.num_rows
-    checks = (
-        ("rows", inputs.num_rows, buffers.rows),
-        ("tokens", inputs.num_tokens + max(new_rows, 0) * query, buffers.tokens),
-        ("pages per row", inputs.page_table.device.shape[1], buffers.max_pages),
-        ("kv pages", inputs.num_pages + max(new_rows, 0) * pad_pages, buffers.kv_capacity),
-    )
-    for what, needed, capacity in checks:
-        if needed > capacity:
-            return Failure(DoesNotFit(what, needed, capacity))
-    layout = padded_layout(inputs, buffers.rows, buffers.tokens, fills)
-    staged = layout.staged
-    if buffers.device.type == "cuda":
-        staged = staged.pin_memory()  # torch's caching host allocator: reused once copied
-    buffers.block.copy_(staged, non_blocking=True)  # NOTE: the one upload
-    _copy_device_fields(buffers, inputs, new_rows * pad_pages)
-    num_pages = inputs.num_pages + new_rows * pad_pages
-    padded = with_padding(
-        inputs,
-        layout,
-        buffers.fields,
-        DeviceOnly(buffers.kv_indices[:num_pages]),
-        DeviceOnly(buffers.page_table),
-        DeviceOnly(buffers.out_cache_loc),
-    )
-    return Success(Padded(padded, inputs.num_rows, inputs.num_tokens, dict(fills)))
-
-
-def _copy_device_fields(buffers: GraphBuffers, inputs: ForwardInputs, new_pages: int) -> None:
-    # Device-to-device copies into fixed addresses, then the padded cells' fills. Only the
-    # batch's columns of the page table are written: FA3 reads a row's pages and no more.
-    page_fill, rows, width = buffers.fills["kv_indices"], inputs.num_rows, inputs.page_table
-    pad_pages = -(-buffers.fills["seq_lens"] // buffers.page_size)
-    if rows and width.device.shape[1]:
-        buffers.page_table[:rows, : width.device.shape[1]].copy_(width.device)
-    if rows < buffers.rows and pad_pages:
-        buffers.page_table[rows:, :pad_pages].fill_(page_fill)
-    if inputs.num_pages:
-        buffers.kv_indices[: inputs.num_pages].copy_(inputs.kv_indices.device)
-    if new_pages:
-        buffers.kv_indices[inputs.num_pages : inputs.num_pages + new_pages].fill_(page_fill)
-    if inputs.num_tokens:
-        buffers.out_cache_loc[: inputs.num_tokens].copy_(inputs.out_cache_loc.device)
-    if inputs.num_tokens < buffers.tokens:
-        buffers.out_cache_loc[inputs.num_tokens :].fill_(buffers.fills["out_cache_loc"])
 
 
 def _is_int(value: object) -> bool:

@@ -18,23 +18,29 @@ the only way from it to a tensor, and it keeps the real rows only.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final, final
+from typing import final
 
 import attrs
+import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812  # torch's own idiom
 from returns.result import Failure, Result, Success
 
 from batchstate._captured_sizes import PaddingError, check_sizes, is_int
 from batchstate._expect import expect_instance
+from batchstate._fill_tables import SGLANG_FILLS, check_fill_ranges, check_fills
 from batchstate._forward_inputs import ForwardInputs
 from batchstate._mirrored import DeviceOnly, upload
-from batchstate._padded_layout import padded_layout, with_padding
+from batchstate._padded_layout import (
+    HostLayout,
+    field_pairs,
+    fields_bytes,
+    page_counts,
+    with_padding,
+    write_layout,
+)
 
 __all__ = [
-    "FILL_FIELDS",
-    "SGLANG_FILLS",
-    "VLLM_FILLS",
     "Padded",
     "PaddedOutput",
     "PaddingError",
@@ -44,39 +50,6 @@ __all__ = [
     "unpad",
     "unpad_tokens",
 ]
-
-# What a fill table sets, for padded rows and tokens (every other field follows from these).
-FILL_FIELDS: Final = (
-    "req_pool_indices",  # a padded row's slot: 0, the table's padding row
-    "seq_lens",  # KV tokens a padded row attends over
-    "extend_lens",  # query tokens of a padded row: 1 or 0
-    "positions",  # a padded token's position
-    "out_cache_loc",  # where a padded token's KV is written
-    "kv_indices",  # the page a padded row's KV lies in
-)
-
-# SGLang's CUDA-graph runner: every padded row reads and writes the padding location 0
-# (slot 0, page 0), one KV token and one query token, position 0. What FlashInfer's and
-# FA3's kernels need: no row of zero length, and every location inside the cache.
-SGLANG_FILLS: Final[Mapping[str, int]] = {
-    "req_pool_indices": 0,
-    "seq_lens": 1,
-    "extend_lens": 1,
-    "positions": 0,
-    "out_cache_loc": 0,
-    "kv_indices": 0,
-}
-# vLLM's: padded rows have no query and no KV (`query_start_loc` repeats its last value)
-# and a slot mapping of -1, which its KV-write kernel skips. Only for kernels that take
-# empty rows and skip negative locations.
-VLLM_FILLS: Final[Mapping[str, int]] = {
-    "req_pool_indices": 0,
-    "seq_lens": 0,
-    "extend_lens": 0,
-    "positions": 0,
-    "out_cache_loc": -1,
-    "kv_indices": 0,
-}
 
 
 @final
@@ -238,8 +211,8 @@ def pad(
     """
     expect_instance(inputs, ForwardInputs, "pad: inputs")
     fills = SGLANG_FILLS if fills is None else fills
-    _check_fills(fills)
-    _check_fill_ranges(inputs, fills)
+    check_fills(fills)
+    check_fill_ranges(inputs, fills)
     if not is_int(at_least) or at_least < 0:
         raise PaddingError(f"at_least must be an int >= 0, got {at_least!r}")
     count = max(inputs.num_tokens, at_least)
@@ -251,30 +224,49 @@ def pad(
 
 def _pad_to(inputs: ForwardInputs, size: int, fills: Mapping[str, int]) -> Padded:
     rows = size if inputs.is_decode else inputs.num_rows  # prefill: tokens in no row
-    layout = padded_layout(inputs, rows, size, fills)
+    host = HostLayout.of(np.empty(fields_bytes(rows, size), dtype=np.uint8), rows, size)
+    seq = inputs.seq_lens.host
+    sizes = write_layout(
+        host,
+        inputs.req_pool_indices.host,
+        inputs.prefix_lens.host,
+        inputs.extend_lens.host,
+        seq,
+        page_counts(seq, inputs.page_size),
+        inputs.num_tokens,
+        inputs.page_size,
+        fills,
+    )
+    host.packed.setflags(write=False)
+    hosts = host.read_only()
+    pairs = field_pairs(hosts, upload(hosts, inputs.device))
     page_table = inputs.page_table.device
     width = max(inputs.table_pages, page_table.shape[1])
-    page_fill = fills["kv_indices"]
+    page_fill, added = fills["kv_indices"], sizes.new_rows
     padded_inputs = with_padding(
         inputs,
-        layout,
-        upload(layout.hosts, inputs.device),
-        DeviceOnly(
-            F.pad(inputs.kv_indices.device, (0, layout.new_rows * layout.pages), value=page_fill)
-        ),
-        DeviceOnly(
-            F.pad(page_table, (0, width - page_table.shape[1], 0, layout.new_rows), value=page_fill)
-        ),
-        DeviceOnly(
-            F.pad(
-                inputs.out_cache_loc.device,
-                (0, size - inputs.num_tokens),
-                value=fills["out_cache_loc"],
-            )
+        rows,
+        size,
+        sizes,
+        pairs,
+        (
+            DeviceOnly(
+                F.pad(inputs.kv_indices.device, (0, added * sizes.pad_pages), value=page_fill)
+            ),
+            DeviceOnly(
+                F.pad(page_table, (0, width - page_table.shape[1], 0, added), value=page_fill)
+            ),
+            DeviceOnly(
+                F.pad(
+                    inputs.out_cache_loc.device,
+                    (0, size - inputs.num_tokens),
+                    value=fills["out_cache_loc"],
+                )
+            ),
         ),
     )
     # the size holds the count, and a padded row adds at most one token
-    assert size - inputs.num_tokens - layout.new_rows * layout.query >= 0
+    assert size - inputs.num_tokens - added * fills["extend_lens"] >= 0
     return Padded(padded_inputs, inputs.num_rows, inputs.num_tokens, dict(fills))
 
 
@@ -285,40 +277,3 @@ def _pad_first(tensor: torch.Tensor, real: int, size: int, fill: int | float) ->
         )
     widths = (0, 0) * (tensor.dim() - 1) + (0, size - real)
     return F.pad(tensor, widths, value=fill)
-
-
-def _check_fill_ranges(inputs: ForwardInputs, fills: Mapping[str, int]) -> None:
-    # A fill pointing outside the table or the KV cache would make a padded row read
-    # or write memory no pools hand out (or past the cache's end).
-    context = inputs.table_pages * inputs.page_size
-    pages = inputs.kv_cache_size // inputs.page_size
-    limits = {
-        "req_pool_indices": (0, inputs.table_rows - 1),
-        "seq_lens": (0, context),
-        "positions": (0, context - 1),
-        "out_cache_loc": (-1, inputs.kv_cache_size - 1),  # -1: a location kernels skip
-        "kv_indices": (0, pages - 1),
-    }
-    for name, (low, high) in limits.items():
-        if not low <= fills[name] <= high:
-            raise PaddingError(
-                f"fills: {name}={fills[name]} points outside the table or the KV cache:"
-                f" expected {low}..{high}"
-            )
-
-
-def _check_fills(fills: Mapping[str, int]) -> None:
-    if not isinstance(fills, Mapping):
-        raise PaddingError(f"fills must map each of {', '.join(FILL_FIELDS)} to an int")
-    missing = [name for name in FILL_FIELDS if name not in fills]
-    unknown = sorted(str(name) for name in fills if name not in FILL_FIELDS)
-    if missing or unknown:
-        raise PaddingError(f"fills: missing {missing}, unknown {unknown}")
-    bad = [name for name in FILL_FIELDS if not is_int(fills[name])]
-    if bad:
-        raise PaddingError(f"fills must be ints: {bad}")
-    if fills["extend_lens"] not in (0, 1) or fills["seq_lens"] < fills["extend_lens"]:
-        raise PaddingError(
-            "fills: extend_lens must be 0 or 1 and seq_lens at least extend_lens, got"
-            f" {fills['extend_lens']} and {fills['seq_lens']}"
-        )

@@ -24,9 +24,10 @@ from batchstate._errors import (
     StaleRecord,
 )
 from batchstate._extend import extend, idle, prebuilt
+from batchstate._fill import fill
 from batchstate._filter import filter_batch, split
 from batchstate._forward_inputs import ForwardInputs, ForwardInputsError, forward_inputs
-from batchstate._graph_buffers import DoesNotFit, GraphBuffersError, fill
+from batchstate._graph_buffers import DoesNotFit, GraphBuffersError
 from batchstate._merge import merge
 from batchstate._mix import decode_sampled, mix
 from batchstate._mixed import Mixed, settle
@@ -157,6 +158,16 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         for source in (Idle, Extended, Decoding, Mixed, Verifying)
     ),
     Transition(ForwardInputs, pad, Padded, failures=(TooLargeToPad,), raises=(PaddingError,)),
-    # The same padding, written into one captured bucket's buffers, allocated once.
-    Transition(ForwardInputs, fill, Padded, failures=(DoesNotFit,), raises=(GraphBuffersError,)),
+    # The same, padded, written straight from the record into one captured bucket's buffers,
+    # allocated once.
+    *(
+        Transition(
+            source,
+            fill,
+            Padded,
+            failures=(DoesNotFit,),
+            raises=(GraphBuffersError, ForwardInputsError, BatchConflict, PaddingError),
+        )
+        for source in (Idle, Extended, Decoding, Mixed, Verifying)
+    ),
 )
