@@ -173,6 +173,7 @@ def run(
 
 def _header(phases: Sequence[str]) -> str:
     cells = ["workload", "page", "batch", "SGLang step µs", "batchstate step µs"]
+    cells += ["merge µs SGLang / batchstate"]
     cells += [f"{phase} ratio" for phase in phases] + ["step ratio", "target"]
     return "| " + " | ".join(cells) + " |\n|" + "---|" * len(cells)
 
@@ -182,6 +183,7 @@ def _row(point: Point) -> str:
     held = "held" if point.ratio("step") <= point.target() else "NOT held"
     cells = [point.workload, str(point.page_size), str(point.batch_size)]
     cells += [f"{point.sglang_us['step']:.0f}", f"{point.batchstate_us['step']:.0f}"]
+    cells += [f"{point.sglang_us['merge']:.0f} / {point.batchstate_us['merge']:.0f}"]
     cells += [f"{point.ratio(phase):.2f}" for phase in phases]
     cells += [f"**{point.ratio('step'):.2f}**", f"≤ {point.target()} {held}"]
     return "| " + " | ".join(cells) + " |"

@@ -43,8 +43,9 @@ def test_the_quick_run_prints_both_workloads_with_every_ratio(
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert cells[1:3] == ["1", "8"]
-        assert len(cells) == 3 + 2 + 5 + 2
-        assert all(float(cell.strip("*")) > 0 for cell in cells[3:11])
+        assert len(cells) == 3 + 3 + 5 + 2
+        assert all(float(cell) > 0 for cell in cells[5].split(" / "))
+        assert all(float(cell.strip("*")) > 0 for cell in (*cells[3:5], *cells[6:12]))
 
 
 def test_both_sides_time_every_phase_of_every_step() -> None:
