@@ -126,9 +126,9 @@ class BatchstateProduction:
     def merge(self) -> None:
         kept, joined = self._kept, self._joined
         self.running = merge(kept, joined)
-        self.sampled = join_sampled(
-            follow(self._decoded_sampled, kept), follow(self._prefill_sampled, joined)
-        )
+        # Both forwards' tokens joined, then one gather in the merged batch's order.
+        both = join_sampled(self._decoded_sampled, self._prefill_sampled)
+        self.sampled = follow(both, self.running)
 
     def outcome(self) -> ProductionOutcome:
         """The state after a decode, as host data."""
