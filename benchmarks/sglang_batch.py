@@ -156,10 +156,17 @@ class SGLangPlain(_SGLang):
             context=plan.max_context_len,
             cache=False,
         )
+        # As many prefills as admission takes (each reserves pages the next does not see).
         waiting = [self._req(rid, ids) for rid, ids in plan.initial]
-        self.running = self._prefill(waiting, None)
-        assert len(self.running.reqs) == len(waiting), "the starting batch must fit"
-        self._sample(self.running)
+        while waiting:
+            batch = self._prefill(waiting, None)
+            assert batch.reqs, "the starting batch must fit"
+            self._sample(batch)
+            if self.running.is_empty():
+                self.running = batch
+            else:
+                self.running.merge_batch(batch)
+            waiting = waiting[len(batch.reqs) :]
         self._incoming: Any = None
 
     def decode(self) -> None:
