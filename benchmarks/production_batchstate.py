@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, cast
+
 import torch
 
 from batchstate import (
     Chunked,
     Filtered,
+    Idle,
     Mixed,
-    NoColumns,
     Pools,
     Req,
     Rows,
     Sampled,
+    Sampling,
+    SamplingParams,
     decode_sampled,
     extend,
     follow,
@@ -32,12 +37,17 @@ __all__ = ["BatchstateProduction"]
 
 
 class BatchstateProduction:
-    """The harness holds the newest records, sampled tokens and pools; each phase replaces them."""
+    """The harness holds the newest records, sampled tokens and pools; each phase replaces them.
 
-    name = "batchstate"
+    With `sampling`, the batch carries the standard `Sampling` columns: every
+    request joins with its own parameters, and every transition moves them.
+    """
 
-    def __init__(self, plan: ProductionPlan) -> None:
-        self._idle = idle(plan.device)
+    def __init__(self, plan: ProductionPlan, *, sampling: bool = False) -> None:
+        self.name = "batchstate+sampling" if sampling else "batchstate"
+        self._device = plan.device
+        self._sampling = sampling
+        self._idle: Idle[Any] = idle(plan.device, Sampling) if sampling else idle(plan.device)
         pools = make_pools(
             plan.max_reqs,
             plan.max_context_len,
@@ -46,34 +56,48 @@ class BatchstateProduction:
             plan.page_size,
             prefix_cache=True,
         )
-        running: Filtered[NoColumns] | None = None
+        running: Filtered[Any] | None = None
         # One request at a time, so that each reads the system prompt the ones before cached.
         for rid, ids in plan.initial:
-            extended, pools = extend(self._idle, [Req(rid, ids)], pools).unwrap()
+            reqs = [Req(rid, ids)]
+            extended, pools = extend(self._idle, reqs, pools, *self._columns(reqs)).unwrap()
             running = merge(self._idle if running is None else running, extended)
         assert running is not None
         rid, ids = plan.held
-        first, pools = mix(self._idle, [Req(rid, ids)], FIRST_CHUNK, pools).unwrap()
-        (self.held,) = settle(first).held
-        self.running: Filtered[NoColumns] = running
+        reqs = [Req(rid, ids)]
+        first: Mixed[Any]
+        first, pools = mix(self._idle, reqs, FIRST_CHUNK, pools, (), *self._columns(reqs)).unwrap()
+        # mypy cannot solve settle's column set from Any; the set is the batch's either way.
+        (self.held,) = settle(cast("Mixed[Sampling]", first)).held
+        self.running: Filtered[Any] = running
         self.pools: Pools = pools
         self.sampled = Sampled.of(running.rows, _sample(running.rows))
         self.hits = 0  # new requests that read a cached prefix
-        self._decoded: Mixed[NoColumns] | None = None
-        self._prefill: Mixed[NoColumns] | None = None
+        self._decoded: Mixed[Any] | None = None
+        self._prefill: Mixed[Any] | None = None
         self._decoded_sampled = self._prefill_sampled = self.sampled
         self._after_decode = self._joined = running
         self._generated: tuple[int, ...] = ()
         self._kept = running
+
+    def _columns(self, reqs: Sequence[Req]) -> tuple[Sampling, ...]:
+        # What a scheduler pays per admission: its requests' parameters as columns.
+        if not self._sampling:
+            return ()
+        params = [SamplingParams(0.7, top_p=0.9, top_k=40, seed=req.rid) for req in reqs]
+        return (Sampling.of(params, self._device),)
 
     def decode(self) -> None:
         self._decoded, self.pools = decode_sampled(self.running, self.sampled, self.pools).unwrap()
 
     def prefill(self, turn: Turn) -> None:
         # The budget finishes the held chunk and gives the new request its first chunk.
-        admit: list[Req | Chunked[NoColumns]] = [self.held, Req(turn.rid, turn.input_ids)]
+        new = Req(turn.rid, turn.input_ids)
+        admit: list[Req | Chunked[Any]] = [self.held, new]
         budget = self.held.remaining + FIRST_CHUNK
-        self._prefill, self.pools = mix(self._idle, admit, budget, self.pools).unwrap()
+        self._prefill, self.pools = mix(
+            self._idle, admit, budget, self.pools, (), *self._columns([new])
+        ).unwrap()
 
     def forward(self, turn: Turn) -> None:
         """Untimed: the two forwards sample, and the host learns what the finished row made."""
@@ -102,9 +126,9 @@ class BatchstateProduction:
     def merge(self) -> None:
         kept, joined = self._kept, self._joined
         self.running = merge(kept, joined)
-        self.sampled = join_sampled(
-            follow(self._decoded_sampled, kept), follow(self._prefill_sampled, joined)
-        )
+        # Both forwards' tokens joined, then one gather in the merged batch's order.
+        both = join_sampled(self._decoded_sampled, self._prefill_sampled)
+        self.sampled = follow(both, self.running)
 
     def outcome(self) -> ProductionOutcome:
         """The state after a decode, as host data."""
@@ -131,7 +155,7 @@ class BatchstateProduction:
         )
 
 
-def _sample(rows: Rows[NoColumns]) -> torch.Tensor:
+def _sample(rows: Rows[Any]) -> torch.Tensor:
     # The fake forward: each row's next token, on the rows' device.
     tokens = [
         generated(rid, seq_len)

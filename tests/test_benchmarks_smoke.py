@@ -14,7 +14,7 @@ from benchmarks.graph_buffers import measure as measure_graph_buffers
 from benchmarks.measure import count_blocks, count_work, final_outcomes, time_config
 from benchmarks.production import final_outcomes as production_outcomes
 from benchmarks.production import run as run_production
-from benchmarks.profile import profile_point
+from benchmarks.profile import profile_point, profile_production
 from benchmarks.scenario import PHASES, Config
 from benchmarks.step import run
 
@@ -145,6 +145,15 @@ def test_the_profile_lists_each_phase_and_the_functions_that_cost_most() -> None
     assert all(f"{phase} " in report.splitlines()[0] for phase in (*PHASES, "step"))
     table = [line for line in report.splitlines() if line.startswith("| `")]
     assert len(table) == 5
+
+
+def test_the_production_profile_lists_functions_and_module_shares() -> None:
+    report = profile_production(4, 1, num_turns=10, top=5)
+    assert report.startswith("production, Sampling columns, batch 4, page 1: median cycle ")
+    functions = [line for line in report.splitlines() if line.startswith("| `")]
+    assert len(functions) == 10  # five functions, then five modules
+    shares = [int(line.rsplit("|", 2)[1].strip(" %")) for line in functions[5:]]
+    assert shares == sorted(shares, reverse=True) and sum(shares) <= 100
 
 
 def test_the_graph_buffer_benchmark_reports_each_point() -> None:

@@ -18,6 +18,7 @@ from batchstate import (
     Sampled,
     decode,
     follow,
+    join_sampled,
     merge,
     read_sampled,
     split,
@@ -151,3 +152,27 @@ def test_follow_from_one_token_names_a_larger_rid() -> None:
     other, _ = _running(pools, (4,), first_rid=5)
     with _exactly(BatchConflict, "no sampled token for requests [5]"):
         follow(Sampled.of(one.rows, torch.tensor([7])), other)
+
+
+def test_a_hand_built_sampled_needs_distinct_rids() -> None:
+    """`follow` and `join_sampled` find a token by its rid, so a rid may hold one token."""
+    rids = np.array([4, 2, 4, 2, 9], dtype=np.int64)
+    rids.setflags(write=False)
+    with _exactly(BatchConflict, "Sampled.rids: requests [2, 4] appear more than once"):
+        Sampled(rids, DeviceOnly(torch.zeros(5, dtype=torch.int64)))
+
+
+def test_join_sampled_names_the_requests_both_sides_hold() -> None:
+    running = _three_rows()
+    tokens = torch.tensor([7, 8, 9])
+    whole = Sampled.of(running.rows, tokens)
+    kept, _ = split(running, [1])
+    one = follow(whole, kept)
+    with _exactly(
+        BatchConflict, f"requests [{int(kept.rows.rids[0])}] have sampled tokens in both"
+    ):
+        join_sampled(whole, one)
+    with _exactly(
+        BatchConflict, f"requests [{int(kept.rows.rids[0])}] have sampled tokens in both"
+    ):
+        join_sampled(one, whole)

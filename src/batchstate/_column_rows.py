@@ -42,25 +42,16 @@ def take_pending(columns: C, index: HostArray) -> C | Pending:
     """
     if type(columns) is NoColumns:
         return columns
-    fields = _fields(type(columns))
-    hosts: list[npt.NDArray[np.generic]] = []
-    built: dict[str, object] = {}
-    gathers: list[str] = []
-    for field in fields:
-        value = getattr(columns, field.name)
-        if field.kind == "mirrored":
-            hosts.append(value.host.take(index))
-        elif field.kind == "host":
-            built[field.name] = frozen(value.take(index))
-        else:
-            gathers.append(field.name)
+    mirrored, host, gathers = _kinds(type(columns))
+    hosts = [getattr(columns, name).host.take(index) for name in mirrored]
+    built: dict[str, object] = {name: frozen(getattr(columns, name).take(index)) for name in host}
     if gathers:
         hosts.append(index)  # the gather needs the positions on the device
 
     def finish(sides: Sequence[torch.Tensor]) -> Columns:
-        side = iter(sides)
-        for field, host in zip((f for f in fields if f.kind == "mirrored"), hosts, strict=False):
-            built[field.name] = Mirrored._pair(frozen(host), next(side))
+        pair = Mirrored._pair
+        for name, host_side, side in zip(mirrored, hosts, sides, strict=False):
+            built[name] = pair(frozen(host_side), side)
         if gathers:
             positions = sides[-1]
             for name in gathers:
@@ -89,41 +80,58 @@ def join_pending(parts: Sequence[C]) -> C | Pending:
             raise ColumnError(
                 f"cannot join {type(part).__name__} columns to {type(first).__name__} ones"
             )
-    fields = _fields(type(first))
-    hosts: list[npt.NDArray[np.generic]] = []
-    built: dict[str, object] = {}
-    for field in fields:
-        values = [getattr(part, field.name) for part in parts]
-        if field.kind == "mirrored":
-            hosts.append(np.concatenate([value.host for value in values]))
-        elif field.kind == "host":
-            built[field.name] = frozen(np.concatenate(values))
-        else:
-            # An empty part (an `Idle` batch's) has no dtype of its own to give: leave it
-            # out, so that `cat` keeps the rows' dtype instead of promoting to int64.
-            tensors = [value.device for value in values if len(value)] or [values[0].device]
-            built[field.name] = DeviceOnly(tensors[0] if len(tensors) == 1 else torch.cat(tensors))
+    mirrored, host, device = _kinds(type(first))
+    hosts = [np.concatenate([getattr(part, name).host for part in parts]) for name in mirrored]
+    built: dict[str, object] = {
+        name: frozen(np.concatenate([getattr(part, name) for part in parts])) for name in host
+    }
+    for name in device:
+        # An empty part (an `Idle` batch's) has no dtype of its own to give: leave it
+        # out, so that `cat` keeps the rows' dtype instead of promoting to int64.
+        values = [getattr(part, name).device for part in parts]
+        tensors = [value for value in values if value.shape[0]] or values[:1]
+        built[name] = DeviceOnly(tensors[0] if len(tensors) == 1 else torch.cat(tensors))
 
     def finish(sides: Sequence[torch.Tensor]) -> Columns:
-        mirrored = [field for field in fields if field.kind == "mirrored"]
-        for field, host, side in zip(mirrored, hosts, sides, strict=True):
-            built[field.name] = Mirrored._pair(frozen(host), side)
+        pair = Mirrored._pair
+        for name, host_side, side in zip(mirrored, hosts, sides, strict=True):
+            built[name] = pair(frozen(host_side), side)
         return type(first)(**built)
 
     return Pending(tuple(hosts), finish)
+
+
+_Names = tuple[str, ...]
+
+
+def _kinds(cls: type[Columns]) -> tuple[_Names, _Names, _Names]:
+    # A set's field names by kind (mirrored, host, device), read once: joins run per step.
+    known = _KINDS.get(cls)
+    if known is None:
+        fields = _fields(cls)
+        mirrored = tuple(field.name for field in fields if field.kind == "mirrored")
+        host = tuple(field.name for field in fields if field.kind == "host")
+        device = tuple(field.name for field in fields if field.kind == "device")
+        known = _KINDS[cls] = (mirrored, host, device)
+    return known
+
+
+_KINDS: dict[type[Columns], tuple[_Names, _Names, _Names]] = {}
 
 
 def slice_columns(columns: C, start: int, stop: int) -> C:
     """Rows `[start, stop)` of every column, as views: no copy, no upload, no kernel."""
     if type(columns) is NoColumns:
         return columns
+    mirrored, host, device = _kinds(type(columns))
     built: dict[str, object] = {}
-    for field in _fields(type(columns)):
-        value = getattr(columns, field.name)
-        if field.kind == "mirrored":
-            built[field.name] = Mirrored._pair(value.host[start:stop], value.device[start:stop])
-        elif field.kind == "host":
-            built[field.name] = value[start:stop]  # a view of a read-only array: read-only
-        else:
-            built[field.name] = DeviceOnly(value.device[start:stop])
+    for name in mirrored:
+        value = getattr(columns, name)
+        if start == 0 and stop >= value.host.shape[0]:
+            return columns  # every row: the set itself (a frozen value) is its own view
+        built[name] = Mirrored._pair(value.host[start:stop], value.device[start:stop])
+    for name in host:
+        built[name] = getattr(columns, name)[start:stop]  # a view of a read-only array
+    for name in device:
+        built[name] = DeviceOnly(getattr(columns, name).device[start:stop])
     return type(columns)(**built)
