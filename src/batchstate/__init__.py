@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         EmptyPrompt,
         InvariantViolation,
         KeepIndicesError,
+        MemoryKindError,
         NoChunkBudget,
         NotHeld,
         NotOwned,
@@ -53,8 +54,10 @@ if TYPE_CHECKING:
     )
     from batchstate._free_list import FreeList
     from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError, fill
+    from batchstate._hybrid_pools import HybridPools
     from batchstate._invariants import check_batch, check_pools
     from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
+    from batchstate._memory_kinds import FULL_ATTENTION, MemoryKinds, RecurrentState, SlidingWindow
     from batchstate._merge import merge
     from batchstate._mirrored import DeviceOnly, Mirrored
     from batchstate._mix import MixError, decode_sampled, mix
@@ -82,6 +85,7 @@ if TYPE_CHECKING:
     from batchstate._sampling import Sampling
     from batchstate._sampling_params import GREEDY, SamplingParams
     from batchstate._speculative import sync, verify
+    from batchstate._state_slots import StateSlots
     from batchstate._token_table import TokenTable
     from batchstate._transitions import TRANSITIONS, Transition
     from batchstate._unwrap import UnwrapError, unwrap
@@ -89,10 +93,12 @@ if TYPE_CHECKING:
     from batchstate._verified import Verified, read_verified
     from batchstate._verifying import Verifying, VerifyStep
     from batchstate._version import __version__
+    from batchstate._window_pages import WindowPages
 
 
 __all__ = [
     "FILL_FIELDS",
+    "FULL_ATTENTION",
     "GREEDY",
     "SGLANG_FILLS",
     "TRANSITIONS",
@@ -127,10 +133,13 @@ __all__ = [
     "GraphBuffersError",
     "Holder",
     "HostColumn",
+    "HybridPools",
     "Idle",
     "InvariantViolation",
     "KeepIndicesError",
     "Leaks",
+    "MemoryKindError",
+    "MemoryKinds",
     "Mirrored",
     "MixError",
     "MixStep",
@@ -151,6 +160,7 @@ __all__ = [
     "PoolsArgumentError",
     "PrefixCache",
     "RecordShapeError",
+    "RecurrentState",
     "ReleaseError",
     "Req",
     "Rows",
@@ -159,9 +169,11 @@ __all__ = [
     "Sampling",
     "SamplingParams",
     "Settled",
+    "SlidingWindow",
     "Split",
     "StalePools",
     "StaleRecord",
+    "StateSlots",
     "Step",
     "StillRunning",
     "TokenTable",
@@ -172,6 +184,7 @@ __all__ = [
     "Verified",
     "VerifyStep",
     "Verifying",
+    "WindowPages",
     "__version__",
     "bucket",
     "build_columns",

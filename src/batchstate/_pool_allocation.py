@@ -35,13 +35,20 @@ def take_slots(pools: Pools, num_slots: int) -> tuple[HostArray, Pools] | OutOfR
     """`num_slots` free request slots at one new generation, owning no tokens yet."""
     if num_slots > pools.num_free_slots:
         return OutOfReqSlots(num_slots, pools.num_free_slots)
+    memory = pools.memory
+    if memory.states and num_slots > memory.free_states():
+        return OutOfReqSlots(num_slots, memory.free_states())  # a state slot per request
     slots, rest = pools.slot_list.take(num_slots)
     slot_gens = pools.slot_gens.copy()
     slot_gens[slots] = pools.next_gen  # one generation per allocation call
     # A copy: the rows keep these as their mirror, and a view would tie that mirror to
     # the free list's buffer, which later values write.
     return frozen(slots.copy()), next_version(
-        pools, slot_list=rest, slot_gens=frozen(slot_gens), next_gen=pools.next_gen + 1
+        pools,
+        slot_list=rest,
+        slot_gens=frozen(slot_gens),
+        next_gen=pools.next_gen + 1,
+        memory=memory.take_slots(slots) if memory.states else None,
     )
 
 
@@ -153,11 +160,22 @@ def _take_pages(
             return OutOfKVTokens(num_pages, available, pools.page_size)
         cache, evicted = cache._evict(shortage)
         page_list = page_list.give(np.array(evicted, dtype=np.int64))
+    memory = None
+    if pools.memory.windows:  # the window layers' pages: taken, and out-of-window ones freed
+        grown = pools.memory.grow(slots, pools.slot_tokens[slots], new_lens, pools.page_size)
+        if isinstance(grown, OutOfKVTokens):
+            return grown
+        memory = grown
     pages, rest = page_list.take(num_pages)
     slot_tokens = pools.slot_tokens.copy()
     slot_tokens[slots] = new_lens
     return pages, next_version(
-        pools, page_list=rest, retired=NO_INTS, slot_tokens=frozen(slot_tokens), cache=cache
+        pools,
+        page_list=rest,
+        retired=NO_INTS,
+        slot_tokens=frozen(slot_tokens),
+        cache=cache,
+        memory=memory,
     )
 
 

@@ -1,0 +1,209 @@
+"""Hybrid pools: window pages and state slots beside full-attention pages, each conserved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from returns.result import Failure
+from tools.decode_loop import LoopConfig, run_loop, scripted_accept
+
+from batchstate import (
+    FULL_ATTENTION,
+    Batch,
+    Idle,
+    MemoryKindError,
+    MemoryKinds,
+    OutOfKVTokens,
+    OutOfReqSlots,
+    Pools,
+    RecurrentState,
+    Req,
+    SlidingWindow,
+    StaleRecord,
+    check_batch,
+    check_leaks,
+    check_pools,
+    decode,
+    extend,
+    find_leaks,
+    idle,
+    make_pools,
+    merge,
+    mix,
+    release,
+    settle,
+    split,
+    unwrap,
+)
+from batchstate.audit import device_reads
+
+CPU = torch.device("cpu")
+META = torch.device("meta")
+
+
+def _kinds(window: int = 8, window_tokens: int = 256, num_states: int = 8) -> MemoryKinds:
+    return MemoryKinds(
+        (SlidingWindow(window, window_tokens), RecurrentState(state_size=32, num_states=num_states))
+    )
+
+
+def _pools(page_size: int = 4, **kinds: int) -> Pools:
+    return make_pools(8, 128, 1024, CPU, page_size, memory=_kinds(**kinds))
+
+
+def _reqs(first: int, count: int, length: int = 20) -> list[Req]:
+    return [Req(rid, tuple(range(length + rid % 3))) for rid in range(first, first + count)]
+
+
+def test_full_attention_pools_hold_nothing_more() -> None:
+    pools = make_pools(4, 32, 64, CPU, page_size=4)
+    assert pools.memory_kinds == FULL_ATTENTION
+    assert pools.memory.windows == () and pools.memory.states == ()
+    assert "memory=" not in repr(pools)
+
+
+@pytest.mark.parametrize(
+    ("kinds", "cache", "message"),
+    [
+        (MemoryKinds((SlidingWindow(0, 64),)), False, "window of 0"),
+        (MemoryKinds((SlidingWindow(129, 1024),)), False, "window of 129"),
+        (MemoryKinds((SlidingWindow(8, 10),)), False, "whole pages"),
+        (MemoryKinds((SlidingWindow(8, 8),)), False, "one row's window"),
+        (MemoryKinds((RecurrentState(0, 4),)), False, "both must be >= 1"),
+        (MemoryKinds((RecurrentState(2**28, 8),)), False, "int32-indexed"),
+        (MemoryKinds((SlidingWindow(8, 64), SlidingWindow(8, 64))), False, "at most one"),
+        (MemoryKinds((RecurrentState(4, 4),)), True, "prefix cache"),
+    ],
+)
+def test_bad_memory_kinds_are_refused(kinds: MemoryKinds, cache: bool, message: str) -> None:
+    with pytest.raises(MemoryKindError, match=message):
+        make_pools(8, 128, 1024, CPU, page_size=4, prefix_cache=cache, memory=kinds)
+
+
+def test_a_state_slot_per_live_request_taken_and_given_back_with_its_slot() -> None:
+    pools = _pools()
+    extended, pools = unwrap(extend(idle(CPU), _reqs(0, 3), pools))
+    states = pools.memory.states[0]
+    slots = extended.rows.req_pool_indices.host
+    assert states.num_free == 5
+    assert sorted(states.of_slot[slots].tolist()) == [1, 2, 3]
+    check_pools(pools, [extended])
+    kept, left = split(extended, [0])
+    pools = unwrap(release(left, kept, pools))
+    assert pools.memory.states[0].num_free == 7
+    assert pools.memory.states[0].of_slot[slots[1:]].tolist() == [0, 0]
+    check_pools(pools, [kept])
+
+
+def test_fewer_states_than_slots_admit_fewer_requests_and_change_nothing() -> None:
+    pools = _pools(num_states=2)
+    refused = extend(idle(CPU), _reqs(0, 3), pools)
+    assert refused == Failure(OutOfReqSlots(3, 2))
+    assert pools.is_newest and pools.memory.states[0].num_free == 2
+    admitted, pools = unwrap(extend(idle(CPU), _reqs(0, 2), pools))
+    check_pools(pools, [admitted])
+
+
+def test_a_row_holds_window_pages_for_its_window_only() -> None:
+    page, window = 4, 8
+    pools = _pools(page, window=window)
+    extended, pools = unwrap(extend(idle(CPU), _reqs(0, 4), pools))
+    running, pools = unwrap(decode(extended, pools))
+    for _ in range(59):
+        running, pools = unwrap(decode(running, pools))
+        check_pools(pools, [running])
+    pages = pools.memory.windows[0]
+    rows = running.rows
+    for slot, length in zip(
+        rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist(), strict=True
+    ):
+        held = pages.row_pages(slot, length).shape[0]
+        # the next token reads `window` positions: at most one page more than they span
+        assert held <= -(-window // page) + 1
+        assert int(pages.starts[slot]) > 0  # the window moved on: its first pages are back
+    # 4 rows of ~80 tokens keep 320 full-attention tokens, but 4 windows of pages only
+    assert pages.num_pages - len(pages.page_list) <= 4 * 3
+    assert pools.num_pages - len(pools.page_list) >= 80
+
+
+def test_window_pages_running_short_refuse_the_growth_and_change_nothing() -> None:
+    pools = _pools(4, window=8, window_tokens=48)  # 12 window pages
+    refused = extend(idle(CPU), _reqs(0, 3, length=17), pools)  # 3 rows of 5 or 6 pages
+    assert isinstance(refused, Failure)
+    assert isinstance(refused.failure(), OutOfKVTokens)
+    assert pools.is_newest and len(pools.memory.windows[0].page_list) == 12
+    check_pools(pools)
+
+
+def test_chunked_prefill_keeps_its_state_and_frees_window_pages_per_chunk() -> None:
+    pools = _pools(4, window=8)
+    prompt = Req(0, tuple(range(100)))
+    step = unwrap(mix(idle(CPU), [prompt], 32, pools))
+    pools = step.pools
+    running, held = settle(step.batch)
+    chunk = held[0]
+    state = int(pools.memory.states[0].of_slot[chunk.slot])
+    assert state > 0
+    check_leaks(pools, [running, chunk])
+    leaks = find_leaks(pools, [running])  # the Chunked forgotten: its memory is named
+    assert leaks.unheld == (chunk.slot,) and leaks.unheld_states == 1
+    assert leaks.unheld_window_pages == 8
+    for _ in range(2):
+        step = unwrap(mix(running, [chunk], 32, pools))
+        pools = step.pools
+        running, held = settle(step.batch)
+        chunk = held[0]
+        assert int(pools.memory.states[0].of_slot[chunk.slot]) == state  # the same state
+        check_pools(pools, [running])
+        check_leaks(pools, [running, chunk])
+    # the third chunk started at 64: it reads from 57 on, pages before 56 are back
+    assert int(pools.memory.windows[0].starts[chunk.slot]) == 56
+
+
+def test_a_record_whose_state_slot_was_released_is_refused() -> None:
+    pools = _pools()
+    extended, pools = unwrap(extend(idle(CPU), _reqs(0, 2), pools))
+    kept, left = split(extended, [1])
+    pools = unwrap(release(left, kept, pools))
+    again, pools = unwrap(extend(idle(CPU), _reqs(5, 1), pools))  # reuses the released slot
+    with pytest.raises(StaleRecord):
+        decode(extended, pools)  # its first row's slot (and state) belongs to another now
+    assert isinstance(release(left, kept, pools), Failure)
+    check_pools(pools, [kept, again])
+
+
+def _host_checks(batch: Batch, pools: Pools) -> None:
+    if not isinstance(batch, Idle):
+        check_batch(batch)
+    check_pools(pools, [batch])
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_hybrid_decode_loop_reads_nothing_from_the_device(page_size: int) -> None:
+    kinds = MemoryKinds((SlidingWindow(32, 64 * 48), RecurrentState(64, 48)))
+    config = LoopConfig(page_size=page_size, draft_every=4, memory=kinds)
+    with device_reads(forbid=True) as log:
+        on_meta = run_loop(META, config, check=_host_checks)
+    assert log.report().count == 0
+    on_cpu = run_loop(CPU, config, check=_host_checks)
+    assert [(s.event, s.slots, s.lens) for s in on_meta] == [
+        (s.event, s.slots, s.lens) for s in on_cpu
+    ]
+
+
+def test_hybrid_loop_with_accepted_drafts_conserves_every_kind() -> None:
+    kinds = MemoryKinds((SlidingWindow(24, 4096), RecurrentState(8, 48)))
+    config = LoopConfig(page_size=4, draft_every=3, memory=kinds)
+    snapshots = run_loop(CPU, config, accept=scripted_accept, check=_host_checks)
+    assert sum(s.event == "sync" for s in snapshots) >= 30
+
+
+def test_merged_rows_keep_their_states() -> None:
+    pools = _pools()
+    first, pools = unwrap(extend(idle(CPU), _reqs(0, 2), pools))
+    second, pools = unwrap(extend(idle(CPU), _reqs(2, 2), pools))
+    running = merge(merge(idle(CPU), first), second)
+    states = pools.memory.states[0].of_slot[running.rows.req_pool_indices.host]
+    assert np.unique(states).shape == (4,) and (states > 0).all()
+    check_pools(pools, [running])
