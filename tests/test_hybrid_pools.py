@@ -11,6 +11,9 @@ from tools.decode_loop import LoopConfig, run_loop, scripted_accept
 from batchstate import (
     FULL_ATTENTION,
     Batch,
+    Decoding,
+    Extended,
+    ForwardInputsError,
     Idle,
     MemoryKindError,
     MemoryKinds,
@@ -27,6 +30,8 @@ from batchstate import (
     decode,
     extend,
     find_leaks,
+    forward_inputs,
+    hybrid_inputs,
     idle,
     make_pools,
     merge,
@@ -177,6 +182,30 @@ def _host_checks(batch: Batch, pools: Pools) -> None:
     if not isinstance(batch, Idle):
         check_batch(batch)
     check_pools(pools, [batch])
+    if isinstance(batch, Decoding | Extended):
+        _check_hybrid_inputs(batch, pools)
+
+
+def _check_hybrid_inputs(batch: Decoding | Extended, pools: Pools) -> None:
+    # The window inputs list exactly the window pages each row holds, and every new token's
+    # window location lies in one of its row's pages; each row gets its own state slot.
+    inputs = forward_inputs(batch, pools.table, pools.page_size)
+    hybrid = hybrid_inputs(inputs, pools)
+    window, pages = hybrid.windows[0], pools.memory.windows[0]
+    slots, lens = batch.rows.req_pool_indices.host.tolist(), batch.rows.seq_lens.host.tolist()
+    indptr = window.kv_indptr.host
+    tokens = np.cumsum(inputs.extend_lens.host)
+    for row, (slot, length) in enumerate(zip(slots, lens, strict=True)):
+        held = pages.row_pages(slot, length)
+        assert window.kv_indices.host[indptr[row] : indptr[row + 1]].tolist() == held.tolist()
+        assert int(window.kv_starts.host[row]) == int(pages.starts[slot])
+        first = tokens[row - 1] if row else 0
+        assert set(
+            (window.out_cache_loc.host[first : tokens[row]] // pools.page_size).tolist()
+        ) <= set(held.tolist())
+    states = hybrid.states[0].state_indices.host
+    assert states.tolist() == pools.memory.states[0].of_slot[slots].tolist()
+    assert np.unique(states).shape[0] == len(slots) and (states > 0).all()
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -207,3 +236,15 @@ def test_merged_rows_keep_their_states() -> None:
     states = pools.memory.states[0].of_slot[running.rows.req_pool_indices.host]
     assert np.unique(states).shape == (4,) and (states > 0).all()
     check_pools(pools, [running])
+
+
+def test_hybrid_inputs_refuse_pools_that_moved_on() -> None:
+    pools = _pools()
+    extended, pools = unwrap(extend(idle(CPU), _reqs(0, 2), pools))
+    inputs = forward_inputs(extended, pools.table, pools.page_size)
+    _check_hybrid_inputs(extended, pools)
+    _, later = unwrap(decode(extended, pools))
+    with pytest.raises(ForwardInputsError, match="other lengths"):
+        hybrid_inputs(inputs, later)
+    with pytest.raises(ForwardInputsError, match="other pools"):
+        hybrid_inputs(inputs, make_pools(4, 128, 1024, CPU, 4, memory=_kinds()))

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     )
     from batchstate._free_list import FreeList
     from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError, fill
+    from batchstate._hybrid_inputs import HybridInputs, StateInputs, WindowInputs, hybrid_inputs
     from batchstate._hybrid_pools import HybridPools
     from batchstate._invariants import check_batch, check_pools
     from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
@@ -133,6 +134,7 @@ __all__ = [
     "GraphBuffersError",
     "Holder",
     "HostColumn",
+    "HybridInputs",
     "HybridPools",
     "Idle",
     "InvariantViolation",
@@ -173,6 +175,7 @@ __all__ = [
     "Split",
     "StalePools",
     "StaleRecord",
+    "StateInputs",
     "StateSlots",
     "Step",
     "StillRunning",
@@ -184,6 +187,7 @@ __all__ = [
     "Verified",
     "VerifyStep",
     "Verifying",
+    "WindowInputs",
     "WindowPages",
     "__version__",
     "bucket",
@@ -200,6 +204,7 @@ __all__ = [
     "flush",
     "follow",
     "forward_inputs",
+    "hybrid_inputs",
     "idle",
     "join_sampled",
     "keep_indices",

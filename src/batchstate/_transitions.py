@@ -27,6 +27,7 @@ from batchstate._extend import extend, idle, prebuilt
 from batchstate._filter import filter_batch, split
 from batchstate._forward_inputs import ForwardInputs, ForwardInputsError, forward_inputs
 from batchstate._graph_buffers import DoesNotFit, GraphBuffersError, fill
+from batchstate._hybrid_inputs import HybridInputs, hybrid_inputs
 from batchstate._merge import merge
 from batchstate._mix import decode_sampled, mix
 from batchstate._mixed import Mixed, settle
@@ -159,4 +160,7 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     Transition(ForwardInputs, pad, Padded, failures=(TooLargeToPad,), raises=(PaddingError,)),
     # The same padding, written into one captured bucket's buffers, allocated once.
     Transition(ForwardInputs, fill, Padded, failures=(DoesNotFit,), raises=(GraphBuffersError,)),
+    # A hybrid model's window and recurrent layers: their pages, window starts and state
+    # slots, from the pools the forward's transition returned. Changes neither.
+    Transition(ForwardInputs, hybrid_inputs, HybridInputs, raises=(ForwardInputsError,)),
 )
