@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from benchmarks.hybrid import long_run
 from returns.result import Failure
 from tools.decode_loop import LoopConfig, run_loop, scripted_accept
 
@@ -248,3 +249,11 @@ def test_hybrid_inputs_refuse_pools_that_moved_on() -> None:
         hybrid_inputs(inputs, later)
     with pytest.raises(ForwardInputsError, match="other pools"):
         hybrid_inputs(inputs, make_pools(4, 128, 1024, CPU, 4, memory=_kinds()))
+
+
+def test_a_long_run_holds_one_window_of_window_pages_per_row() -> None:
+    held = long_run(num_reqs=4, prompt=16, steps=300, page_size=4, window=16)
+    assert held["tokens_per_row"] == 316
+    assert 4 * 16 <= held["window_tokens"] <= 4 * (16 + 4)  # a window, and a page it straddles
+    assert held["full_tokens"] == 4 * 316  # full attention keeps every token
+    assert held["states"] == 4

@@ -88,25 +88,32 @@ class WindowPages:
         window pages fall short (nothing changed then).
         """
         page_size = self.page_size
+        start = self.starts[slots]
+        # The forward reads from `old - window + 1` on: pages wholly before it are free.
+        keep = np.maximum(old_lens - self.window + 1, 0) // page_size * page_size
+        dropping = np.flatnonzero(keep > start)  # a decode step: a row now and then
         first_new = -(-old_lens // page_size)
         num_new = -(-new_lens // page_size) - first_new
-        start_page = self.starts[slots] // page_size
-        # The forward reads from `old - window + 1` on: pages wholly before it are free.
-        keep_from = np.maximum(np.maximum(old_lens - self.window + 1, 0) // page_size, start_page)
-        num_dropped = keep_from - start_page
-        total_dropped, total_new = int(num_dropped.sum()), int(num_new.sum())
+        opening = np.flatnonzero(num_new)  # a decode step: rows whose token opens a page
+        dropped_slots = slots[dropping]
+        first_dropped = start[dropping] // page_size
+        num_dropped = keep[dropping] // page_size - first_dropped
+        total_dropped, total_new = int(num_dropped.sum()), int(num_new[opening].sum())
         if total_new > len(self.page_list) + total_dropped:
             return total_new, len(self.page_list) + total_dropped
         page_list, starts = self.page_list, self.starts
         if total_dropped:
-            page_list = page_list.give(self.table[_cells(slots, start_page, num_dropped)])
+            page_list = page_list.give(
+                self.table[_cells(dropped_slots, first_dropped, num_dropped)]
+            )
             moved = starts.copy()
-            moved[slots] = keep_from * page_size
+            moved[dropped_slots] = keep[dropping]
             starts = frozen(moved)
         if total_new:
             pages, page_list = page_list.take(total_new)
+            cells = _cells(slots[opening], first_new[opening], num_new[opening])
             with writing(self.table):  # cells past each row's end: unused by every value
-                self.table[_cells(slots, first_new, num_new)] = pages
+                self.table[cells] = pages
         return WindowPages(self.kind, page_size, page_list, starts, self.table)
 
     def shrink(self, slots: HostArray, held: HostArray, new_lens: HostArray) -> WindowPages:
