@@ -257,3 +257,30 @@ def test_a_long_run_holds_one_window_of_window_pages_per_row() -> None:
     assert 4 * 16 <= held["window_tokens"] <= 4 * (16 + 4)  # a window, and a page it straddles
     assert held["full_tokens"] == 4 * 316  # full attention keeps every token
     assert held["states"] == 4
+
+
+def test_chunked_mixed_steps_on_hybrid_pools_read_nothing_from_the_device() -> None:
+    kinds = MemoryKinds((SlidingWindow(6, 512), RecurrentState(16, 8)))
+    with device_reads(forbid=True) as log:
+        pools = make_pools(8, 128, 1024, META, 4, memory=kinds)
+        step = unwrap(mix(idle(META), [Req(0, tuple(range(50))), Req(1, (1, 2, 3))], 16, pools))
+        pools = step.pools
+        for _ in range(6):
+            inputs = forward_inputs(step.batch, pools.table, pools.page_size)
+            hybrid_inputs(inputs, pools)
+            running, held = settle(step.batch)
+            step = unwrap(mix(running, list(held), 16, pools, [7] * len(running.rows.reqs)))
+            pools = step.pools
+        running, held = settle(step.batch)
+        check_pools(pools, [running])
+        check_leaks(pools, [running, *held])
+    assert log.report().count == 0
+    assert int(pools.memory.windows[0].starts[int(running.rows.req_pool_indices.host[0])]) > 0
+
+
+@pytest.mark.parametrize("memory", ["full", None, 3, (SlidingWindow(8, 64),), SlidingWindow(8, 64)])
+def test_a_memory_that_is_no_description_is_refused(memory: object) -> None:
+    with pytest.raises(MemoryKindError, match="MemoryKinds"):
+        make_pools(8, 128, 1024, CPU, 4, memory=memory)  # type: ignore[arg-type]  # the point
+    with pytest.raises(MemoryKindError, match="not a memory kind"):
+        make_pools(8, 128, 1024, CPU, 4, memory=MemoryKinds(("window",)))  # type: ignore[arg-type]  # the point
