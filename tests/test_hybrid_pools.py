@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,7 @@ from batchstate import (
     OutOfKVTokens,
     OutOfReqSlots,
     Pools,
+    PoolsArgumentError,
     RecurrentState,
     Req,
     SlidingWindow,
@@ -42,7 +45,9 @@ from batchstate import (
     split,
     unwrap,
 )
+from batchstate._mirrored import host_int64
 from batchstate.audit import device_reads
+from tests.strategies import assert_unchanged, snapshot
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
@@ -284,3 +289,29 @@ def test_a_memory_that_is_no_description_is_refused(memory: object) -> None:
         make_pools(8, 128, 1024, CPU, 4, memory=memory)  # type: ignore[arg-type]  # the point
     with pytest.raises(MemoryKindError, match="not a memory kind"):
         make_pools(8, 128, 1024, CPU, 4, memory=MemoryKinds(("window",)))  # type: ignore[arg-type]  # the point
+
+
+def test_shrinking_a_row_behind_its_window_start_is_refused() -> None:
+    pools = _pools(4, window=8)
+    extended, pools = unwrap(extend(idle(CPU), _reqs(0, 1, length=20), pools))
+    running, pools = unwrap(decode(extended, pools))  # reads from 13 on: pages before 12 back
+    slot = running.rows.req_pool_indices.host
+    assert int(pools.memory.windows[0].starts[slot[0]]) == 12
+    before = snapshot(pools)
+    with pytest.raises(PoolsArgumentError, match="window pages before position 12"):
+        pools.shrink(slot, host_int64([18]))  # its next forward would read from 11
+    assert_unchanged(before, pools)
+    assert pools.is_newest
+    shrunk = unwrap(pools.shrink(slot, host_int64([19])))  # reads from 12: still held
+    check_pools(shrunk)
+
+
+def test_a_deep_copy_of_hybrid_pools_is_a_lineage_of_its_own() -> None:
+    pools = _pools()
+    running, pools = unwrap(extend(idle(CPU), _reqs(0, 3), pools))
+    copied = copy.deepcopy(pools)
+    check_pools(copied, [running])
+    _, after = unwrap(decode(running, copied))
+    assert pools.is_newest and after.is_newest
+    check_pools(pools, [running])
+    assert not copied.memory.windows[0].table.flags.writeable

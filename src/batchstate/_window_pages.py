@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchstate._copies import read_only_copies
+from batchstate._errors import PoolsArgumentError
 from batchstate._free_list import FreeList
 from batchstate._memory_kinds import SlidingWindow
 from batchstate._mirrored import HostArray, frozen, writing
@@ -117,9 +118,23 @@ class WindowPages:
         return WindowPages(self.kind, page_size, page_list, starts, self.table)
 
     def shrink(self, slots: HostArray, held: HostArray, new_lens: HostArray) -> WindowPages:
-        """Rows cut from `held` back to `new_lens` tokens: the window pages past them freed."""
+        """Rows cut from `held` back to `new_lens` tokens: the window pages past them freed.
+
+        Raises:
+            PoolsArgumentError: a row cut back so far that its next forward
+                would read positions whose window pages were given back.
+        """
         page_size = self.page_size
-        start_page = self.starts[slots] // page_size
+        starts = self.starts[slots]
+        short = starts > np.maximum(new_lens - self.window + 1, 0)
+        if short.any():
+            at = int(short.argmax())
+            raise PoolsArgumentError(
+                f"slot {int(slots[at])} gave back its window pages before position"
+                f" {int(starts[at])}: it cannot shrink to {int(new_lens[at])} tokens, whose"
+                f" next forward reads from {int(new_lens[at]) - self.window + 1}"
+            )
+        start_page = starts // page_size
         kept = np.maximum(-(-new_lens // page_size), start_page)
         num_freed = np.maximum(-(-held // page_size) - kept, 0)
         if not int(num_freed.sum()):
