@@ -33,6 +33,8 @@ from batchstate import (
     RecurrentState,
     Req,
     SlidingWindow,
+    StateCopies,
+    accepted_states,
     check_leaks,
     check_pools,
     decode,
@@ -45,7 +47,9 @@ from batchstate import (
     release,
     settle,
     split,
+    sync,
     unwrap,
+    verify,
 )
 
 CPU = torch.device("cpu")
@@ -62,13 +66,23 @@ class _Forward:
         self.full = torch.zeros(kv_cache_size, dtype=torch.float64)
         self.windowed = torch.zeros(window_tokens, dtype=torch.float64)
         self.states = torch.full((num_states + 1,), float("nan"), dtype=torch.float64)
+        self.checkpoints = torch.full((4096,), float("nan"), dtype=torch.float64)
         self.window = window
         self.rows_checked = 0
 
-    def run(
-        self, inputs: ForwardInputs, hybrid: HybridInputs, ids: np.ndarray, alone: list[list[int]]
+    def run(  # one forward: its inputs, its tokens, how it keeps states
+        self,
+        inputs: ForwardInputs,
+        hybrid: HybridInputs,
+        ids: np.ndarray,
+        alone: list[list[int]],
+        checkpoint: bool = False,
     ) -> None:
-        """Write the new tokens' KV, then check every query token against its row alone."""
+        """Write the new tokens' KV, then check every query token against its row alone.
+
+        A verify forward (`checkpoint`) leaves each row's state slot as it was and writes
+        the state after each query token into `checkpoints`, at the token's place.
+        """
         window, state = hybrid.windows[0], hybrid.states[0]
         page = inputs.page_size
         positions = inputs.positions.host
@@ -90,19 +104,28 @@ class _Forward:
             prefix = int(inputs.prefix_lens.host[row])
             slot = int(state.state_indices.host[row])
             carried = 0.0 if prefix == 0 else float(self.states[slot])  # a new row starts at 0
-            for position in positions[qo[row] : qo[row + 1]].tolist():
+            for token, position in enumerate(positions[qo[row] : qo[row + 1]].tolist()):
                 assert full[: position + 1].sum() == held[: position + 1].sum()
                 first = max(position - self.window + 1, 0)
                 assert start <= first, f"row {row}: window start {start} past {first}"
                 got = seen[first - start : position + 1 - start].sum()
                 assert got == held[first : position + 1].sum(), f"row {row} at {position}"
                 carried = carried / 2 + held[position]
+                self.checkpoints[int(qo[row]) + token] = carried
             expected = 0.0
             for value in held[: int(inputs.seq_lens.host[row])].tolist():
                 expected = expected / 2 + value
             assert carried == expected
-            self.states[slot] = carried
+            if not checkpoint:
+                self.states[slot] = carried
             self.rows_checked += 1
+
+    def keep_accepted(self, copies: StateCopies) -> None:
+        """After a verify forward: each row's state slot takes its accepted checkpoint."""
+        self.states[copies.targets.device] = self.checkpoints[copies.sources.device]
+
+    def state_of(self, slot: int) -> float:
+        return float(self.states[slot])
 
 
 def _mix_what_fits(
@@ -137,6 +160,7 @@ def test_window_and_state_reads_match_each_request_alone(page: int, window: int)
     for req in waiting:
         tokens[req.rid], budget[req.rid] = list(req.input_ids), int(rng.integers(3, 30))
     running: Filtered | Idle = idle(CPU)
+    verified = 0
     held: list[Chunked] = []
     for step in range(400):
         if not waiting and not held and not len(running.rows.reqs):
@@ -154,6 +178,9 @@ def test_window_and_state_reads_match_each_request_alone(page: int, window: int)
             model.run(inputs, hybrid_inputs(inputs, pools), ids, alone)
             after, chunks = settle(mixed)
             held = list(chunks)
+        elif isinstance(running, Filtered) and len(rows.reqs) and step % 3 == 2 and step % 2:
+            after, pools = _verify_and_sync(model, running, pools, tokens, rng)
+            verified += 1
         elif isinstance(running, Filtered) and len(rows.reqs):
             decoding, pools = unwrap(decode(running, pools))
             inputs = forward_inputs(decoding, pools.table, pools.page_size)
@@ -172,3 +199,39 @@ def test_window_and_state_reads_match_each_request_alone(page: int, window: int)
         check_leaks(pools, [running, *held])
     assert not waiting and not held and not len(running.rows.reqs), "the schedule did not finish"
     assert model.rows_checked > 200
+    assert verified >= 10
+
+
+def _verify_and_sync(
+    model: _Forward,
+    running: Filtered,
+    pools: Pools,
+    tokens: dict[int, list[int]],
+    rng: np.random.Generator,
+) -> tuple[Filtered, Pools]:
+    # Decode, then verify drafts: the window forward checkpoints states, the accepted ones
+    # are copied into the slots, sync gives the rest of the window pages back.
+    decoding, pools = unwrap(decode(running, pools))
+    reqs = decoding.rows.reqs
+    drafts = [rng.integers(0, 90, int(rng.integers(0, 4))).tolist() for _ in reqs]
+    window, pools = unwrap(verify(decoding, [len(d) for d in drafts], pools))
+    inputs = forward_inputs(window, pools.table, pools.page_size, slot_tokens=pools.slot_tokens)
+    hybrid = hybrid_inputs(inputs, pools)
+    ids = np.array(
+        [t for req, d in zip(reqs, drafts, strict=True) for t in [tokens[req.rid][-1], *d]]
+    )
+    alone = [tokens[req.rid] + d for req, d in zip(reqs, drafts, strict=True)]
+    model.run(inputs, hybrid, ids, alone, checkpoint=True)
+    accepted = np.array([int(rng.integers(0, len(d) + 1)) for d in drafts], dtype=np.int64)
+    model.keep_accepted(accepted_states(inputs, hybrid, torch.from_numpy(accepted.copy())))
+    synced, pools = sync(window, accepted, pools)
+    for req, d, count in zip(reqs, drafts, accepted.tolist(), strict=True):
+        tokens[req.rid] += d[:count]
+    slots = synced.rows.req_pool_indices.host.tolist()
+    for slot, req in zip(slots, synced.rows.reqs, strict=True):  # the state at the last kept token
+        expected = 0.0
+        row = tokens[req.rid]
+        for value in _kv(np.array(row), np.arange(len(row))).tolist():
+            expected = expected / 2 + value
+        assert model.state_of(int(pools.memory.states[0].of_slot[slot])) == expected
+    return synced, pools

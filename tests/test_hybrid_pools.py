@@ -42,8 +42,12 @@ from batchstate import (
     mix,
     release,
     settle,
+    settle_ahead,
     split,
+    sync,
     unwrap,
+    verify,
+    verify_ahead,
 )
 from batchstate._mirrored import host_int64
 from batchstate.audit import device_reads
@@ -315,3 +319,21 @@ def test_a_deep_copy_of_hybrid_pools_is_a_lineage_of_its_own() -> None:
     assert pools.is_newest and after.is_newest
     check_pools(pools, [running])
     assert not copied.memory.windows[0].table.flags.writeable
+
+
+def test_verify_windows_keep_the_window_pages_their_forwards_read() -> None:
+    # ps 1, window 4: a verify window re-queries its decode token at c - 1, which reads from
+    # c - 4; the next window, opened ahead of the read, reads from c + accepted - 3 >= c - 3.
+    pools = make_pools(4, 64, 256, CPU, 1, memory=_kinds(window=4, window_tokens=64))
+    extended, pools = unwrap(extend(idle(CPU), _reqs(0, 1, length=20), pools))
+    decoding, pools = unwrap(decode(extended, pools))  # c = 21, decode token at 20
+    slot = int(decoding.rows.req_pool_indices.host[0])
+    window, pools = unwrap(verify(decoding, [3], pools))
+    assert int(pools.memory.windows[0].starts[slot]) == 17  # 20 - 4 + 1: the decode token's
+    ahead, pools = unwrap(verify_ahead(window, torch.tensor([2]), [2], pools))
+    assert int(pools.memory.windows[0].starts[slot]) == 18  # 21 - 4 + 1, for none accepted
+    check_pools(pools)
+    window, pools = settle_ahead(ahead, np.array([2]), pools)
+    synced, pools = sync(window, np.array([1]), pools)
+    check_pools(pools, [synced])
+    assert int(synced.rows.seq_lens.host[0]) == 21 + 2 + 1 + 1

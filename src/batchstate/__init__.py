@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from batchstate._sampling import Sampling
     from batchstate._sampling_params import GREEDY, SamplingParams
     from batchstate._speculative import sync, verify
+    from batchstate._state_copies import StateCopies, accepted_states
     from batchstate._state_slots import StateSlots
     from batchstate._token_table import TokenTable
     from batchstate._transitions import TRANSITIONS, Transition
@@ -175,6 +176,7 @@ __all__ = [
     "Split",
     "StalePools",
     "StaleRecord",
+    "StateCopies",
     "StateInputs",
     "StateSlots",
     "Step",
@@ -190,6 +192,7 @@ __all__ = [
     "WindowInputs",
     "WindowPages",
     "__version__",
+    "accepted_states",
     "bucket",
     "build_columns",
     "check_batch",

@@ -49,13 +49,21 @@ class HybridPools:
             return self
         return HybridPools(self.kinds, self.windows, (self.states[0].take(slots),))
 
-    def grow(
-        self, slots: HostArray, old_lens: HostArray, new_lens: HostArray, page_size: int
+    def grow(  # the rows, their lengths, what their forward reads, the pages
+        self,
+        slots: HostArray,
+        old_lens: HostArray,
+        new_lens: HostArray,
+        reads_from: HostArray,
+        page_size: int,
     ) -> HybridPools | OutOfKVTokens:
-        """Rows grown from `old_lens` to `new_lens` tokens: window pages taken and given back."""
+        """Rows grown from `old_lens` to `new_lens` tokens: window pages taken and given back.
+
+        `reads_from`: the first position each row's forward queries.
+        """
         if not self.windows:
             return self
-        grown = self.windows[0].grow(slots, old_lens, new_lens)
+        grown = self.windows[0].grow(slots, old_lens, new_lens, reads_from)
         if isinstance(grown, tuple):
             return OutOfKVTokens(grown[0], grown[1], page_size)
         return HybridPools(self.kinds, (grown,), self.states)

@@ -66,15 +66,24 @@ def reissue(pools: Pools, slots: HostArray) -> tuple[HostArray, Pools]:
 
 
 def take_tokens(
-    pools: Pools, slots: HostArray, old_lens: HostArray, new_lens: HostArray
+    pools: Pools,
+    slots: HostArray,
+    old_lens: HostArray,
+    new_lens: HostArray,
+    reads_from: HostArray | None = None,
 ) -> Allocation | OutOfKVTokens:
-    """Locations for positions `[old_lens[i], new_lens[i])` of each slot `slots[i]`."""
+    """Locations for positions `[old_lens[i], new_lens[i])` of each slot `slots[i]`.
+
+    `reads_from`: the first position each row's forward queries, where it
+    is before `old_lens` (a verify window queries its decode token again);
+    window pages are given back only before what that position reads.
+    """
     page_size = pools.page_size
     num_tokens = new_lens - old_lens
     pages_before = (old_lens + page_size - 1) // page_size
     new_pages_per_row = (new_lens + page_size - 1) // page_size - pages_before
     num_new_pages = int(new_pages_per_row.sum())
-    taken = _take_pages(pools, slots, new_lens, num_new_pages)
+    taken = _take_pages(pools, slots, new_lens, num_new_pages, reads_from)
     if isinstance(taken, OutOfKVTokens):
         return taken
     new_pages, after = taken
@@ -145,7 +154,11 @@ def take_next(pools: Pools, slots: HostArray, new_lens: HostArray) -> Allocation
 
 
 def _take_pages(
-    pools: Pools, slots: HostArray, new_lens: HostArray, num_pages: int
+    pools: Pools,
+    slots: HostArray,
+    new_lens: HostArray,
+    num_pages: int,
+    reads_from: HostArray | None = None,
 ) -> tuple[HostArray, Pools] | OutOfKVTokens:
     # The first `num_pages` free pages, evicting cached ones when free pages fall
     # short, and pools where `slots` own `new_lens` tokens.
@@ -162,7 +175,9 @@ def _take_pages(
         page_list = page_list.give(np.array(evicted, dtype=np.int64))
     memory = None
     if pools.memory.windows:  # the window layers' pages: taken, and out-of-window ones freed
-        grown = pools.memory.grow(slots, pools.slot_tokens[slots], new_lens, pools.page_size)
+        old_lens = pools.slot_tokens[slots]
+        first_read = old_lens if reads_from is None else reads_from
+        grown = pools.memory.grow(slots, old_lens, new_lens, first_read, pools.page_size)
         if isinstance(grown, OutOfKVTokens):
             return grown
         memory = grown

@@ -81,17 +81,20 @@ class WindowPages:
         return self.table[slot, start : -(-num_tokens // self.page_size)]
 
     def grow(
-        self, slots: HostArray, old_lens: HostArray, new_lens: HostArray
+        self, slots: HostArray, old_lens: HostArray, new_lens: HostArray, reads_from: HostArray
     ) -> WindowPages | tuple[int, int]:
         """Rows grown from `old_lens` to `new_lens`: new pages taken, pages out of window freed.
 
-        Returns the new value, or `(pages needed, pages available)` when the
-        window pages fall short (nothing changed then).
+        `reads_from` is the first position each row's forward queries:
+        `old_lens`, or less for a forward that queries tokens again (a
+        verify window its decode token). Returns the new value, or `(pages
+        needed, pages available)` when the window pages fall short (nothing
+        changed then).
         """
         page_size = self.page_size
         start = self.starts[slots]
-        # The forward reads from `old - window + 1` on: pages wholly before it are free.
-        keep = np.maximum(old_lens - self.window + 1, 0) // page_size * page_size
+        # The forward reads from `reads_from - window + 1` on: pages wholly before it are free.
+        keep = np.maximum(reads_from - self.window + 1, 0) // page_size * page_size
         dropping = np.flatnonzero(keep > start)  # a decode step: a row now and then
         first_new = -(-old_lens // page_size)
         num_new = -(-new_lens // page_size) - first_new
