@@ -28,6 +28,7 @@ from batchstate import (
     Req,
     SlidingWindow,
     StaleRecord,
+    accepted_states,
     check_batch,
     check_leaks,
     check_pools,
@@ -40,6 +41,7 @@ from batchstate import (
     make_pools,
     merge,
     mix,
+    pad,
     release,
     settle,
     settle_ahead,
@@ -337,3 +339,40 @@ def test_verify_windows_keep_the_window_pages_their_forwards_read() -> None:
     synced, pools = sync(window, np.array([1]), pools)
     check_pools(pools, [synced])
     assert int(synced.rows.seq_lens.host[0]) == 21 + 2 + 1 + 1
+
+
+def test_padded_rows_read_the_padding_window_page_and_state() -> None:
+    pools = _pools()
+    extended, pools = unwrap(extend(idle(CPU), _reqs(0, 2), pools))
+    running, pools = unwrap(decode(extended, pools))
+    padded = unwrap(pad(forward_inputs(running, pools.table, pools.page_size), [4]))
+    hybrid = hybrid_inputs(padded.inputs, pools)
+    window, states = hybrid.windows[0], hybrid.states[0].state_indices.host
+    assert hybrid.num_rows == 4
+    assert states.tolist()[2:] == [0, 0] and (states[:2] > 0).all()
+    indptr = window.kv_indptr.host
+    assert window.kv_indices.host[indptr[2] :].tolist() == [0, 0]  # one padding page each
+    assert window.out_cache_loc.host[2:].tolist() == [0, 0]
+    unpadded = hybrid_inputs(forward_inputs(running, pools.table, pools.page_size), pools)
+    assert (
+        window.kv_indices.host[: indptr[2]].tolist() == unpadded.windows[0].kv_indices.host.tolist()
+    )
+
+
+def test_a_verify_window_on_hybrid_pools_reads_nothing_from_the_device() -> None:
+    with device_reads(forbid=True) as log:
+        pools = make_pools(8, 128, 1024, META, 4, memory=_kinds())
+        extended, pools = unwrap(extend(idle(META), _reqs(0, 3), pools))
+        decoding, pools = unwrap(decode(extended, pools))
+        window, pools = unwrap(verify(decoding, [2, 0, 3], pools))
+        inputs = forward_inputs(window, pools.table, pools.page_size, slot_tokens=pools.slot_tokens)
+        hybrid = hybrid_inputs(inputs, pools)
+        accepted = torch.zeros(3, dtype=torch.int64, device=META)  # written by the forward
+        copies = accepted_states(inputs, hybrid, accepted)
+        padded = unwrap(pad(inputs, [4, 8]))
+        hybrid_inputs(padded.inputs, pools)
+        synced, pools = sync(window, np.array([1, 0, 3]), pools)  # counts the host has
+        check_pools(pools, [synced])
+    assert log.report().count == 0
+    assert copies.sources.device.device == META
+    assert copies.targets.host.tolist() == hybrid.states[0].state_indices.host.tolist()

@@ -95,6 +95,9 @@ def hybrid_inputs(inputs: ForwardInputs, pools: Pools) -> HybridInputs:
 
     Pass the pools the forward's transition returned: they hold exactly
     the forward's rows and lengths. One upload; nothing read from the device.
+    Padded inputs (`pad(...).inputs`, or a filled bucket's) work too: a
+    padding row, at slot 0, reads and writes the padding window page 0 and
+    the padding state slot 0.
 
     Raises:
         ForwardInputsError: `pools` are not the ones `inputs` were built
@@ -116,7 +119,8 @@ def hybrid_inputs(inputs: ForwardInputs, pools: Pools) -> HybridInputs:
     slots, seq = inputs.req_pool_indices.host, inputs.seq_lens.host
     if inputs.kv_cache_size != pools.kv_cache_size or inputs.table_rows != pools.max_reqs + 1:
         raise ForwardInputsError("hybrid_inputs: the inputs were built against other pools")
-    if inputs.num_rows and not np.array_equal(pools.slot_tokens[slots], seq):
+    real = slots != 0  # a padded forward's padding rows sit at slot 0, which no row owns
+    if inputs.num_rows and not np.array_equal(pools.slot_tokens[slots[real]], seq[real]):
         raise ForwardInputsError(
             "hybrid_inputs: the pools hold other lengths than the forward's rows: pass the"
             " pools the forward's transition returned"
