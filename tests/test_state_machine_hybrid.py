@@ -1,4 +1,4 @@
-"""The speculative state machine on hybrid pools: window pages and a state per request.
+"""The speculative and misuse state machines on hybrid pools: window pages and a state per request.
 
 `HybridMachine` runs every rule of `SpeculativeMachine` (admission, chunks,
 mixed steps, decode, filter, merge, split, release, verify and sync) on
@@ -7,17 +7,23 @@ request slot. The window pool is at least as large as the full-attention
 pool, and a row's window pages are always a subset of its pages, so the
 model's predictions of every failure stay exact; `check_pools` then checks,
 after every step, conservation of window pages and state slots too.
+`HybridMisuseMachine` runs the misuse machine on hybrid pools: every misuse
+refused with every input unchanged, and no live window page or state slot
+ever free or another row's.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
+import numpy as np
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant
 
 from batchstate import MemoryKinds, RecurrentState, SlidingWindow, find_leaks, make_pools
 from tests.strategies import CPU, LONG, PoolShape, pool_shapes
+from tests.test_misuse_machine import PAGE, MisuseMachine
 from tests.test_state_machine import _counts, _failures, run_timed
 from tests.test_state_machine_split import SpeculativeMachine, _roomy_shapes
 
@@ -67,3 +73,35 @@ def test_hybrid_state_machine() -> None:
     )
     assert _counts["hybrid_steps"] > _counts["examples"], "the machine ran no steps"
     assert {"OutOfKVTokens", "OutOfReqSlots"} <= set(_failures)
+
+
+class HybridMisuseMachine(MisuseMachine):
+    """The misuse machine on hybrid pools: every misuse refused, window pages and states too."""
+
+    @initialize()
+    def start(self) -> None:  # no cache to draw: hybrid pools refuse it
+        kinds = MemoryKinds((SlidingWindow(6, 96), RecurrentState(state_size=4, num_states=6)))
+        self.pools = make_pools(6, 48, 96, CPU, PAGE, memory=kinds)
+
+    @invariant()
+    def every_live_window_page_and_state_has_one_owner(self) -> None:
+        pools, rows = self.pools, self.running.rows
+        if not pools.memory.windows:
+            return  # before start
+        windows, states = pools.memory.windows[0], pools.memory.states[0]
+        slots, lens = rows.req_pool_indices.host.tolist(), rows.seq_lens.host.tolist()
+        held = [windows.row_pages(slot, length) for slot, length in zip(slots, lens, strict=True)]
+        pages = np.concatenate(held) if held else np.empty(0, np.int64)
+        assert np.unique(pages).shape[0] == pages.shape[0], "a window page in two rows"
+        assert not np.isin(pages, windows.page_list.ids).any(), "a live row's window page is free"
+        owned = states.of_slot[rows.req_pool_indices.host]
+        assert (owned > 0).all() and not np.isin(owned, states.free.ids).any()
+
+
+HybridMisuseMachine.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_hybrid_misuse_machine = HybridMisuseMachine.TestCase
