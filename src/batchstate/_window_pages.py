@@ -12,7 +12,7 @@ forward inputs upload the few window pages each row reads.
 
 from __future__ import annotations
 
-from typing import final
+from typing import Final, final
 
 import attrs
 import numpy as np
@@ -94,28 +94,30 @@ class WindowPages:
         page_size = self.page_size
         start = self.starts[slots]
         # The forward reads from `reads_from - window + 1` on: pages wholly before it are free.
-        keep = np.maximum(reads_from - self.window + 1, 0) // page_size * page_size
+        keep = np.maximum(reads_from - (self.window - 1), 0)
+        keep -= keep % page_size
         dropping = np.flatnonzero(keep > start)  # a decode step: a row now and then
-        first_new = -(-old_lens // page_size)
-        num_new = -(-new_lens // page_size) - first_new
-        opening = np.flatnonzero(num_new)  # a decode step: rows whose token opens a page
-        dropped_slots = slots[dropping]
-        first_dropped = start[dropping] // page_size
-        num_dropped = keep[dropping] // page_size - first_dropped
-        total_dropped, total_new = int(num_dropped.sum()), int(num_new[opening].sum())
-        if total_new > len(self.page_list) + total_dropped:
-            return total_new, len(self.page_list) + total_dropped
+        round_up = page_size - 1
+        num_new = (new_lens + round_up) // page_size - (old_lens + round_up) // page_size
+        total_new = int(num_new.sum())
+        dropped = _NO_PAGES
+        if dropping.shape[0]:
+            first_dropped = start[dropping] // page_size
+            num_dropped = keep[dropping] // page_size - first_dropped
+            dropped = self.table[_cells(slots[dropping], first_dropped, num_dropped)]
+        if total_new > len(self.page_list) + dropped.shape[0]:
+            return total_new, len(self.page_list) + dropped.shape[0]
         page_list, starts = self.page_list, self.starts
-        if total_dropped:
-            page_list = page_list.give(
-                self.table[_cells(dropped_slots, first_dropped, num_dropped)]
-            )
+        if dropped.shape[0]:
+            page_list = page_list.give(dropped)
             moved = starts.copy()
-            moved[dropped_slots] = keep[dropping]
+            moved[slots[dropping]] = keep[dropping]
             starts = frozen(moved)
         if total_new:
             pages, page_list = page_list.take(total_new)
-            cells = _cells(slots[opening], first_new[opening], num_new[opening])
+            opening = np.flatnonzero(num_new)  # a decode step: rows whose token opens a page
+            first_new = (old_lens[opening] + round_up) // page_size
+            cells = _cells(slots[opening], first_new, num_new[opening])
             with writing(self.table):  # cells past each row's end: unused by every value
                 self.table[cells] = pages
         return WindowPages(self.kind, page_size, page_list, starts, self.table)
@@ -164,6 +166,9 @@ class WindowPages:
             f"WindowPages(window={self.window}, free_pages={len(self.page_list)}/{self.num_pages},"
             f" page_size={self.page_size})"
         )
+
+
+_NO_PAGES: Final = frozen(np.empty(0, dtype=np.int64))
 
 
 def _cells(slots: HostArray, first: HostArray, counts: HostArray) -> tuple[HostArray, HostArray]:
