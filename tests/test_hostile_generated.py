@@ -25,10 +25,14 @@ import batchstate
 from batchstate import (
     SGLANG_FILLS,
     GraphBuffers,
+    MemoryKinds,
     Pools,
+    RecurrentState,
     Req,
     Sampled,
     Sampling,
+    SlidingWindow,
+    accepted_states,
     bucket,
     build_columns,
     check_batch,
@@ -43,6 +47,7 @@ from batchstate import (
     flush,
     follow,
     forward_inputs,
+    hybrid_inputs,
     idle,
     join_sampled,
     keep_indices,
@@ -144,6 +149,27 @@ def _forward(cache: bool) -> Call:
     return forward_inputs, [batch, pools.table, pools.page_size]
 
 
+def _hybrid(cache: bool) -> Call:
+    # Hybrid pools refuse the prefix cache: with it on, the full-attention pools' (no kinds).
+    kinds = MemoryKinds(() if cache else (SlidingWindow(4, 64), RecurrentState(8, 4)))
+    pools = make_pools(8, 64, 256, CPU, 4, prefix_cache=cache, memory=kinds)
+    extended, pools = extend(idle(CPU), [Req(0, (1, 2, 3)), Req(1, (4, 5))], pools).unwrap()
+    batch, pools = decode(extended, pools).unwrap()
+    return hybrid_inputs, [forward_inputs(batch, pools.table, pools.page_size), pools]
+
+
+def _accepted_states(cache: bool) -> Call:
+    # A verify window's forward on hybrid pools (full attention with the cache on: no state,
+    # so only the cache-off case is a legal call; the table runs its bad arguments cache off).
+    kinds = MemoryKinds((SlidingWindow(4, 64), RecurrentState(8, 4)))
+    pools = make_pools(8, 64, 256, CPU, 4, memory=kinds)
+    extended, pools = extend(idle(CPU), [Req(0, (1, 2, 3)), Req(1, (4, 5))], pools).unwrap()
+    batch, pools = decode(extended, pools).unwrap()
+    window, pools = verify(batch, [1, 0], pools).unwrap()
+    inputs = forward_inputs(window, pools.table, pools.page_size, slot_tokens=pools.slot_tokens)
+    return accepted_states, [inputs, hybrid_inputs(inputs, pools), torch.tensor([1, 0])]
+
+
 def _pad(cache: bool) -> Call:
     batch, pools = _running(cache)
     return pad, [forward_inputs(batch, pools.table, pools.page_size), [4], SGLANG_FILLS]
@@ -211,6 +237,8 @@ LEGAL: Final[dict[str, Callable[[bool], Call]]] = {
     "flush": lambda c: (flush, [_pools(c)]),
     "follow": lambda c: (follow, [*_sampled(c)]),
     "forward_inputs": _forward,
+    "hybrid_inputs": _hybrid,
+    "accepted_states": _accepted_states,
     "idle": lambda c: (idle, [CPU]),
     "join_sampled": lambda c: (join_sampled, [*_two_sampled(c)]),
     "keep_indices": lambda c: (keep_indices, [[0, 2], 3]),

@@ -42,6 +42,7 @@ from batchstate import (
     filter_batch,
     find_leaks,
     forward_inputs,
+    hybrid_inputs,
     idle,
     merge,
     mix,
@@ -292,6 +293,18 @@ def _assert_inputs(inputs: ForwardInputs, seq_lens: list[int]) -> None:
     )
 
 
+def _call_hybrid_inputs(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    # These pools are full attention: no kind, so no window or state inputs (test_hybrid_pools
+    # covers hybrid pools).
+    assert isinstance(source, Decoding)
+    inputs = forward_inputs(source, pools.table, pools.page_size)
+    hybrid = hybrid_inputs(inputs, pools)
+    assert (hybrid.num_rows, hybrid.windows, hybrid.states) == (len(source.rows), (), ())
+    return hybrid, pools, [source]
+
+
 def _call_pad(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
     assert isinstance(source, Decoding)
     inputs = forward_inputs(source, pools.table, pools.page_size)
@@ -356,6 +369,7 @@ CALLERS: dict[Callable[..., object], Caller] = {
     decode_sampled: _call_decode_sampled,  # type: ignore[dict-item]  # as above
     forward_inputs: _call_forward_inputs,  # type: ignore[dict-item]  # as above
     pad: _call_pad,  # type: ignore[dict-item]  # as above
+    hybrid_inputs: _call_hybrid_inputs,  # type: ignore[dict-item]  # as above
     fill: _call_fill,  # type: ignore[dict-item]  # as above
 }
 

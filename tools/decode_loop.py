@@ -21,12 +21,14 @@ import torch
 from returns.result import Success
 
 from batchstate import (
+    FULL_ATTENTION,
     Batch,
     Decoding,
     Extended,
     Filtered,
     GraphBuffers,
     Idle,
+    MemoryKinds,
     Pools,
     Req,
     Verifying,
@@ -64,6 +66,7 @@ class LoopConfig:
     first_reqs: int = 8
     admit_every: int = 5  # steps between admissions of two new requests
     draft_every: int = 0  # steps between speculative verify steps; 0 for none
+    memory: MemoryKinds = FULL_ATTENTION  # a hybrid model's window pages and state slots
 
 
 @final
@@ -104,7 +107,12 @@ def run_loop(
         AssertionError: a transition failed where the script leaves room.
     """
     pools = make_pools(
-        config.max_reqs, config.max_context_len, config.num_kv_tokens, device, config.page_size
+        config.max_reqs,
+        config.max_context_len,
+        config.num_kv_tokens,
+        device,
+        config.page_size,
+        memory=config.memory,
     )
     snapshots: list[Snapshot] = []
     buckets = _Buckets.allocate(device, config)

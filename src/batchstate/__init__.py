@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         EmptyPrompt,
         InvariantViolation,
         KeepIndicesError,
+        MemoryKindError,
         NoChunkBudget,
         NotHeld,
         NotOwned,
@@ -55,8 +56,11 @@ if TYPE_CHECKING:
     )
     from batchstate._free_list import FreeList
     from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError
+    from batchstate._hybrid_inputs import HybridInputs, StateInputs, WindowInputs, hybrid_inputs
+    from batchstate._hybrid_pools import HybridPools
     from batchstate._invariants import check_batch, check_pools
     from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
+    from batchstate._memory_kinds import FULL_ATTENTION, MemoryKinds, RecurrentState, SlidingWindow
     from batchstate._merge import merge
     from batchstate._mirrored import DeviceOnly, Mirrored
     from batchstate._mix import MixError, decode_sampled, mix
@@ -81,6 +85,8 @@ if TYPE_CHECKING:
     from batchstate._sampling import Sampling
     from batchstate._sampling_params import GREEDY, SamplingParams
     from batchstate._speculative import sync, verify
+    from batchstate._state_copies import StateCopies, accepted_states
+    from batchstate._state_slots import StateSlots
     from batchstate._token_table import TokenTable
     from batchstate._transitions import TRANSITIONS, Transition
     from batchstate._unwrap import UnwrapError, unwrap
@@ -88,10 +94,12 @@ if TYPE_CHECKING:
     from batchstate._verified import Verified, read_verified
     from batchstate._verifying import Verifying, VerifyStep
     from batchstate._version import __version__
+    from batchstate._window_pages import WindowPages
 
 
 __all__ = [
     "FILL_FIELDS",
+    "FULL_ATTENTION",
     "GREEDY",
     "SGLANG_FILLS",
     "TRANSITIONS",
@@ -126,10 +134,14 @@ __all__ = [
     "GraphBuffersError",
     "Holder",
     "HostColumn",
+    "HybridInputs",
+    "HybridPools",
     "Idle",
     "InvariantViolation",
     "KeepIndicesError",
     "Leaks",
+    "MemoryKindError",
+    "MemoryKinds",
     "Mirrored",
     "MixError",
     "MixStep",
@@ -150,6 +162,7 @@ __all__ = [
     "PoolsArgumentError",
     "PrefixCache",
     "RecordShapeError",
+    "RecurrentState",
     "ReleaseError",
     "Req",
     "Rows",
@@ -158,9 +171,13 @@ __all__ = [
     "Sampling",
     "SamplingParams",
     "Settled",
+    "SlidingWindow",
     "Split",
     "StalePools",
     "StaleRecord",
+    "StateCopies",
+    "StateInputs",
+    "StateSlots",
     "Step",
     "StillRunning",
     "TokenTable",
@@ -171,7 +188,10 @@ __all__ = [
     "Verified",
     "VerifyStep",
     "Verifying",
+    "WindowInputs",
+    "WindowPages",
     "__version__",
+    "accepted_states",
     "bucket",
     "build_columns",
     "check_batch",
@@ -186,6 +206,7 @@ __all__ = [
     "flush",
     "follow",
     "forward_inputs",
+    "hybrid_inputs",
     "idle",
     "join_sampled",
     "keep_indices",

@@ -151,7 +151,8 @@ def verify_ahead(
     if too_long.any():
         row = int(too_long.argmax())
         return Failure(ContextTooLong(window.reqs[row].rid, int(bound[row]), pools.max_context_len))
-    allocation = take_tokens(pools, slots, held, bound)
+    # The next window's forward queries from `floor + accepted` on: `floor` at the least.
+    allocation = take_tokens(pools, slots, held, bound, floor)
     if isinstance(allocation, OutOfKVTokens):
         return Failure(allocation)
     new_locs, after = allocation

@@ -25,6 +25,7 @@ __all__ = [
     "EmptyPrompt",
     "InvariantViolation",
     "KeepIndicesError",
+    "MemoryKindError",
     "NoChunkBudget",
     "NotHeld",
     "NotOwned",
@@ -245,6 +246,16 @@ class ColumnError(ValueError):
     """A column set that is not one, or a column of the wrong length, dtype or device.
 
     Raised before anything is allocated: the pools passed in stay as they were.
+    """
+
+
+class MemoryKindError(ValueError):
+    """A description of the pools' memory kinds that they cannot hold.
+
+    A window of 0 or longer than the context, window token slots that are
+    not whole pages, a state size that does not fit, or a kind the pools do
+    not support with these options. Raised by `make_pools`, before anything
+    is made.
     """
 
 

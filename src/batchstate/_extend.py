@@ -172,14 +172,13 @@ def _admit(
     if problem is not None:
         return problem
     num_new = len(inputs) - len(held)
-    if num_new > pools.num_free_slots:
-        return OutOfReqSlots(num_new, pools.num_free_slots)
     new_ids = [item.input_ids for item in inputs if not isinstance(item, Chunked)]
     locked, matched, pages = (
         lock_cached_prefixes(pools, new_ids) if match else (pools, [0] * num_new, [])
     )
-    allocated = take_slots(locked, num_new)
-    assert not isinstance(allocated, OutOfReqSlots), "slots were counted above"
+    allocated = take_slots(locked, num_new)  # too few free slots (or states): nothing taken
+    if isinstance(allocated, OutOfReqSlots):
+        return allocated
     return _place(
         batch, inputs, reqs, cached, _Matched(matched, pages), allocated, columns, retire=match
     )

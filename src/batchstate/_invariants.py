@@ -8,6 +8,7 @@ import numpy as np
 
 from batchstate._columns import C
 from batchstate._errors import InvariantViolation, PhaseError, RecordShapeError
+from batchstate._hybrid_checks import check_hybrid
 from batchstate._mirrored import torch_dtype
 from batchstate._phases import Batch, Decoding, Extended
 from batchstate._pools import Pools, expect_pools
@@ -87,7 +88,9 @@ def check_pools(
     `seq_len` tokens, at the row's generation. `compare_device` also
     compares the table's two sides (it syncs). With the prefix cache on,
     free + cached + private = capacity instead, and the cache's tree and
-    locks are checked too (see `check_shared_pools`).
+    locks are checked too (see `check_shared_pools`). Hybrid pools conserve
+    each kind too: window pages and state slots, free + held by owned slots
+    = capacity, none held by a free slot.
 
     Raises:
         InvariantViolation: naming the invariant and the numbers.
@@ -110,6 +113,8 @@ def check_pools(
         f"request slots: {pools.num_free_slots} free + {owned_slots.shape[0]} owned"
         f" != {max_reqs}, or a slot is both or neither",
     )
+    if pools.memory.kinds.is_hybrid:  # window pages and state slots, each conserved
+        check_hybrid(pools, owned_slots)
     table = pools.table.host
     owned_pages = [
         table[slot, 0 : int(slot_tokens[slot]) : page_size].astype(np.int64) // page_size

@@ -8,6 +8,7 @@ from typing import Protocol, final
 import attrs
 
 from batchstate._errors import InvariantViolation
+from batchstate._hybrid_checks import unheld_hybrid
 from batchstate._pools import Pools, expect_pools
 
 __all__ = ["Holder", "Leaks", "check_leaks", "find_leaks"]
@@ -37,6 +38,8 @@ class Leaks:
     held at another length than the pools own (a stale record); `stale`
     slots are held at another generation than the slot's (a record from
     before the slot was released and handed out again, whatever its length).
+    With hybrid pools, `unheld_window_pages` and `unheld_states` count the
+    window pages and state slots the unheld slots hold, lost with them.
     """
 
     unheld: tuple[int, ...] = ()
@@ -45,6 +48,8 @@ class Leaks:
     held_twice: tuple[int, ...] = ()
     wrong_length: tuple[int, ...] = ()
     stale: tuple[int, ...] = ()
+    unheld_window_pages: int = 0
+    unheld_states: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.unheld or self.held_twice or self.wrong_length or self.stale)
@@ -56,7 +61,12 @@ class Leaks:
         if self.unheld:
             parts.append(
                 f"slots {list(self.unheld)} are owned but held by no record"
-                f" ({self.unheld_tokens} KV tokens, {self.unheld_pages} pages)"
+                f" ({self.unheld_tokens} KV tokens, {self.unheld_pages} pages"
+                + (
+                    f", {self.unheld_window_pages} window pages, {self.unheld_states} states)"
+                    if self.unheld_window_pages or self.unheld_states
+                    else ")"
+                )
             )
         if self.held_twice:
             parts.append(f"slots {list(self.held_twice)} are held twice")
@@ -110,6 +120,7 @@ def find_leaks(pools: Pools, holders: Iterable[Holder]) -> Leaks:
         tuple(sorted(twice)),
         tuple(sorted(wrong)),
         tuple(sorted(stale)),
+        *(unheld_hybrid(pools, list(unheld)) if pools.memory.kinds.is_hybrid else ()),
     )
 
 

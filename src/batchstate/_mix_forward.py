@@ -86,7 +86,8 @@ def _build(
             return OutOfReqSlots(num_new, pools.num_free_slots)
         pools = lock_matched_prefixes(pools, new_ids, matched)
         allocated = take_slots(pools, num_new)
-        assert not isinstance(allocated, OutOfReqSlots), "slots were counted above"
+        if isinstance(allocated, OutOfReqSlots):  # hybrid pools: fewer state slots than slots
+            return allocated
         taken, pools = allocated
         new_slots = taken.tolist()
     num_extend = len(chunks.reqs)

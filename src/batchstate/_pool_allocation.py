@@ -35,13 +35,20 @@ def take_slots(pools: Pools, num_slots: int) -> tuple[HostArray, Pools] | OutOfR
     """`num_slots` free request slots at one new generation, owning no tokens yet."""
     if num_slots > pools.num_free_slots:
         return OutOfReqSlots(num_slots, pools.num_free_slots)
+    memory = pools.memory
+    if memory.states and num_slots > memory.free_states():
+        return OutOfReqSlots(num_slots, memory.free_states())  # a state slot per request
     slots, rest = pools.slot_list.take(num_slots)
     slot_gens = pools.slot_gens.copy()
     slot_gens[slots] = pools.next_gen  # one generation per allocation call
     # A copy: the rows keep these as their mirror, and a view would tie that mirror to
     # the free list's buffer, which later values write.
     return frozen(slots.copy()), next_version(
-        pools, slot_list=rest, slot_gens=frozen(slot_gens), next_gen=pools.next_gen + 1
+        pools,
+        slot_list=rest,
+        slot_gens=frozen(slot_gens),
+        next_gen=pools.next_gen + 1,
+        memory=memory.take_slots(slots) if memory.states else None,
     )
 
 
@@ -59,15 +66,24 @@ def reissue(pools: Pools, slots: HostArray) -> tuple[HostArray, Pools]:
 
 
 def take_tokens(
-    pools: Pools, slots: HostArray, old_lens: HostArray, new_lens: HostArray
+    pools: Pools,
+    slots: HostArray,
+    old_lens: HostArray,
+    new_lens: HostArray,
+    reads_from: HostArray | None = None,
 ) -> Allocation | OutOfKVTokens:
-    """Locations for positions `[old_lens[i], new_lens[i])` of each slot `slots[i]`."""
+    """Locations for positions `[old_lens[i], new_lens[i])` of each slot `slots[i]`.
+
+    `reads_from`: the first position each row's forward queries, where it
+    is before `old_lens` (a verify window queries its decode token again);
+    window pages are given back only before what that position reads.
+    """
     page_size = pools.page_size
     num_tokens = new_lens - old_lens
     pages_before = (old_lens + page_size - 1) // page_size
     new_pages_per_row = (new_lens + page_size - 1) // page_size - pages_before
     num_new_pages = int(new_pages_per_row.sum())
-    taken = _take_pages(pools, slots, new_lens, num_new_pages)
+    taken = _take_pages(pools, slots, new_lens, num_new_pages, reads_from)
     if isinstance(taken, OutOfKVTokens):
         return taken
     new_pages, after = taken
@@ -138,7 +154,11 @@ def take_next(pools: Pools, slots: HostArray, new_lens: HostArray) -> Allocation
 
 
 def _take_pages(
-    pools: Pools, slots: HostArray, new_lens: HostArray, num_pages: int
+    pools: Pools,
+    slots: HostArray,
+    new_lens: HostArray,
+    num_pages: int,
+    reads_from: HostArray | None = None,
 ) -> tuple[HostArray, Pools] | OutOfKVTokens:
     # The first `num_pages` free pages, evicting cached ones when free pages fall
     # short, and pools where `slots` own `new_lens` tokens.
@@ -153,11 +173,24 @@ def _take_pages(
             return OutOfKVTokens(num_pages, available, pools.page_size)
         cache, evicted = cache._evict(shortage)
         page_list = page_list.give(np.array(evicted, dtype=np.int64))
+    memory = None
+    if pools.memory.windows:  # the window layers' pages: taken, and out-of-window ones freed
+        old_lens = pools.slot_tokens[slots]
+        first_read = old_lens if reads_from is None else reads_from
+        grown = pools.memory.grow(slots, old_lens, new_lens, first_read, pools.page_size)
+        if isinstance(grown, OutOfKVTokens):
+            return grown
+        memory = grown
     pages, rest = page_list.take(num_pages)
     slot_tokens = pools.slot_tokens.copy()
     slot_tokens[slots] = new_lens
     return pages, next_version(
-        pools, page_list=rest, retired=NO_INTS, slot_tokens=frozen(slot_tokens), cache=cache
+        pools,
+        page_list=rest,
+        retired=NO_INTS,
+        slot_tokens=frozen(slot_tokens),
+        cache=cache,
+        memory=memory,
     )
 
 

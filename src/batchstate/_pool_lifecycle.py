@@ -6,7 +6,9 @@ import numpy as np
 import torch
 
 from batchstate._free_list import FreeList
+from batchstate._hybrid_pools import hybrid_pools
 from batchstate._lineage import Stamp
+from batchstate._memory_kinds import FULL_ATTENTION, MemoryKinds, check_kinds
 from batchstate._mirrored import NO_INTS, frozen
 from batchstate._pool_versions import next_version
 from batchstate._pools import _NO_PREFIXES, Pools, expect_pools
@@ -24,6 +26,7 @@ def make_pools(
     page_size: int = 1,
     *,
     prefix_cache: bool = False,
+    memory: MemoryKinds = FULL_ATTENTION,
 ) -> Pools:
     """Empty pools: every slot and page free, and an empty prefix cache (on or off).
 
@@ -36,9 +39,15 @@ def make_pools(
         page_size: tokens per page, >= 1.
         prefix_cache: whether finished prefills and released rows leave their
             whole pages cached for later requests with the same prefix.
+        memory: the memory kinds of a hybrid model's other layers (sliding
+            window pages, recurrent state slots; docs/hybrid.md). The
+            default, full attention only, makes the pools of a plain model.
 
     Raises:
         ValueError: a size is not positive, or `num_kv_tokens % page_size`.
+        MemoryKindError: `memory` describes memory these pools cannot hold
+            (a window of 0 or past `max_context_len`, a state that does not
+            fit, hybrid kinds with the prefix cache on).
 
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"), page_size=16)
     >>> pools.num_free_slots, pools.num_free_tokens, pools.kv_cache_size
@@ -53,6 +62,7 @@ def make_pools(
             f"num_kv_tokens must be a non-negative multiple of page_size={page_size},"
             f" got {num_kv_tokens}"
         )
+    check_kinds(memory, max_context_len, page_size, cached=prefix_cache)
     num_pages = num_kv_tokens // page_size
     stamp = Stamp()
     table = TokenTable.zeros(
@@ -76,6 +86,7 @@ def make_pools(
         _NO_PREFIXES,
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
         stamp.first_gen,
+        hybrid_pools(memory, page_size, max_reqs, max_context_len),
         stamp,
         stamp.current,  # version 0: the newest
     )

@@ -62,6 +62,11 @@ def give_back_slots(
             page_list=pools.page_list.give(pages),
             slot_tokens=_zeroed(pools.slot_tokens, slots),
             slot_gens=_zeroed(pools.slot_gens, slots),
+            memory=(
+                pools.memory.give_back(slots, pools.slot_tokens[slots])
+                if pools.memory.kinds.is_hybrid
+                else None
+            ),
         )
     )
 
@@ -107,8 +112,14 @@ def shrink_slots(pools: Pools, slots: HostArray, new_lens: HostArray) -> Result[
     pages = pools.table.host[slots[rows], page_index * page_size].astype(np.int64) // page_size
     slot_tokens = pools.slot_tokens.copy()
     slot_tokens[slots] = new_lens
+    memory = pools.memory.shrink(slots, held, new_lens) if pools.memory.windows else None
     return Success(
-        next_version(pools, page_list=pools.page_list.give(pages), slot_tokens=frozen(slot_tokens))
+        next_version(
+            pools,
+            page_list=pools.page_list.give(pages),
+            slot_tokens=frozen(slot_tokens),
+            memory=memory,
+        )
     )
 
 

@@ -14,6 +14,7 @@ from returns.result import Failure, Result, Success
 
 from batchstate._errors import OutOfKVTokens
 from batchstate._free_list import FreeList
+from batchstate._hybrid_pools import HybridPools
 from batchstate._mirrored import HostArray
 from batchstate._prefix_cache import PrefixCache, Tokens
 
@@ -36,6 +37,7 @@ def next_version(  # one keyword per field a transition may replace
     prefixes: Map[int, Tokens] | None = None,
     slot_gens: HostArray | None = None,
     next_gen: int | None = None,
+    memory: HybridPools | None = None,
 ) -> Pools:
     """A copy of `pools` with some fields replaced, at a new version not yet committed.
 
@@ -54,6 +56,7 @@ def next_version(  # one keyword per field a transition may replace
         pools.prefixes if prefixes is None else prefixes,
         pools.slot_gens if slot_gens is None else slot_gens,
         pools.next_gen if next_gen is None else next_gen,
+        pools.memory if memory is None else memory,
         pools._stamp,
         pools._stamp.issue(),
     )

@@ -12,7 +12,9 @@ from returns.result import Failure, Result, Success
 from batchstate._copies import read_only_copies
 from batchstate._errors import NotOwned, OutOfKVTokens, OutOfReqSlots, StalePools
 from batchstate._free_list import FreeList
+from batchstate._hybrid_pools import HybridPools
 from batchstate._lineage import Stamp
+from batchstate._memory_kinds import MemoryKinds
 from batchstate._mirrored import HostArray, describe
 from batchstate._pool_allocation import Allocation, take_fresh, take_next, take_slots, take_tokens
 from batchstate._pool_arguments import (
@@ -64,6 +66,11 @@ class Pools:
     record holding the slot carries: a holder from before the slot was
     released and handed out again is refused, whatever its lengths.
 
+    A hybrid model's pools (`make_pools(..., memory=...)`) also hold, in
+    `memory`, window pages (given back as rows grow past their window) and
+    a state slot per owned request slot, each allocated and freed by the
+    same calls as the slots and pages above (docs/hybrid.md).
+
     NOTE: pools are linear, and that is enforced: every value of one
     lineage (one `make_pools`) shares the table and free-list buffers, and
     a version stamp beside them. A successful transition commits its
@@ -91,6 +98,9 @@ class Pools:
     # read-only int64 [max_reqs + 1], slot -> the generation its owner holds it at (0: free)
     slot_gens: HostArray
     next_gen: int  # the generation the next slot allocation gets, >= 1
+    # Window pages and state slots of a hybrid model (`make_pools(..., memory=...)`);
+    # empty for full attention, which pays one truthiness test per allocation for it.
+    memory: HybridPools
     _stamp: Stamp  # shared by the lineage: which version is the newest
     _version: int  # this value's version
 
@@ -120,6 +130,11 @@ class Pools:
     def free_pages(self) -> HostArray:
         """Free KV pages, read-only int64 `[num_free_pages]`, in hand-out order."""
         return self.page_list.ids
+
+    @property
+    def memory_kinds(self) -> MemoryKinds:
+        """The memory kinds the pools were made with (`FULL_ATTENTION` when none)."""
+        return self.memory.kinds
 
     @property
     def max_reqs(self) -> int:
@@ -297,8 +312,9 @@ class Pools:
             if self.cache.enabled
             else ""
         )
+        hybrid = f" memory={self.memory!r}," if self.memory.kinds.is_hybrid else ""
         return (
-            f"Pools(free_slots={self.num_free_slots}/{self.max_reqs},"
+            f"Pools(free_slots={self.num_free_slots}/{self.max_reqs},{hybrid}"
             f" free_pages={len(self.page_list)}/{self.num_pages},{cached}"
             f" page_size={self.page_size}, table={describe('TokenTable', self.table.device)})"
         )

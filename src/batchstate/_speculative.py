@@ -94,7 +94,8 @@ def verify(
         return Failure(ContextTooLong(rows.reqs[row].rid, needed, pools.max_context_len))
     _expect_current(rows, pools)
     slots = rows.req_pool_indices.host
-    allocation = take_tokens(pools, slots, committed, reserved)
+    # The window's forward queries the decode token again, at `committed - 1`.
+    allocation = take_tokens(pools, slots, committed, reserved, committed - 1)
     if isinstance(allocation, OutOfKVTokens):
         return Failure(allocation)
     draft_locs, after = allocation

@@ -1,0 +1,237 @@
+"""Window pages and state slots, read as a forward reads them, give exactly what a row alone gives.
+
+A toy hybrid model with exact (integer-valued float64) arithmetic: each token's
+"KV" is one number, `token * 131 + position`. A full-attention layer sums the KV
+of every position up to the query's; a window layer sums the last `WINDOW`
+positions' only, read from its own window cache through `hybrid_inputs`' window
+pages; a recurrent layer folds `state = state / 2 + kv` in a state slot. Each
+forward writes its new tokens' KV at `out_cache_loc` (both caches), then reads.
+The oracle computes the same sums from each request's token list alone. A
+window page given back too early, handed to another row while still read, or a
+state slot shared or lost, makes a sum differ. The schedule mixes chunked
+prefills with decode rows, plain decodes, finishing requests and new ones
+taking the freed pages and states.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+from returns.result import Success
+
+from batchstate import (
+    Chunked,
+    Filtered,
+    ForwardInputs,
+    HybridInputs,
+    Idle,
+    MemoryKinds,
+    Mixed,
+    Pools,
+    RecurrentState,
+    Req,
+    SlidingWindow,
+    StateCopies,
+    accepted_states,
+    check_leaks,
+    check_pools,
+    decode,
+    filter_batch,
+    forward_inputs,
+    hybrid_inputs,
+    idle,
+    make_pools,
+    mix,
+    release,
+    settle,
+    split,
+    sync,
+    unwrap,
+    verify,
+)
+
+CPU = torch.device("cpu")
+
+
+def _kv(tokens: np.ndarray, positions: np.ndarray) -> npt.NDArray[np.float64]:
+    return np.asarray(tokens * 131 + positions, dtype=np.float64)
+
+
+class _Forward:
+    """The caches a toy hybrid model keeps, and one forward over them, checked row by row."""
+
+    def __init__(self, kv_cache_size: int, window_tokens: int, num_states: int, window: int):
+        self.full = torch.zeros(kv_cache_size, dtype=torch.float64)
+        self.windowed = torch.zeros(window_tokens, dtype=torch.float64)
+        self.states = torch.full((num_states + 1,), float("nan"), dtype=torch.float64)
+        self.checkpoints = torch.full((4096,), float("nan"), dtype=torch.float64)
+        self.window = window
+        self.rows_checked = 0
+
+    def run(  # one forward: its inputs, its tokens, how it keeps states
+        self,
+        inputs: ForwardInputs,
+        hybrid: HybridInputs,
+        ids: np.ndarray,
+        alone: list[list[int]],
+        checkpoint: bool = False,
+    ) -> None:
+        """Write the new tokens' KV, then check every query token against its row alone.
+
+        A verify forward (`checkpoint`) leaves each row's state slot as it was and writes
+        the state after each query token into `checkpoints`, at the token's place.
+        """
+        window, state = hybrid.windows[0], hybrid.states[0]
+        page = inputs.page_size
+        positions = inputs.positions.host
+        kv = torch.from_numpy(_kv(ids, positions))
+        self.full[inputs.out_cache_loc.device] = kv
+        self.windowed[window.out_cache_loc.device] = kv
+        qo, kv_indptr = inputs.qo_indptr.host, inputs.kv_indptr.host
+        pages = inputs.kv_indices.device.numpy()
+        w_indptr, w_pages = window.kv_indptr.host, window.kv_indices.host
+        for row, tokens in enumerate(alone):
+            held = _kv(np.array(tokens), np.arange(len(tokens)))
+            # Full attention: every position of the row, through the token table's pages.
+            full_locs = _locs(pages[kv_indptr[row] : kv_indptr[row + 1]], page)
+            full = self.full[full_locs[: int(inputs.seq_lens.host[row])]].numpy()
+            # Window layers: the row's window pages, from its window start on.
+            start = int(window.kv_starts.host[row])
+            window_locs = _locs(w_pages[w_indptr[row] : w_indptr[row + 1]], page)
+            seen = self.windowed[window_locs].numpy()
+            prefix = int(inputs.prefix_lens.host[row])
+            slot = int(state.state_indices.host[row])
+            carried = 0.0 if prefix == 0 else float(self.states[slot])  # a new row starts at 0
+            for token, position in enumerate(positions[qo[row] : qo[row + 1]].tolist()):
+                assert full[: position + 1].sum() == held[: position + 1].sum()
+                first = max(position - self.window + 1, 0)
+                assert start <= first, f"row {row}: window start {start} past {first}"
+                got = seen[first - start : position + 1 - start].sum()
+                assert got == held[first : position + 1].sum(), f"row {row} at {position}"
+                carried = carried / 2 + held[position]
+                self.checkpoints[int(qo[row]) + token] = carried
+            expected = 0.0
+            for value in held[: int(inputs.seq_lens.host[row])].tolist():
+                expected = expected / 2 + value
+            assert carried == expected
+            if not checkpoint:
+                self.states[slot] = carried
+            self.rows_checked += 1
+
+    def keep_accepted(self, copies: StateCopies) -> None:
+        """After a verify forward: each row's state slot takes its accepted checkpoint."""
+        self.states[copies.targets.device] = self.checkpoints[copies.sources.device]
+
+    def state_of(self, slot: int) -> float:
+        return float(self.states[slot])
+
+
+def _mix_what_fits(
+    running: Filtered | Idle, held: list[Chunked], waiting: list[Req], pools: Pools, last: list[int]
+) -> tuple[Mixed, Pools]:
+    # Fewer states than slots: admit fewer new requests until the step fits.
+    for count in (2, 1):
+        result = mix(running, [*held, *waiting[:count]], 24, pools, last)
+        if isinstance(result, Success):
+            mixed, after = unwrap(result)
+            return mixed, after
+    mixed, after = unwrap(mix(running, held, 24, pools, last))
+    return mixed, after
+
+
+def _locs(pages: np.ndarray, page: int) -> torch.Tensor:
+    return torch.tensor((pages[:, None] * page + np.arange(page)).ravel(), dtype=torch.int64)
+
+
+@pytest.mark.parametrize(("page", "window"), [(1, 5), (4, 6), (4, 13), (16, 20)])
+def test_window_and_state_reads_match_each_request_alone(page: int, window: int) -> None:
+    rng = np.random.default_rng(page * 100 + window)
+    kinds = MemoryKinds((SlidingWindow(window, 48 * page + 8 * window), RecurrentState(1, 6)))
+    pools = make_pools(8, 96, 8 * 96, CPU, page, memory=kinds)
+    model = _Forward(
+        pools.kv_cache_size, (kinds.windows[0].num_tokens // page + 1) * page, 6, window
+    )
+    tokens: dict[int, list[int]] = {}  # rid -> every token known (prompt and generated)
+    budget: dict[int, int] = {}  # rid -> tokens still to generate
+    lengths = rng.integers(3, 40, 24).tolist()
+    waiting = [Req(rid, tuple(rng.integers(0, 90, n).tolist())) for rid, n in enumerate(lengths)]
+    for req in waiting:
+        tokens[req.rid], budget[req.rid] = list(req.input_ids), int(rng.integers(3, 30))
+    running: Filtered | Idle = idle(CPU)
+    verified = 0
+    held: list[Chunked] = []
+    for step in range(400):
+        if not waiting and not held and not len(running.rows.reqs):
+            break
+        rows = running.rows
+        last = [tokens[req.rid][-1] for req in rows.reqs]
+        after: Filtered
+        if (waiting or held) and step % 3 != 2:
+            mixed, pools = _mix_what_fits(running, held, waiting, pools, last)
+            taken = {req.rid for req in mixed.rows.reqs}
+            waiting = [req for req in waiting if req.rid not in taken]
+            ids = mixed.input_ids.device.numpy()
+            inputs = forward_inputs(mixed, pools.table, pools.page_size)
+            alone = [tokens[req.rid] for req in mixed.rows.reqs]
+            model.run(inputs, hybrid_inputs(inputs, pools), ids, alone)
+            after, chunks = settle(mixed)
+            held = list(chunks)
+        elif isinstance(running, Filtered) and len(rows.reqs) and step % 3 == 2 and step % 2:
+            after, pools = _verify_and_sync(model, running, pools, tokens, rng)
+            verified += 1
+        elif isinstance(running, Filtered) and len(rows.reqs):
+            decoding, pools = unwrap(decode(running, pools))
+            inputs = forward_inputs(decoding, pools.table, pools.page_size)
+            alone = [tokens[req.rid] for req in rows.reqs]
+            model.run(inputs, hybrid_inputs(inputs, pools), np.array(last), alone)
+            after = filter_batch(decoding, list(range(len(rows.reqs))))
+        else:
+            continue
+        for req in after.rows.reqs:  # each running row samples its next token
+            tokens[req.rid].append(int(rng.integers(0, 90)))
+            budget[req.rid] -= 1
+        keep = [i for i, req in enumerate(after.rows.reqs) if budget[req.rid] > 0]
+        running, left = split(after, keep)
+        pools = unwrap(release(left, running, pools))
+        check_pools(pools, [running])
+        check_leaks(pools, [running, *held])
+    assert not waiting and not held and not len(running.rows.reqs), "the schedule did not finish"
+    assert model.rows_checked > 200
+    assert verified >= 10
+
+
+def _verify_and_sync(
+    model: _Forward,
+    running: Filtered,
+    pools: Pools,
+    tokens: dict[int, list[int]],
+    rng: np.random.Generator,
+) -> tuple[Filtered, Pools]:
+    # Decode, then verify drafts: the window forward checkpoints states, the accepted ones
+    # are copied into the slots, sync gives the rest of the window pages back.
+    decoding, pools = unwrap(decode(running, pools))
+    reqs = decoding.rows.reqs
+    drafts = [rng.integers(0, 90, int(rng.integers(0, 4))).tolist() for _ in reqs]
+    window, pools = unwrap(verify(decoding, [len(d) for d in drafts], pools))
+    inputs = forward_inputs(window, pools.table, pools.page_size, slot_tokens=pools.slot_tokens)
+    hybrid = hybrid_inputs(inputs, pools)
+    ids = np.array(
+        [t for req, d in zip(reqs, drafts, strict=True) for t in [tokens[req.rid][-1], *d]]
+    )
+    alone = [tokens[req.rid] + d for req, d in zip(reqs, drafts, strict=True)]
+    model.run(inputs, hybrid, ids, alone, checkpoint=True)
+    accepted = np.array([int(rng.integers(0, len(d) + 1)) for d in drafts], dtype=np.int64)
+    model.keep_accepted(accepted_states(inputs, hybrid, torch.from_numpy(accepted.copy())))
+    synced, pools = sync(window, accepted, pools)
+    for req, d, count in zip(reqs, drafts, accepted.tolist(), strict=True):
+        tokens[req.rid] += d[:count]
+    slots = synced.rows.req_pool_indices.host.tolist()
+    for slot, req in zip(slots, synced.rows.reqs, strict=True):  # the state at the last kept token
+        expected = 0.0
+        row = tokens[req.rid]
+        for value in _kv(np.array(row), np.arange(len(row))).tolist():
+            expected = expected / 2 + value
+        assert model.state_of(int(pools.memory.states[0].of_slot[slot])) == expected
+    return synced, pools
