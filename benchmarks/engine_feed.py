@@ -3,9 +3,10 @@
 Runs `simulate` on the CPU (the tiny model, oracle off) with
 `--cuda-graph-sizes 1 2 4 8 16 32 64`, alternately two ways, the same
 seeded workload each time: the engine's path, each padded forward
-`fill`ed into its bucket's `GraphBuffers`, and the baseline it replaced,
-`pad(forward_inputs(...))` into fresh tensors (swapped in for
-`Buckets.fill`). Prints, for each, the median µs of a padded forward's
+`fill`ed into its bucket's `GraphBuffers` (its input ids into the
+bucket's ids buffer), and the baseline it replaced,
+`pad(forward_inputs(...))` and `pad_tokens` into fresh tensors (swapped
+in for `Buckets.fill` and `Buckets.pad_ids`). Prints, for each, the median µs of a padded forward's
 feed and the median ms of a step (each the median over the repeats), and
 the ratios against the baseline measured in the same process.
 """
@@ -20,6 +21,7 @@ from typing import Any, Final
 from unittest import mock
 
 import attrs
+import torch
 
 from batchstate import Padded, Pools, forward_inputs, pad
 from batchstate.engine import Feeder, SimulationConfig, WorkloadConfig, simulate
@@ -31,6 +33,11 @@ SIZES: Final = (1, 2, 4, 8, 16, 32, 64)
 def padded_afresh(self: Buckets, batch: Any, pools: Pools, size: int) -> Padded:
     """The baseline: the forward's inputs built afresh, then padded to `size`."""
     return pad(forward_inputs(batch, pools.table, pools.page_size), [size]).unwrap()
+
+
+def ids_afresh(self: Buckets, padded: Padded, input_ids: torch.Tensor) -> torch.Tensor:
+    """The baseline's input ids: padded into a fresh tensor."""
+    return padded.pad_tokens(input_ids)
 
 
 def run_once(config: SimulationConfig, *, baseline: bool) -> tuple[float, float]:
@@ -49,6 +56,7 @@ def run_once(config: SimulationConfig, *, baseline: bool) -> tuple[float, float]
         patches.enter_context(mock.patch.object(Feeder, "inputs", timed))
         if baseline:
             patches.enter_context(mock.patch.object(Buckets, "fill", padded_afresh))
+            patches.enter_context(mock.patch.object(Buckets, "pad_ids", ids_afresh))
         run = simulate(config)
     return statistics.median(feeds) * 1e6, statistics.median(run.trace.step_s) * 1e3
 

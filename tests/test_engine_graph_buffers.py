@@ -26,20 +26,18 @@ MODES: Final = {
 }
 
 
-def _ptrs(inputs: ForwardInputs) -> tuple[int, ...]:
-    # Every device tensor the paged attention and `unpad` read.
-    return tuple(
-        side.device.data_ptr()
-        for side in (
-            inputs.qo_indptr,
-            inputs.kv_indptr,
-            inputs.kv_last_page_len,
-            inputs.positions,
-            inputs.sample_index,
-            inputs.kv_indices,
-            inputs.out_cache_loc,
-        )
+def _ptrs(inputs: ForwardInputs, input_ids: torch.Tensor) -> tuple[int, ...]:
+    # Every device tensor the paged attention and `unpad` read, then the model's input ids.
+    sides = (
+        inputs.qo_indptr,
+        inputs.kv_indptr,
+        inputs.kv_last_page_len,
+        inputs.positions,
+        inputs.sample_index,
+        inputs.kv_indices,
+        inputs.out_cache_loc,
     )
+    return (*(side.device.data_ptr() for side in sides), input_ids.data_ptr())
 
 
 def _inside(ptr: int, tensor: torch.Tensor) -> bool:
@@ -65,14 +63,15 @@ def _count_buffers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 def test_the_model_reads_the_same_buffers_every_step(
     mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A whole CPU run: every padded forward the model runs reads its bucket's buffers, at the
-    same addresses every step; one `GraphBuffers` per bucket used, and the oracle exact."""
+    """A whole CPU run: every padded forward the model runs reads its bucket's buffers and
+    input ids, at the same addresses every step; one `GraphBuffers` per bucket used, and
+    the oracle exact."""
     reads: list[tuple[int, int, tuple[int, ...]]] = []
     forward = paged._forward
 
     def recording(*args: Any) -> torch.Tensor:
         inputs = args[2]
-        reads.append((inputs.num_rows, inputs.num_tokens, _ptrs(inputs)))
+        reads.append((inputs.num_rows, inputs.num_tokens, _ptrs(inputs, args[3])))
         return forward(*args)
 
     monkeypatch.setattr(paged, "_forward", recording)
@@ -104,9 +103,13 @@ def test_the_model_reads_the_same_buffers_every_step(
         assert len(seen) == 1, (rows, tokens)  # the same addresses at every step
         (ptrs,) = seen
         assert all(_inside(ptr, buffers.block) for ptr in ptrs[:5])
-        assert ptrs[5:] == (buffers.kv_indices.data_ptr(), buffers.out_cache_loc.data_ptr())
-    # The tensors read by every padded forward of the run: seven per bucket.
-    assert len({ptr for _, _, ptrs in bucketed for ptr in ptrs}) == 7 * len(buckets)
+        assert ptrs[5:] == (
+            buffers.kv_indices.data_ptr(),
+            buffers.out_cache_loc.data_ptr(),
+            feeder.buckets.input_ids[rows, tokens].data_ptr(),
+        )
+    # The tensors read by every padded forward of the run: eight per bucket.
+    assert len({ptr for _, _, ptrs in bucketed for ptr in ptrs}) == 8 * len(buckets)
     assert len(buckets) < feeder.padded_forwards // 10
 
 

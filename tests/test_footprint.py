@@ -199,7 +199,8 @@ def test_many_more_ranks_than_cores_get_one_warning_line(
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_the_bucket_parts_are_every_bucket_a_run_may_allocate(page_size: int) -> None:
     """Per captured size, a decode bucket and an extend bucket per row count below it (up
-    to --max-running): the estimate is their bytes exactly, and a whole run holds less."""
+    to --max-running), with their input ids: the estimate is their bytes exactly, and a
+    whole run holds less."""
     config = SimulationConfig(
         workload=WorkloadConfig(num_requests=24),
         engine=EngineConfig(max_running=3),
@@ -219,9 +220,11 @@ def test_the_bucket_parts_are_every_bucket_a_run_may_allocate(page_size: int) ->
     ]
     estimated = estimate(config)
     device = _parts(estimated, ("the captured buckets' buffers",))
-    assert device == sum(buffers.nbytes for buffers in every)
+    ids = sum(8 * buffers.tokens for buffers in every)  # each bucket's input ids, int64
+    assert device == sum(buffers.nbytes for buffers in every) + ids
     staging = _parts(estimated, ("the captured buckets' staging bytes",))
     assert staging == sum(buffers.staging.nbytes for buffers in every)
     run = simulate(config)
     assert run.feeder is not None and run.feeder.buckets.buffers
-    assert sum(buffers.nbytes for buffers in run.feeder.buckets.buffers.values()) <= device
+    held = run.feeder.buckets.buffers.values()
+    assert sum(buffers.nbytes + 8 * buffers.tokens for buffers in held) <= device

@@ -11,7 +11,8 @@ as `pad` pads it: a `for_decode` bucket of `size` rows. Any other
 forward is padded by tokens in no row, its rows unchanged, which a
 bucket's fixed row count can match only exactly: its bucket is
 `for_extend(rows, size)`, one per row count the run brings to a size.
-(`fill` pads an extend bucket's missing rows with fill rows, which `pad`
+Beside each, the bucket's input ids (int64 `[size]`), as a graph runner
+keeps them. (`fill` pads an extend bucket's missing rows with fill rows, which `pad`
 does not; keyed by rows, the model reads exactly what `pad` gave it.)
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from typing import Any, final
 
 import numpy as np
+import torch
 
 from batchstate import Decoding, Extended, GraphBuffers, Mixed, Padded, Pools, fill
 from batchstate.engine._config import EngineError
@@ -45,6 +47,7 @@ class Buckets:
 
     def __init__(self) -> None:
         self.buffers: dict[tuple[int, int], GraphBuffers] = {}
+        self.input_ids: dict[tuple[int, int], torch.Tensor] = {}  # int64 [tokens] each
 
     def fill(
         self, batch: Extended[Any] | Decoding[Any] | Mixed[Any], pools: Pools, size: int
@@ -59,11 +62,25 @@ class Buckets:
         buffers = self.buffers.get(key)
         if buffers is None:
             buffers = self.buffers[key] = _allocate(batch, pools, key, decode=decode)
+            self.input_ids[key] = buffers.out_cache_loc.new_zeros(key[1])
         filled = fill(buffers, batch, pools.table)
         padded = filled.value_or(None)
         if padded is None:
             raise EngineError(f"a forward does not fit its bucket {key}: {filled.failure()}")
         return padded
+
+    def pad_ids(self, padded: Padded, input_ids: torch.Tensor) -> torch.Tensor:
+        """`padded`'s real input ids written into its bucket's ids buffer, padded with 0.
+
+        What `padded.pad_tokens(input_ids)` makes, at the bucket's fixed address.
+        """
+        inputs, real = padded.inputs, padded.num_real_tokens
+        ids = self.input_ids[inputs.num_rows, inputs.num_tokens]
+        if input_ids.shape != (real,):
+            raise EngineError(f"expected {real} input ids, got shape {list(input_ids.shape)}")
+        ids[:real].copy_(input_ids)
+        ids[real:].fill_(0)
+        return ids
 
 
 def _allocate(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, final
 
+import torch
 from returns.result import Success
 
 from batchstate import (
@@ -71,3 +72,7 @@ class Feeder:
         self.padded_rows += padded.padded_rows
         self.padded_tokens += padded.padded_tokens
         return padded
+
+    def pad_ids(self, padded: Padded, input_ids: torch.Tensor) -> torch.Tensor:
+        """A padded forward's input ids, in its bucket's ids buffer (padded with 0)."""
+        return self.buckets.pad_ids(padded, input_ids)

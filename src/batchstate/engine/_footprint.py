@@ -141,15 +141,16 @@ def _buckets(config: SimulationConfig, *, on_device: bool, runs_model: bool) -> 
     # Every bucket a run may allocate (engine/_buckets.py): per captured size t, a decode
     # bucket of t rows and an extend bucket per row count r < t up to --max-running. Each
     # holds its fields (44 r + 8 t + 12 bytes) and r * max_pages int32 cells in its block,
-    # a page table and `kv_indices` as large as the cells, `out_cache_loc` (int64 [t]),
-    # and host staging bytes as large as its block (on meta, the staging alone is real).
+    # a page table and `kv_indices` as large as the cells, `out_cache_loc` and its input
+    # ids (int64 [t] each), and host staging bytes as large as its block (on meta, the
+    # staging alone is real).
     max_pages = -(-config.context_len // config.page_size)
     device = staging = 0
     for tokens in config.cuda_graph_sizes:
         extend_rows = min(tokens - 1, max(config.engine.max_running, 1))
         rows = tokens + extend_rows * (extend_rows + 1) // 2  # summed over the buckets
         count = 1 + extend_rows
-        device += rows * (44 + 12 * max_pages) + count * (16 * tokens + 12)
+        device += rows * (44 + 12 * max_pages) + count * (24 * tokens + 12)
         staging += rows * (44 + 4 * max_pages) + count * (8 * tokens + 12)
     option = "--cuda-graph-sizes"
     parts = [Part("the captured buckets' staging bytes", staging, option)]
