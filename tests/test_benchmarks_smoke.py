@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from benchmarks.columns import VARIANTS
 from benchmarks.columns import run as run_columns
+from benchmarks.engine_feed import SIZES as FEED_SIZES
+from benchmarks.engine_feed import run_once as run_engine_feed
 from benchmarks.graph_buffers import count as count_graph_buffers
 from benchmarks.graph_buffers import measure as measure_graph_buffers
 from benchmarks.measure import count_blocks, count_work, final_outcomes, time_config
@@ -17,6 +19,8 @@ from benchmarks.production import run as run_production
 from benchmarks.profile import profile_point, profile_production
 from benchmarks.scenario import PHASES, Config
 from benchmarks.step import run
+
+from batchstate.engine import SimulationConfig, WorkloadConfig
 
 
 @pytest.mark.parametrize(
@@ -167,3 +171,12 @@ def test_the_graph_buffer_benchmark_reports_each_point() -> None:
     work = count_graph_buffers(3, 4)
     assert (work["copies"], work["allocations"]) == (1, 0)
     assert 0 < work["kernels"] <= 6 and work["pad_allocations"] > 0
+
+
+def test_the_engine_feed_benchmark_times_both_ways() -> None:
+    """A tiny simulate fed through the buckets and through the baseline: both time a feed."""
+    workload = WorkloadConfig(num_requests=4, arrival="all", prompt_len=(4, 8), output_len=(2, 4))
+    config = SimulationConfig(workload=workload, cuda_graph_sizes=FEED_SIZES, oracle=False)
+    for baseline in (True, False):
+        feed_us, step_ms = run_engine_feed(config, baseline=baseline)
+        assert feed_us > 0 and step_ms > 0

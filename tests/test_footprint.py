@@ -13,7 +13,7 @@ import batchstate.cli._checks
 import batchstate.cli._run
 import batchstate.engine
 import batchstate.engine._footprint as footprint
-from batchstate import Pools
+from batchstate import GraphBuffers, Pools
 from batchstate.cli import main
 from batchstate.engine import (
     EngineConfig,
@@ -194,3 +194,37 @@ def test_many_more_ranks_than_cores_get_one_warning_line(
         " the ranks step together, so each step waits for them all: expect it to be slow\n"
     )
     assert err == (expected if warned else "")
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_the_bucket_parts_are_every_bucket_a_run_may_allocate(page_size: int) -> None:
+    """Per captured size, a decode bucket and an extend bucket per row count below it (up
+    to --max-running), with their input ids: the estimate is their bytes exactly, and a
+    whole run holds less."""
+    config = SimulationConfig(
+        workload=WorkloadConfig(num_requests=24),
+        engine=EngineConfig(max_running=3),
+        page_size=page_size,
+        cuda_graph_sizes=(1, 4, 16),
+        oracle=False,
+    )
+    pools = config.make_pools(torch.device("cpu"))
+    max_pages = -(-pools.max_context_len // page_size)
+    every = [
+        GraphBuffers.for_decode(torch.device("cpu"), page_size, t, max_pages) for t in (1, 4, 16)
+    ]
+    every += [
+        GraphBuffers.for_extend(torch.device("cpu"), page_size, rows, t, max_pages)
+        for t in (4, 16)
+        for rows in range(1, min(t - 1, 3) + 1)
+    ]
+    estimated = estimate(config)
+    device = _parts(estimated, ("the captured buckets' buffers",))
+    ids = sum(8 * buffers.tokens for buffers in every)  # each bucket's input ids, int64
+    assert device == sum(buffers.nbytes for buffers in every) + ids
+    staging = _parts(estimated, ("the captured buckets' staging bytes",))
+    assert staging == sum(buffers.staging.nbytes for buffers in every)
+    run = simulate(config)
+    assert run.feeder is not None and run.feeder.buckets.buffers
+    held = run.feeder.buckets.buffers.values()
+    assert sum(buffers.nbytes + 8 * buffers.tokens for buffers in held) <= device

@@ -1,12 +1,14 @@
-"""Each forward's inputs, padded to a captured CUDA-graph size when the run captures any."""
+"""Each forward's inputs, filled into a captured CUDA-graph bucket when the run captures any."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, final
 
+import torch
+from returns.result import Success
+
 from batchstate import (
-    SGLANG_FILLS,
     Decoding,
     Extended,
     ForwardInputs,
@@ -15,20 +17,24 @@ from batchstate import (
     Pools,
     bucket,
     forward_inputs,
-    pad,
 )
+from batchstate.engine._buckets import Buckets, forward_shape
 
 __all__ = ["Feeder"]
 
 
 @final
 class Feeder:
-    """Builds a forward's `ForwardInputs` and, with `graph_sizes`, pads them; counts both.
+    """Builds a forward's `ForwardInputs` or, with `graph_sizes`, fills a bucket's; counts both.
 
     With sizes, every forward is padded to the smallest size that holds its
     tokens (rows, for decode), with SGLang's fills: on the CPU too, the same
-    shapes a CUDA graph would replay, without a capture. A forward larger
-    than every size runs unpadded, as an engine runs such a batch eagerly.
+    shapes a CUDA graph would replay, without a capture. It is written by
+    `fill` into its bucket's `GraphBuffers` (`buckets`), allocated on the
+    bucket's first forward and reused by every later one, as a replayed
+    graph reads the buffers it was captured with. A forward larger than
+    every size runs unpadded, on fresh inputs, as an engine runs such a
+    batch eagerly.
 
     Raises:
         PaddingError: `graph_sizes` not strictly increasing positive ints.
@@ -47,25 +53,26 @@ class Feeder:
         # rank's forward), so every rank brings as many to the shared layers; 0: every rank
         # runs eagerly. None (one process): each forward pads to its own bucket.
         self.floor: int | None = None
+        self.buckets = Buckets()  # each bucket's buffers, allocated on its first forward
 
     def inputs(
         self, batch: Extended[Any] | Decoding[Any] | Mixed[Any], pools: Pools
     ) -> ForwardInputs | Padded:
-        """`batch`'s forward inputs: padded when a captured size holds them."""
-        inputs = forward_inputs(batch, pools.table, pools.page_size)
+        """`batch`'s forward inputs: its bucket's buffers when a captured size holds them."""
         self.forwards += 1
         if not self.sizes:
-            return inputs
+            return forward_inputs(batch, pools.table, pools.page_size)
         floor = self.floor
-        padded = (
-            None
-            if floor == 0
-            else pad(inputs, self.sizes, SGLANG_FILLS, at_least=floor or 0).value_or(None)
-        )
-        if padded is None:
+        size = bucket(self.sizes, max(forward_shape(batch)[1], floor or 0))
+        if floor == 0 or not isinstance(size, Success):
             self.eager_forwards += 1
-            return inputs
+            return forward_inputs(batch, pools.table, pools.page_size)
+        padded = self.buckets.fill(batch, pools, size.unwrap())
         self.padded_forwards += 1
         self.padded_rows += padded.padded_rows
         self.padded_tokens += padded.padded_tokens
         return padded
+
+    def pad_ids(self, padded: Padded, input_ids: torch.Tensor) -> torch.Tensor:
+        """A padded forward's input ids, in its bucket's ids buffer (padded with 0)."""
+        return self.buckets.pad_ids(padded, input_ids)

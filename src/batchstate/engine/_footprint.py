@@ -109,6 +109,8 @@ def estimate(config: SimulationConfig, ranks: int = 1) -> Footprint:
         parts.append(_forward(config, pages, on_device=on_device))
         if config.oracle or workload.prebuilt:
             parts.append(_alone(config))
+    if config.cuda_graph_sizes:
+        parts.extend(_buckets(config, on_device=on_device, runs_model=runs_model))
     tokens = workload.longest_prompt + workload.output_len[1]
     rows = max(min(engine.max_running, pages), 1)
     steps = workload.num_requests * (math.ceil(tokens / rows) + 1) + tokens
@@ -133,6 +135,28 @@ def _forward(config: SimulationConfig, pages: int, *, on_device: bool) -> Part:
         (queries + 2 * keys) * model.d_model * itemsize
     )
     return Part("one forward's attention", rows * per_row, "--max-running", on_device=on_device)
+
+
+def _buckets(config: SimulationConfig, *, on_device: bool, runs_model: bool) -> list[Part]:
+    # Every bucket a run may allocate (engine/_buckets.py): per captured size t, a decode
+    # bucket of t rows and an extend bucket per row count r < t up to --max-running. Each
+    # holds its fields (44 r + 8 t + 12 bytes) and r * max_pages int32 cells in its block,
+    # a page table and `kv_indices` as large as the cells, `out_cache_loc` and its input
+    # ids (int64 [t] each), and host staging bytes as large as its block (on meta, the
+    # staging alone is real).
+    max_pages = -(-config.context_len // config.page_size)
+    device = staging = 0
+    for tokens in config.cuda_graph_sizes:
+        extend_rows = min(tokens - 1, max(config.engine.max_running, 1))
+        rows = tokens + extend_rows * (extend_rows + 1) // 2  # summed over the buckets
+        count = 1 + extend_rows
+        device += rows * (44 + 12 * max_pages) + count * (24 * tokens + 12)
+        staging += rows * (44 + 4 * max_pages) + count * (8 * tokens + 12)
+    option = "--cuda-graph-sizes"
+    parts = [Part("the captured buckets' staging bytes", staging, option)]
+    if runs_model:  # meta tensors allocate nothing
+        parts.append(Part("the captured buckets' buffers", device, option, on_device=on_device))
+    return parts
 
 
 def _alone(config: SimulationConfig) -> Part:

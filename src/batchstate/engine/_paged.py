@@ -88,7 +88,9 @@ def sample_extend(
     Returns:
         device int64 `[num_reqs]`: the token after each row's last input id.
     """
-    hidden = _run(model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward)
+    hidden = _run(
+        model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward, feeder
+    )
     return model.sample(hidden, _sampling(batch.rows), batch.rows.seq_lens.host)
 
 
@@ -116,7 +118,7 @@ def sample_decode(  # the forward's own inputs, then the model's
     Returns:
         device int64 `[num_reqs]`. Writes K/V at `batch.out_cache_loc` (mutates `cache`).
     """
-    hidden = _run(model, cache, _inputs(feeder, batch, pools), input_ids, feed_forward)
+    hidden = _run(model, cache, _inputs(feeder, batch, pools), input_ids, feed_forward, feeder)
     return model.sample(hidden, _sampling(batch.rows), batch.rows.seq_lens.host)
 
 
@@ -144,7 +146,9 @@ def sample_mixed(  # as above
         device int64 `[num_reqs]`: each row's token after its last computed
         token (meaningless for `batch.partial` rows).
     """
-    hidden = _run(model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward)
+    hidden = _run(
+        model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward, feeder
+    )
     return model.sample(hidden, sampling, batch.rows.seq_lens.host)
 
 
@@ -187,16 +191,17 @@ def _inputs(
     return feeder.inputs(batch, pools)
 
 
-def _run(
+def _run(  # noqa: PLR0917  # the forward, then who feeds it
     model: TinyModel,
     cache: KVCache,
     inputs: ForwardInputs | Padded,
     input_ids: torch.Tensor,
     feed_forward: FeedForward | None,
+    feeder: Feeder | None,
 ) -> torch.Tensor:
     # The hidden state at each real row's last token: what sampling takes.
-    if isinstance(inputs, Padded):
-        ids = inputs.pad_tokens(input_ids)
+    if isinstance(inputs, Padded):  # the feeder's: its ids go to the bucket's buffer too
+        ids = inputs.pad_tokens(input_ids) if feeder is None else feeder.pad_ids(inputs, input_ids)
         return unpad(inputs.run(lambda padded: _forward(model, cache, padded, ids, feed_forward)))
     hidden = _forward(model, cache, inputs, input_ids, feed_forward)
     return hidden.index_select(0, inputs.sample_index.device)
