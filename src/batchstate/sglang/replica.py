@@ -53,6 +53,14 @@ class ExtendItem:
 
 
 @attrs.frozen
+class Eviction:
+    """A cached leaf (its tokens from the root) evicted down to its first `keep` tokens."""
+
+    tokens: tuple[int, ...]
+    keep: int
+
+
+@attrs.frozen
 class State:
     """What one side holds after a call: the batch's rows (rid, tokens in the KV cache,
     tokens read from the prefix cache at its extend) and the pools' counts, in tokens."""
@@ -173,24 +181,36 @@ class Replica:
                 return label, record, rids.index(number)
         raise ReplicaError(f"release_kv_cache({rid}): batchstate holds no row for it")
 
-    def cached_leaves(self) -> list[tuple[int, ...]]:
-        """The token prefixes of the unlocked cached leaves: what eviction may take."""
-        return list(self.pools.cache._leaves)
-
-    def evict(self, leaves: Sequence[Sequence[int]]) -> None:
-        """Evict these unlocked cached leaves (whole leaves, by their token prefixes):
-        the ones SGLang's eviction took, where it chose other leaves than batchstate's
-        least-recently-used order would (policy, not bookkeeping)."""
+    def cached_leaves(self) -> list[tuple[tuple[int, ...], int]]:
+        """The unlocked cached leaves (what eviction may take): each one's token prefix
+        from the root and where its own tokens start."""
         cache = self.pools.cache
-        targets = {tuple(leaf) for leaf in leaves} & set(cache._leaves)
-        if not targets:
-            return
-        evicted: list[int] = []
-        for target in sorted(targets):
+        leaves = cache._leaves
+        return [
+            (prefix, len(prefix) - len(node.tokens))
+            for prefix, node in cache._nodes()
+            if prefix in leaves
+        ]
+
+    def evict(self, evictions: Sequence[Eviction]) -> None:
+        """Evict these unlocked cached leaves, in order (one that is not a leaf by its turn
+        is skipped), each down to the tokens SGLang keeps of it: what SGLang's eviction
+        took, where it chose other leaves (its clock, its node boundaries) than batchstate's
+        least-recently-used order would (policy, not bookkeeping)."""
+        cache, evicted = self.pools.cache, list[int]()
+        for eviction in evictions:
+            leaf, keep = eviction.tokens, eviction.keep
+            if leaf not in cache._leaves:
+                continue
+            if keep:  # split the leaf where SGLang's node ends: a lock walk splits there
+                leaves = cache._leaves
+                cache = attrs.evolve(cache._lock(leaf, keep)._unlock(leaf, keep), leaves=leaves)
             # Oldest first: a leaf marked older than every other is the one evicted.
-            marked = {k: -1 if k == target else v for k, v in cache._leaves.items()}
+            marked = {k: -1 if k == leaf else v for k, v in cache._leaves.items()}
             cache, pages = attrs.evolve(cache, leaves=marked)._evict(1)
             evicted += pages
+        if not evicted:
+            return
         pools = self.pools
         self.pools = next_version(
             pools, page_list=pools.page_list.give(np.array(evicted, dtype=np.int64)), cache=cache

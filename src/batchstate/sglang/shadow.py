@@ -23,7 +23,7 @@ from typing import Any, Literal
 import attrs
 
 from batchstate.sglang._stubs import install_stubs
-from batchstate.sglang.replica import ExtendItem, Replica, State
+from batchstate.sglang.replica import Eviction, ExtendItem, Replica, State
 from batchstate.sglang.trace import Mismatch, Operation, PoolsConfig, apply, compare, dumps
 
 _log = logging.getLogger("batchstate.sglang")
@@ -71,7 +71,9 @@ class Shadow:
         self.divergences: list[ShadowDivergence] = []
         self._labels: dict[int, tuple[weakref.ref[Any], str]] = {}
         self._restore: list[Callable[[], None]] = []
+        self._batches = 0
         self._tree: Any = None
+        self._evicted = False  # SGLang's tree evicted since the last call was replayed
 
     def attach(self) -> Shadow:
         """Wrap SGLang's lifecycle calls (idempotent)."""
@@ -118,13 +120,16 @@ class Shadow:
         known = self._labels.get(id(batch))
         if known is not None and known[0]() is batch:
             return known[1]
-        label = f"b{len(self._labels)}"
+        label = f"b{self._batches}"  # ids of dead batches come back: count instead
+        self._batches += 1
         self._labels[id(batch)] = (weakref.ref(batch), label)
         return label
 
     def _replica(self, batch: Any) -> Replica:
         if self.replica is None:
             self._tree = batch.tree_cache
+            kind = type(self._tree)
+            self._replace(kind, "evict", self._wrap_evict(kind.evict))
             table = batch.req_to_token_pool.req_to_token
             self.config = PoolsConfig(
                 page_size=int(batch.token_to_kv_pool_allocator.page_size),
@@ -147,6 +152,16 @@ class Shadow:
         replayed.__name__ = name
         replayed.__doc__ = original.__doc__
         return replayed
+
+    def _wrap_evict(self, original: Callable[..., object]) -> Callable[..., object]:
+        shadow = self
+
+        def noted(tree: object, *args: object, **kwargs: object) -> object:
+            shadow._evicted = True
+            return original(tree, *args, **kwargs)
+
+        noted.__name__ = "evict"
+        return noted
 
     def _wrap_release(self, original: Callable[..., object]) -> Callable[..., object]:
         shadow = self
@@ -204,7 +219,9 @@ class Shadow:
         try:
             # What SGLang's call evicted goes first: batchstate's own allocation then finds
             # the same free pages and evicts nothing by its own least-recently-used order.
-            op = attrs.evolve(op, evicted=_evicted_by_sglang(replica, self._tree))
+            if self._evicted:
+                op = attrs.evolve(op, evicted=_evicted_by_sglang(replica, self._tree))
+                self._evicted = False
             apply(replica, op)
         except Exception as error:  # batchstate refused what SGLang did: that is the divergence
             mismatch: Mismatch | None = Mismatch(
@@ -272,39 +289,40 @@ def pool_state(
     )
 
 
-def _evicted_by_sglang(replica: Replica, tree: Any) -> tuple[tuple[int, ...], ...]:
-    # The unlocked cached leaves batchstate holds and SGLang's tree does not (whole), and
-    # then their parents that became such leaves: what SGLang's eviction took.
-    gone: list[tuple[int, ...]] = []
-    leaves = [leaf for leaf in replica.cached_leaves() if _held(tree, leaf) < len(leaf)]
-    while leaves:
-        gone += leaves
-        left = {leaf[:n] for leaf in leaves for n in range(1, len(leaf))}
-        replica.evict(leaves)
-        leaves = [
-            leaf
-            for leaf in replica.cached_leaves()
-            if leaf in left and _held(tree, leaf) < len(leaf)
-        ]
-    return tuple(gone)
+def _evicted_by_sglang(replica: Replica, tree: Any) -> tuple[Eviction, ...]:
+    # The unlocked cached leaves batchstate holds and SGLang's tree holds only part of,
+    # down to that part, then the parents that became such leaves: what SGLang evicted.
+    gone: list[Eviction] = []
+    while True:
+        found = []
+        for leaf, start in replica.cached_leaves():
+            held = _held(tree, leaf)
+            if held < len(leaf):
+                found.append(Eviction(leaf, held if held > start else 0))
+        if not found:
+            return tuple(gone)
+        replica.evict(found)
+        gone += found
 
 
 def _held(tree: Any, tokens: tuple[int, ...]) -> int:
-    """How many leading `tokens` SGLang's radix tree holds (read only: no split, no clock)."""
-    node, length = tree.root_node, 0
-    while length < len(tokens):
-        for child in node.children.values():
-            key = list(child.key.token_ids)
-            if key[:1] == [tokens[length]]:
-                break
-        else:
+    """How many leading `tokens` SGLang's radix tree holds, in whole pages (read only: no
+    split, no clock)."""
+    page, node, length = int(tree.page_size), tree.root_node, 0
+    while length + page <= len(tokens):
+        first = list(tokens[length : length + page])
+        child = next(
+            (c for c in node.children.values() if list(c.key.token_ids[:page]) == first), None
+        )
+        if child is None:
             return length
+        key = list(child.key.token_ids)
         common = 0
         for mine, theirs in zip(tokens[length:], key, strict=False):
             if mine != theirs:
                 break
             common += 1
-        length += common
+        length += common // page * page
         if common < len(key):
             return length
         node = child

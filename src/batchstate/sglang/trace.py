@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from batchstate.sglang.replica import ExtendItem, Replica, State
+from batchstate.sglang.replica import Eviction, ExtendItem, Replica, State
 
 ROW_OPS = (
     "prepare_for_extend",
@@ -60,7 +60,7 @@ class Operation:
     tokens: tuple[int, ...] = ()
     mirror_rows: int = 0
     seq_lens_sum: int | None = None
-    evicted: tuple[tuple[int, ...], ...] = ()
+    evicted: tuple[Eviction, ...] = ()
 
 
 @attrs.frozen
@@ -227,5 +227,5 @@ def _operation(raw: dict[str, Any]) -> Operation:
         tokens=_ints(raw["tokens"]),
         mirror_rows=int(raw["mirror_rows"]),
         seq_lens_sum=None if raw["seq_lens_sum"] is None else int(raw["seq_lens_sum"]),
-        evicted=tuple(_ints(leaf) for leaf in raw["evicted"]),
+        evicted=tuple(Eviction(_ints(e["tokens"]), int(e["keep"])) for e in raw["evicted"]),
     )
