@@ -189,6 +189,8 @@ class Shadow:
         return replayed
 
     def _after(self, name: str, batch: Any, other: Any) -> None:
+        if batch.req_to_token_pool is None:  # the scheduler's empty placeholder batch
+            return
         replica = self._replica(batch)
         live = [r for r in batch.reqs if r.kv.req_pool_idx is not None]
         items: tuple[ExtendItem, ...] = ()
