@@ -173,3 +173,23 @@ def test_replay_refuses_what_is_not_a_trace(
     bad.write_text('{"op": "decode"}\n')
     assert main(["replay", str(bad)]) == 2
     assert "the first line must be the pools line" in capsys.readouterr().err
+
+
+def test_a_batch_whose_fields_moved_is_refused_by_name(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchstate.sglang import UnsupportedSGLang
+
+    # A request from a release that renamed `full_untruncated_fill_ids`.
+    _patch(
+        monkeypatch,
+        "prepare_for_extend",
+        lambda b: delattr(b.reqs[0], "full_untruncated_fill_ids"),
+    )
+    driver = _loaded(1, 420, requests=2)
+    with (
+        Shadow() as shadow,
+        pytest.raises(UnsupportedSGLang, match=r"'full_untruncated_fill_ids'.*0\.5\.23"),
+    ):
+        driver.step()
+    assert shadow.operations == []  # nothing was replayed

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import attrs
 
+from batchstate.sglang._fields import require_shadowed
 from batchstate.sglang._sglang_reads import (
     evicted_by_sglang,
     mirror_rows,
@@ -189,8 +190,9 @@ class Shadow:
         return replayed
 
     def _after(self, name: str, batch: Any, other: Any) -> None:
-        if batch.req_to_token_pool is None:  # the scheduler's empty placeholder batch
+        if getattr(batch, "req_to_token_pool", None) is None:  # an empty placeholder batch
             return
+        require_shadowed(batch)  # a clear error where SGLang's fields moved
         replica = self._replica(batch)
         live = [r for r in batch.reqs if r.kv.req_pool_idx is not None]
         items: tuple[ExtendItem, ...] = ()
