@@ -142,7 +142,7 @@ def test_a_chunk_allocated_twice_is_named(topology: None, monkeypatch: pytest.Mo
     _patch(monkeypatch, "prepare_for_extend", again)
     divergence = _first(_loaded(16, 640))
     assert divergence.mismatch.field == "free_tokens + evictable_tokens"
-    assert divergence.mismatch.op == "filter_batch"  # the extend's own filter, next call
+    assert divergence.mismatch.op == "checkpoint_kv_cache"  # the chunk's own checkpoint
 
 
 def test_a_tampered_trace_diverges_at_the_step_changed(topology: None, tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ def replay(path: Path) -> Replayed:
             return Replayed(
                 count, Mismatch(op.step, op.op, "refused", "done", repr(error), op.rid), None
             )
-        mismatch = compare(op, replica.state(op.batch))
+        mismatch = compare(op, replica.state(op.batch), pools=not replica.unpublished)
         if mismatch is not None:
             return Replayed(count, mismatch, replica.state(op.batch))
     return Replayed(count, None, None)

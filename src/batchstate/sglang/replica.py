@@ -22,6 +22,7 @@ from returns.result import Failure
 from batchstate import (
     Chunked,
     Decoding,
+    Departed,
     Filtered,
     Idle,
     Pools,
@@ -91,8 +92,12 @@ class Replica:
         )
         self.records: dict[str, Record] = {}
         self.held: dict[str, Chunked] = {}  # chunked requests between chunks, by rid
+        self.left: dict[str, Departed] = {}  # rows filtered out, not released yet, by rid
         self.prefix: dict[str, int] = {}  # each row's cache hit at its last extend
         self._ids: dict[str, int] = {}
+        # Requests extended whose pages SGLang has not published yet (its checkpoint comes
+        # with result processing): pool counts differ by policy until it does.
+        self.unpublished: set[str] = set()
 
     def record(self, label: str) -> Record:
         """The record of batch `label` (an empty one when unseen)."""
@@ -108,6 +113,7 @@ class Replica:
             for i in items
         ]
         budget = sum(i.extend_len for i in items)
+        self.unpublished.update(i.rid for i in items)
         step = mix(idle(self.device), admit, max(budget, 1), self.pools)
         if isinstance(step, Failure):
             raise ReplicaError(f"prepare_for_extend: batchstate refused: {step.failure()}")
@@ -121,6 +127,11 @@ class Replica:
         for chunk in held:
             self.held[self._rid(chunk.req.rid)] = chunk
         self.records[label] = running
+
+    def checkpoint(self, rid: str) -> None:
+        """`checkpoint_kv_cache`: SGLang published what `rid` computed, as batchstate did
+        at its extend."""
+        self.unpublished.discard(rid)
 
     def _rid(self, rid: int) -> str:
         return next(name for name, number in self._ids.items() if number == rid)
@@ -141,8 +152,16 @@ class Replica:
         if isinstance(record, Idle):
             return
         wanted = {self._id(rid) for rid in kept}
-        keep = [i for i, rid in enumerate(record.rows.rids.tolist()) if rid in wanted]
-        self.records[label] = filter_batch(record, keep)
+        for number in record.rows.rids.tolist():
+            if number in wanted:
+                continue
+            # A row SGLang dropped before releasing it (overlap: a request whose last token
+            # is still in flight): it keeps its memory until its release, as in SGLang.
+            rows = record.rows.rids.tolist()
+            record, self.left[self._rid(number)] = split(
+                record, [i for i, other in enumerate(rows) if other != number]
+            )
+        self.records[label] = filter_batch(record, list(range(len(record.rows.rids))))
 
     def merge(self, label: str, other: str) -> None:
         """`merge_batch`: `other`'s rows after `label`'s (`other`'s record is consumed)."""
@@ -156,10 +175,15 @@ class Replica:
     def release(self, rid: str, tokens: Sequence[int]) -> None:
         """`release_kv_cache`: the request's slot goes back; the whole pages of `tokens`
         stay cached (what SGLang keeps in its tree for it), the rest is freed."""
+        self.unpublished.discard(rid)
         if rid in self.held:
             chunk = self.held.pop(rid)
             tokens = _covering(tokens, chunk.req)
             result = release(chunk, idle(self.device), self.pools, [tokens])
+        elif rid in self.left:
+            left = self.left.pop(rid)
+            tokens = _covering(tokens, left.reqs[0])
+            result = release(left, idle(self.device), self.pools, [tokens])
         else:
             label, record, row = self._find(rid)
             keep = [i for i in range(len(record.rows.rids)) if i != row]

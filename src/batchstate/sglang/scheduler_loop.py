@@ -25,12 +25,24 @@ class SchedulerLoop:
     """SGLang's real scheduling decisions over the `Driver`'s pools and radix cache."""
 
     def __init__(
-        self, *, page_size: int, kv_tokens: int, rows: int, context: int = 1024, seed: int = 0
+        self,
+        *,
+        page_size: int,
+        kv_tokens: int,
+        rows: int,
+        context: int = 1024,
+        seed: int = 0,
+        overlap: bool = False,
     ) -> None:
         self.driver = Driver(
             page_size=page_size, kv_tokens=kv_tokens, rows=rows, context=context, seed=seed
         )
         self.scheduler: Any = _scheduler(self.driver, page_size)
+        self.overlap = overlap  # event_loop_overlap's order: a batch's result one turn later
+        if overlap:
+            scheduler: Any = self.scheduler
+            scheduler.enable_overlap = True
+            scheduler.enable_skip_finishing_decode = True
 
     def submit(self, prompt: list[int], max_new_tokens: int) -> None:
         """Queue one request in SGLang's waiting queue (greedy sampling)."""
@@ -42,21 +54,42 @@ class SchedulerLoop:
     def busy(self) -> bool:
         """Whether a request is waiting, held between chunks or running."""
         s = self.scheduler
-        return bool(s.waiting_queue) or s.chunked_req is not None or not s.running_batch.is_empty()
+        return (
+            bool(s.waiting_queue)
+            or bool(s.result_queue)
+            or s.chunked_req is not None
+            or not s.running_batch.is_empty()
+        )
 
     def step(self) -> str:
-        """One turn of SGLang's normal event loop; 'prefill', 'decode' or 'idle'."""
+        """One turn of SGLang's event loop (normal, or overlap); 'prefill', 'decode' or
+        'idle'."""
         s = self.scheduler
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
         s.cur_batch_for_debug = batch
-        if batch:
-            self.driver._forward(batch)  # process_batch_result's bookkeeping
+        if not self.overlap:
+            if batch:
+                self.driver._forward(batch)  # process_batch_result's bookkeeping
+        else:  # event_loop_overlap: this batch launches before the last one's result
+            serial = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
+            if serial:
+                self._process_last()
+            if batch:
+                s.result_queue.append((batch.copy(), None))
+            if s.last_batch and not serial:
+                self._process_last()
         s.last_batch = batch
         if not batch:
             return "idle"
         return "prefill" if batch.forward_mode.is_extend() else "decode"
+
+    def _process_last(self) -> None:
+        queue = self.scheduler.result_queue
+        if queue:
+            done, _ = queue.popleft()
+            self.driver._forward(done)  # process_batch_result's bookkeeping
 
 
 def _scheduler(driver: Driver, page_size: int) -> object:

@@ -13,6 +13,7 @@ arguments and returns its result unchanged, then records what SGLang holds
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import weakref
@@ -90,15 +91,38 @@ class Shadow:
 
         if self._restore:
             return self
+        # The scheduler's modules import the cache calls by name: load them first, so
+        # that their names are the ones replaced.
+        importlib.import_module("sglang.srt.managers.scheduler")
         for name in BATCH_CALLS:
             self._replace(ScheduleBatch, name, self._wrap_batch(name, getattr(ScheduleBatch, name)))
-        original = common.release_kv_cache
-        wrapped = self._wrap_release(original)
-        for module in list(sys.modules.values()):
-            named = module.__name__.startswith("sglang")
-            if named and getattr(module, "release_kv_cache", None) is original:
-                self._replace(module, "release_kv_cache", wrapped)
+        for name, wrapped in (
+            ("release_kv_cache", self._wrap_release(common.release_kv_cache)),
+            ("checkpoint_kv_cache", self._wrap_checkpoint(common.checkpoint_kv_cache)),
+        ):
+            original = getattr(common, name)
+            for module in list(sys.modules.values()):
+                named = module.__name__.startswith("sglang")
+                if named and getattr(module, name, None) is original:
+                    self._replace(module, name, wrapped)
         return self
+
+    def _wrap_checkpoint(self, original: Callable[..., object]) -> Callable[..., object]:
+        shadow = self
+
+        def replayed(req: Any, tree_cache: Any, *args: object, **kwargs: object) -> object:
+            result = original(req, tree_cache, *args, **kwargs)
+            if shadow.replica is not None:
+                state = pool_state(tree_cache, (), (), (), ())
+                op = Operation(
+                    len(shadow.operations), "checkpoint_kv_cache", "", state, rid=req.rid
+                )
+                shadow._check(shadow.replica, op)
+            return result
+
+        replayed.__name__ = original.__name__
+        replayed.__doc__ = original.__doc__
+        return replayed
 
     def _replace(self, owner: object, name: str, value: object) -> None:
         original = getattr(owner, name)
@@ -238,7 +262,7 @@ class Shadow:
                 op.step, op.op, "refused", "done", repr(error), op.rid
             )
         else:
-            mismatch = compare(op, replica.state(op.batch))
+            mismatch = compare(op, replica.state(op.batch), pools=not replica.unpublished)
         self.operations.append(op)
         if mismatch is None:
             return

@@ -97,19 +97,21 @@ def apply(replica: Replica, op: Operation) -> None:
         replica.merge(op.batch, op.other)
     elif op.op == "release_kv_cache":
         replica.release(op.rid, op.tokens)
+    elif op.op == "checkpoint_kv_cache":
+        replica.checkpoint(op.rid)
 
 
-def compare(op: Operation, mine: State) -> Mismatch | None:
+def compare(op: Operation, mine: State, *, pools: bool = True) -> Mismatch | None:
     """The first difference between SGLang's recorded state and batchstate's, or None.
 
     Rows are compared after `ScheduleBatch` calls (per request: rid, tokens in
-    the KV cache, tokens read from the prefix cache); pool counts after every
-    call but `prepare_for_extend`, where batchstate has already published a
-    prefill's pages that SGLang publishes when result processing checkpoints
-    each request.
+    the KV cache, tokens read from the prefix cache); pool counts when `pools`
+    (the caller's: no extended request is still waiting for its checkpoint, since
+    batchstate publishes a prefill's pages in the extend and SGLang when result
+    processing checkpoints each request; under overlap that is a turn later).
     """
     found = _rows(op, mine) if op.op in ROW_OPS else None
-    if found is None and op.op != "prepare_for_extend":
+    if found is None and pools:
         found = _pools(op, mine)
     return found
 
