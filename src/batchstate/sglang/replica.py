@@ -94,7 +94,8 @@ class Replica:
         self.held: dict[str, Chunked] = {}  # chunked requests between chunks, by rid
         self.left: dict[str, Departed] = {}  # rows filtered out, not released yet, by rid
         self.prefix: dict[str, int] = {}  # each row's cache hit at its last extend
-        self._ids: dict[str, int] = {}
+        self._ids: dict[str, int] = {}  # SGLang's rid -> batchstate's, and back
+        self._names: list[str] = []
         # Requests extended whose pages SGLang has not published yet (its checkpoint comes
         # with result processing): pool counts differ by policy until it does.
         self.unpublished: set[str] = set()
@@ -104,7 +105,11 @@ class Replica:
         return self.records.get(label, idle(self.device))
 
     def _id(self, rid: str) -> int:
-        return self._ids.setdefault(rid, len(self._ids))
+        number = self._ids.get(rid)
+        if number is None:
+            number = self._ids[rid] = len(self._names)
+            self._names.append(rid)
+        return number
 
     def extend(self, label: str, items: Sequence[ExtendItem]) -> None:
         """`prepare_for_extend`: a new batch of these requests; the last may stop part way."""
@@ -134,7 +139,7 @@ class Replica:
         self.unpublished.discard(rid)
 
     def _rid(self, rid: int) -> str:
-        return next(name for name, number in self._ids.items() if number == rid)
+        return self._names[rid]
 
     def decode(self, label: str) -> None:
         """`prepare_for_decode`: one KV location per row."""
