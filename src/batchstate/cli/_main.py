@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from batchstate.cli._checks import checked_run
 from batchstate.cli._codes import PROG, USAGE
 from batchstate.cli._parser import build_parser
+from batchstate.cli._replay import replay_command
 
 __all__ = ["main"]
 
@@ -27,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         command_line.print_help(sys.stderr)
         return USAGE
+    if args.command == "replay":
+        return replay_command(args.trace)
     try:
         config, dp = checked_run(args)
     except (ValueError, ImportError) as error:

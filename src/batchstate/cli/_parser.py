@@ -13,6 +13,7 @@ from batchstate.cli._option_groups import (
     add_sampling_options,
     add_workload_options,
 )
+from batchstate.cli._replay import add_replay_command
 from batchstate.cli._values import fault, plot_path
 
 __all__ = ["BACKENDS", "HelpFormatter", "Parser", "build_parser"]
@@ -47,7 +48,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def build_parser() -> Parser:
-    """The `batchstate` parser, with its `simulate` command and every option."""
+    """The `batchstate` parser, with its `simulate` and `replay` commands and every option."""
     parser = Parser(
         prog="batchstate",
         description="batchstate's command line: run its reference serving engine and check it.",
@@ -71,6 +72,7 @@ def build_parser() -> Parser:
     add_engine_options(sim.add_argument_group("engine and pools").add_argument)
     _add_data_parallel_options(sim.add_argument_group("data parallel").add_argument)
     _add_output_options(sim.add_argument_group("checks and output").add_argument)
+    add_replay_command(commands)
     return parser
 
 

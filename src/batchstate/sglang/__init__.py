@@ -2,22 +2,33 @@
 
 `audit(batch)` checks a live `ScheduleBatch`, its pools and its radix cache against
 batchstate's invariants; `Watch` does so after every lifecycle call and names the
-first call that breaks one. See docs/sglang.md.
+first call that breaks one; `Shadow` replays every lifecycle call as batchstate
+transitions on its own pools and names the first call where the two differ, and
+`replay` runs its trace through batchstate alone. See docs/sglang.md.
 """
 
 from batchstate.sglang._fields import SUPPORTED_VERSIONS, UnsupportedSGLang
 from batchstate.sglang._topology import cpu_topology
 from batchstate.sglang.audit import AuditReport, Violation, audit
+from batchstate.sglang.replay import Replayed, replay
+from batchstate.sglang.shadow import Shadow, ShadowDivergence
+from batchstate.sglang.trace import Mismatch, TraceError
 from batchstate.sglang.watch import Divergence, TraceStep, Watch
 
 __all__ = [
     "SUPPORTED_VERSIONS",
     "AuditReport",
     "Divergence",
+    "Mismatch",
+    "Replayed",
+    "Shadow",
+    "ShadowDivergence",
+    "TraceError",
     "TraceStep",
     "UnsupportedSGLang",
     "Violation",
     "Watch",
     "audit",
     "cpu_topology",
+    "replay",
 ]

@@ -29,6 +29,16 @@ KV_FIELDS = ("req_pool_idx", "cache_protected_len", "kv_allocated_len")
 REQ_POOL_FIELDS = ("req_to_token", "free_slots", "size")
 ALLOCATOR_FIELDS = ("size", "page_size", "free_pages", "available_size")
 TREE_FIELDS = ("evictable_size", "protected_size", "root_node")
+SHADOW_BATCH_FIELDS = ("chunked_req",)
+SHADOW_REQ_FIELDS = (
+    "full_untruncated_fill_ids",
+    "extend_len",
+    "prefix_len",
+    "extend_end",
+    "origin_input_ids",
+    "output_ids",
+)
+"""What a `Shadow` reads besides what `audit` reads."""
 
 
 class UnsupportedSGLang(TypeError):
@@ -69,3 +79,11 @@ def require_batch(batch: Any) -> None:
     for req in batch.reqs:
         require(req, "Req", REQ_FIELDS)
         require(req.kv, "Req.kv", KV_FIELDS)
+
+
+def require_shadowed(batch: Any) -> None:
+    """`require_batch`, and what a `Shadow` reads besides."""
+    require_batch(batch)
+    require(batch, "ScheduleBatch", SHADOW_BATCH_FIELDS)
+    for req in batch.reqs:
+        require(req, "Req", SHADOW_REQ_FIELDS)

@@ -171,6 +171,8 @@ class Driver:
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
         for req in batch.reqs:
+            if req.finished() or req.kv.req_pool_idx is None:
+                continue  # under overlap: finished, or retracted, since this batch ran
             if req.inflight_middle_chunks > 0:  # a middle chunk samples nothing
                 req.inflight_middle_chunks -= 1
                 continue

@@ -1,0 +1,89 @@
+"""What a `Shadow` reads from SGLang after a call: host mirrors, pool counters and the
+radix tree's token keys. Nothing here writes to SGLang's objects or reads the device
+(each `*_cpu` mirror is a host tensor), and nothing touches the tree's clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchstate.sglang.replica import Eviction, Replica, State
+
+
+def mirror_rows(batch: Any, live: list[Any]) -> int:
+    # Rows of the host mirror that belong to live requests (-1: no mirror at all).
+    if not batch.reqs:
+        return len(live)
+    mirror = batch.req_pool_indices_cpu
+    return -1 if mirror is None else len(mirror) - (len(batch.reqs) - len(live))
+
+
+def sglang_state(batch: Any, live: list[Any], extend: bool, chunks: list[Any]) -> State:
+    """What SGLang holds for `batch` (its `live` requests, and its `chunks`, requests between
+    chunks) and its pools: host values only."""
+    index = {id(r): i for i, r in enumerate(batch.reqs)}
+    lens = batch.seq_lens_cpu.tolist() if batch.reqs and batch.seq_lens_cpu is not None else []
+    seq_lens = tuple(int(lens[index[id(r)]]) if index[id(r)] < len(lens) else -1 for r in live)
+    prefix = tuple(int(r.prefix_len) if extend else 0 for r in live)
+    held = tuple(sorted((r.rid, int(r.extend_end)) for r in chunks))
+    return pool_state(batch.tree_cache, tuple(r.rid for r in live), seq_lens, prefix, held)
+
+
+def pool_state(
+    tree: Any,
+    rids: tuple[str, ...],
+    seq_lens: tuple[int, ...],
+    prefix: tuple[int, ...],
+    held: tuple[tuple[str, int], ...],
+) -> State:
+    """`State` with SGLang's pool counters read from its tree cache."""
+    return State(
+        rids=rids,
+        seq_lens=seq_lens,
+        prefix_lens=prefix,
+        held=held,
+        free_slots=int(tree.req_to_token_pool.available_size()),
+        free_tokens=int(tree.token_to_kv_pool_allocator.available_size()),
+        evictable_tokens=int(tree.evictable_size()),
+        protected_tokens=int(tree.protected_size()),
+    )
+
+
+def evicted_by_sglang(replica: Replica, tree: Any) -> tuple[Eviction, ...]:
+    # The unlocked cached leaves batchstate holds and SGLang's tree holds only part of,
+    # down to that part, then the parents that became such leaves: what SGLang evicted.
+    gone: list[Eviction] = []
+    while True:
+        found = []
+        for leaf, start in replica.cached_leaves():
+            held = held_tokens(tree, leaf)
+            if held < len(leaf):
+                found.append(Eviction(leaf, held if held > start else 0))
+        if not found:
+            return tuple(gone)
+        replica.evict(found)
+        gone += found
+
+
+def held_tokens(tree: Any, tokens: tuple[int, ...]) -> int:
+    """How many leading `tokens` SGLang's radix tree holds, in whole pages (read only: no
+    split, no clock)."""
+    page, node, length = int(tree.page_size), tree.root_node, 0
+    while length + page <= len(tokens):
+        first = list(tokens[length : length + page])
+        child = next(
+            (c for c in node.children.values() if list(c.key.token_ids[:page]) == first), None
+        )
+        if child is None:
+            return length
+        key = list(child.key.token_ids)
+        common = 0
+        for mine, theirs in zip(tokens[length:], key, strict=False):
+            if mine != theirs:
+                break
+            common += 1
+        length += common // page * page
+        if common < len(key):
+            return length
+        node = child
+    return length

@@ -1,0 +1,269 @@
+"""batchstate's side of a shadow: SGLang's lifecycle calls replayed as batchstate transitions.
+
+A `Replica` owns one `Pools` (prefix cache on) and one batchstate record per
+SGLang batch it has seen. Each method is one SGLang call, in SGLang's words
+(requests are named by SGLang's rid strings, batches by a label), applied with
+batchstate's public transitions: `mix` + `settle` for `prepare_for_extend`
+(chunked prefill included), `decode`, `filter_batch`, `merge`, `split` +
+`release`. `state(label)` is what the replica holds, in the terms
+`sglang_state` records SGLang's (see `compare`). It needs no SGLang: `replay`
+runs it from a trace alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import torch
+from returns.result import Failure
+
+from batchstate import (
+    Chunked,
+    Decoding,
+    Departed,
+    Filtered,
+    Idle,
+    Pools,
+    Req,
+    decode,
+    filter_batch,
+    idle,
+    make_pools,
+    merge,
+    mix,
+    release,
+    settle,
+    split,
+)
+from batchstate._pool_versions import next_version
+
+Record = Idle | Filtered | Decoding
+"""What the replica holds for one SGLang batch between calls."""
+
+
+@attrs.frozen
+class ExtendItem:
+    """One request of a `prepare_for_extend`: its tokens (prompt and any output before a
+    retraction), and the tokens SGLang computes for it in this forward."""
+
+    rid: str
+    tokens: tuple[int, ...]
+    extend_len: int
+
+
+@attrs.frozen
+class Eviction:
+    """A cached leaf (its tokens from the root) evicted down to its first `keep` tokens."""
+
+    tokens: tuple[int, ...]
+    keep: int
+
+
+@attrs.frozen
+class State:
+    """What one side holds after a call: the batch's rows (rid, tokens in the KV cache,
+    tokens read from the prefix cache at its extend) and the pools' counts, in tokens."""
+
+    rids: tuple[str, ...]
+    seq_lens: tuple[int, ...]
+    prefix_lens: tuple[int, ...]
+    held: tuple[tuple[str, int], ...]  # requests between chunks: rid, tokens in the KV cache
+    free_slots: int
+    free_tokens: int
+    evictable_tokens: int
+    protected_tokens: int
+
+
+class ReplicaError(RuntimeError):
+    """batchstate refused a call SGLang made: names the operation and batchstate's reason."""
+
+
+class Replica:
+    """batchstate pools and records mirroring one SGLang scheduler (page size, KV tokens,
+    request rows and context as SGLang's pools were made)."""
+
+    def __init__(self, *, page_size: int, kv_tokens: int, rows: int, context: int) -> None:
+        self.device = torch.device("cpu")
+        self.page_size = page_size
+        self.pools: Pools = make_pools(
+            rows, context, kv_tokens, self.device, page_size, prefix_cache=True
+        )
+        self.records: dict[str, Record] = {}
+        self.held: dict[str, Chunked] = {}  # chunked requests between chunks, by rid
+        self.left: dict[str, Departed] = {}  # rows filtered out, not released yet, by rid
+        self.prefix: dict[str, int] = {}  # each row's cache hit at its last extend
+        self._ids: dict[str, int] = {}  # SGLang's rid -> batchstate's, and back
+        self._names: list[str] = []
+        # Requests extended whose pages SGLang has not published yet (its checkpoint comes
+        # with result processing): pool counts differ by policy until it does.
+        self.unpublished: set[str] = set()
+
+    def record(self, label: str) -> Record:
+        """The record of batch `label` (an empty one when unseen)."""
+        return self.records.get(label, idle(self.device))
+
+    def _id(self, rid: str) -> int:
+        number = self._ids.get(rid)
+        if number is None:
+            number = self._ids[rid] = len(self._names)
+            self._names.append(rid)
+        return number
+
+    def extend(self, label: str, items: Sequence[ExtendItem]) -> None:
+        """`prepare_for_extend`: a new batch of these requests; the last may stop part way."""
+        admit: list[Req | Chunked] = [
+            self.held.pop(i.rid) if i.rid in self.held else Req(self._id(i.rid), i.tokens)
+            for i in items
+        ]
+        budget = sum(i.extend_len for i in items)
+        self.unpublished.update(i.rid for i in items)
+        step = mix(idle(self.device), admit, max(budget, 1), self.pools)
+        if isinstance(step, Failure):
+            raise ReplicaError(f"prepare_for_extend: batchstate refused: {step.failure()}")
+        mixed, self.pools = step.unwrap()
+        for item, cached, computed in zip(
+            items, mixed.prefix_lens, mixed.extend_lens, strict=False
+        ):
+            del computed
+            self.prefix[item.rid] = int(cached)
+        running, held = settle(mixed)
+        for chunk in held:
+            self.held[self._rid(chunk.req.rid)] = chunk
+        self.records[label] = running
+
+    def checkpoint(self, rid: str) -> None:
+        """`checkpoint_kv_cache`: SGLang published what `rid` computed, as batchstate did
+        at its extend."""
+        self.unpublished.discard(rid)
+
+    def _rid(self, rid: int) -> str:
+        return self._names[rid]
+
+    def decode(self, label: str) -> None:
+        """`prepare_for_decode`: one KV location per row."""
+        record = self.record(label)
+        if isinstance(record, Idle):
+            return
+        step = decode(record, self.pools)
+        if isinstance(step, Failure):
+            raise ReplicaError(f"prepare_for_decode: batchstate refused: {step.failure()}")
+        self.records[label], self.pools = step.unwrap()
+
+    def filter(self, label: str, kept: Sequence[str]) -> None:
+        """`filter_batch`: keep the rows of these rids (rows already released are gone)."""
+        record = self.record(label)
+        if isinstance(record, Idle):
+            return
+        wanted = {self._id(rid) for rid in kept}
+        for number in record.rows.rids.tolist():
+            if number in wanted:
+                continue
+            # A row SGLang dropped before releasing it (overlap: a request whose last token
+            # is still in flight): it keeps its memory until its release, as in SGLang.
+            rows = record.rows.rids.tolist()
+            record, self.left[self._rid(number)] = split(
+                record, [i for i, other in enumerate(rows) if other != number]
+            )
+        self.records[label] = filter_batch(record, list(range(len(record.rows.rids))))
+
+    def merge(self, label: str, other: str) -> None:
+        """`merge_batch`: `other`'s rows after `label`'s (`other`'s record is consumed)."""
+        incoming = self.records.pop(other, idle(self.device))
+        if isinstance(incoming, Idle):
+            return
+        if isinstance(incoming, Decoding):
+            incoming = filter_batch(incoming, list(range(len(incoming.rows.rids))))
+        self.records[label] = merge(self.record(label), incoming)
+
+    def release(self, rid: str, tokens: Sequence[int]) -> None:
+        """`release_kv_cache`: the request's slot goes back; the whole pages of `tokens`
+        stay cached (what SGLang keeps in its tree for it), the rest is freed."""
+        self.unpublished.discard(rid)
+        if rid in self.held:
+            chunk = self.held.pop(rid)
+            tokens = _covering(tokens, chunk.req)
+            result = release(chunk, idle(self.device), self.pools, [tokens])
+        elif rid in self.left:
+            left = self.left.pop(rid)
+            tokens = _covering(tokens, left.reqs[0])
+            result = release(left, idle(self.device), self.pools, [tokens])
+        else:
+            label, record, row = self._find(rid)
+            keep = [i for i in range(len(record.rows.rids)) if i != row]
+            kept, left = split(record, keep)
+            tokens = _covering(tokens, left.reqs[0])
+            result = release(left, kept, self.pools, [tokens])
+            self.records[label] = kept
+        if isinstance(result, Failure):
+            raise ReplicaError(f"release_kv_cache({rid}): batchstate refused: {result.failure()}")
+        self.pools = result.unwrap()
+
+    def _find(self, rid: str) -> tuple[str, Filtered | Decoding, int]:
+        number = self._ids.get(rid)
+        for label, record in self.records.items():
+            if isinstance(record, Idle) or number is None:
+                continue
+            rids = record.rows.rids.tolist()
+            if number in rids:
+                return label, record, rids.index(number)
+        raise ReplicaError(f"release_kv_cache({rid}): batchstate holds no row for it")
+
+    def cached_leaves(self) -> list[tuple[tuple[int, ...], int]]:
+        """The unlocked cached leaves (what eviction may take): each one's token prefix
+        from the root and where its own tokens start."""
+        cache = self.pools.cache
+        leaves = cache._leaves
+        return [
+            (prefix, len(prefix) - len(node.tokens))
+            for prefix, node in cache._nodes()
+            if prefix in leaves
+        ]
+
+    def evict(self, evictions: Sequence[Eviction]) -> None:
+        """Evict these unlocked cached leaves, in order (one that is not a leaf by its turn
+        is skipped), each down to the tokens SGLang keeps of it: what SGLang's eviction
+        took, where it chose other leaves (its clock, its node boundaries) than batchstate's
+        least-recently-used order would (policy, not bookkeeping)."""
+        cache, evicted = self.pools.cache, list[int]()
+        for eviction in evictions:
+            leaf, keep = eviction.tokens, eviction.keep
+            if leaf not in cache._leaves:
+                continue
+            if keep:  # split the leaf where SGLang's node ends: a lock walk splits there
+                leaves = cache._leaves
+                cache = attrs.evolve(cache._lock(leaf, keep)._unlock(leaf, keep), leaves=leaves)
+            # Oldest first: a leaf marked older than every other is the one evicted.
+            marked = {k: -1 if k == leaf else v for k, v in cache._leaves.items()}
+            cache, pages = attrs.evolve(cache, leaves=marked)._evict(1)
+            evicted += pages
+        if not evicted:
+            return
+        pools = self.pools
+        self.pools = next_version(
+            pools, page_list=pools.page_list.give(np.array(evicted, dtype=np.int64)), cache=cache
+        )._commit()
+
+    def state(self, label: str) -> State:
+        """What batchstate holds for batch `label` and its pools."""
+        record, pools = self.record(label), self.pools
+        numbers = () if isinstance(record, Idle) else tuple(record.rows.rids.tolist())
+        rids = tuple(self._rid(n) for n in numbers)
+        lens = () if isinstance(record, Idle) else tuple(record.rows.seq_lens.host.tolist())
+        return State(
+            rids=rids,
+            seq_lens=lens,
+            prefix_lens=tuple(self.prefix.get(rid, 0) for rid in rids),
+            held=tuple((rid, chunk.cached) for rid, chunk in sorted(self.held.items())),
+            free_slots=pools.num_free_slots,
+            free_tokens=pools.num_free_tokens,
+            evictable_tokens=pools.cache.num_evictable * pools.page_size,
+            protected_tokens=pools.cache.num_locked * pools.page_size,
+        )
+
+
+def _covering(tokens: Sequence[int], req: Req) -> Sequence[int]:
+    # SGLang keeps in its tree what the row published at its extend, at least: batchstate
+    # published its prompt's whole pages there already, and `release` wants them named.
+    return tokens if len(tokens) >= len(req.input_ids) else req.input_ids

@@ -1,0 +1,284 @@
+"""`Shadow`: every SGLang lifecycle call replayed as batchstate transitions, and compared.
+
+Attached before SGLang's scheduler serves its first request, it wraps
+`ScheduleBatch.prepare_for_extend`, `prepare_for_decode`, `filter_batch`,
+`merge_batch`, `retract_decode` (on the class) and `release_kv_cache` (in every
+SGLang module that imported it), from outside: SGLang's source is not edited and
+`detach` restores them. Each wrapper calls SGLang's function with the same
+arguments and returns its result unchanged, then records what SGLang holds
+(`sglang_state`, host mirrors and pool counters only), replays the call on a
+`Replica` and compares the two. The first difference raises `ShadowDivergence`
+(or is logged) and writes the trace of every call so far.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from batchstate.sglang._fields import require_shadowed
+from batchstate.sglang._sglang_reads import (
+    evicted_by_sglang,
+    mirror_rows,
+    pool_state,
+    sglang_state,
+)
+from batchstate.sglang._stubs import install_stubs
+from batchstate.sglang.replica import ExtendItem, Replica
+from batchstate.sglang.trace import Mismatch, Operation, PoolsConfig, apply, compare, dumps
+
+_log = logging.getLogger("batchstate.sglang")
+BATCH_CALLS = (
+    "prepare_for_extend",
+    "prepare_for_decode",
+    "filter_batch",
+    "merge_batch",
+    "retract_decode",
+)
+"""The `ScheduleBatch` methods a `Shadow` replays."""
+
+
+class ShadowDivergence(AssertionError):
+    """SGLang and batchstate hold different things after a call: `mismatch` names the
+    step, the call, the request, the field and both values; `trace` where it was written."""
+
+    def __init__(self, mismatch: Mismatch, trace: Path | None) -> None:
+        self.mismatch = mismatch
+        self.trace = trace
+        where = f"; trace of every call so far: {trace}" if trace is not None else ""
+        super().__init__(f"{mismatch}{where}")
+
+
+class Shadow:
+    """batchstate beside a live SGLang scheduler (`with Shadow(): ...`).
+
+    `on_divergence="raise"` raises `ShadowDivergence` at the first difference;
+    `"log"` logs each (logger `batchstate.sglang`) and goes on. `trace_path`, when
+    set, receives the trace (JSON lines, `batchstate replay` reads it) at the first
+    divergence and on `detach`.
+    """
+
+    def __init__(
+        self,
+        *,
+        on_divergence: Literal["raise", "log"] = "raise",
+        trace_path: str | Path | None = None,
+    ) -> None:
+        self.on_divergence = on_divergence
+        self.trace_path = None if trace_path is None else Path(trace_path)
+        self.config: PoolsConfig | None = None
+        self.replica: Replica | None = None
+        self.operations: list[Operation] = []
+        self.divergences: list[ShadowDivergence] = []
+        self._labels: dict[int, tuple[weakref.ref[Any], str]] = {}
+        self._restore: list[Callable[[], None]] = []
+        self._batches = 0
+        self._tree: Any = None
+        self._evicted = False  # SGLang's tree evicted since the last call was replayed
+
+    def attach(self) -> Shadow:
+        """Wrap SGLang's lifecycle calls (idempotent)."""
+        install_stubs()
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.mem_cache import common
+
+        if self._restore:
+            return self
+        # The scheduler's modules import the cache calls by name: load them first, so
+        # that their names are the ones replaced.
+        importlib.import_module("sglang.srt.managers.scheduler")
+        for name in BATCH_CALLS:
+            self._replace(ScheduleBatch, name, self._wrap_batch(name, getattr(ScheduleBatch, name)))
+        for name, wrapped in (
+            ("release_kv_cache", self._wrap_release(common.release_kv_cache)),
+            ("checkpoint_kv_cache", self._wrap_checkpoint(common.checkpoint_kv_cache)),
+        ):
+            original = getattr(common, name)
+            for module in list(sys.modules.values()):
+                named = module.__name__.startswith("sglang")
+                if named and getattr(module, name, None) is original:
+                    self._replace(module, name, wrapped)
+        return self
+
+    def _wrap_checkpoint(self, original: Callable[..., object]) -> Callable[..., object]:
+        shadow = self
+
+        def replayed(req: Any, tree_cache: Any, *args: object, **kwargs: object) -> object:
+            result = original(req, tree_cache, *args, **kwargs)
+            if shadow.replica is not None:
+                state = pool_state(tree_cache, (), (), (), ())
+                op = Operation(
+                    len(shadow.operations), "checkpoint_kv_cache", "", state, rid=req.rid
+                )
+                shadow._check(shadow.replica, op)
+            return result
+
+        replayed.__name__ = original.__name__
+        replayed.__doc__ = original.__doc__
+        return replayed
+
+    def _replace(self, owner: object, name: str, value: object) -> None:
+        original = getattr(owner, name)
+        setattr(owner, name, value)
+        self._restore.append(lambda: setattr(owner, name, original))
+
+    def detach(self) -> None:
+        """Restore SGLang's functions and write the trace (when `trace_path` is set)."""
+        while self._restore:
+            self._restore.pop()()
+        if self.trace_path is not None:
+            self.write_trace(self.trace_path)
+
+    def __enter__(self) -> Shadow:
+        return self.attach()
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def write_trace(self, path: Path) -> None:
+        """Write the pools line and every operation so far, one JSON object per line."""
+        head = [] if self.config is None else [dumps(self.config)]
+        path.write_text("".join(head + [dumps(op) for op in self.operations]))
+
+    def _label(self, batch: object) -> str:
+        known = self._labels.get(id(batch))
+        if known is not None and known[0]() is batch:
+            return known[1]
+        label = f"b{self._batches}"  # ids of dead batches come back: count instead
+        self._batches += 1
+        self._labels[id(batch)] = (weakref.ref(batch), label)
+        return label
+
+    def _replica(self, batch: Any) -> Replica:
+        if self.replica is None:
+            self._tree = batch.tree_cache
+            kind = type(self._tree)
+            self._replace(kind, "evict", self._wrap_evict(kind.evict))
+            table = batch.req_to_token_pool.req_to_token
+            self.config = PoolsConfig(
+                page_size=int(batch.token_to_kv_pool_allocator.page_size),
+                kv_tokens=int(batch.token_to_kv_pool_allocator.size),
+                rows=int(batch.req_to_token_pool.size),
+                context=int(table.shape[1]),
+            )
+            self.replica = Replica(**_fields(self.config))
+        return self.replica
+
+    def _wrap_batch(self, name: str, original: Callable[..., object]) -> Callable[..., object]:
+        shadow = self
+
+        def replayed(batch: Any, *args: object, **kwargs: object) -> object:
+            result = original(batch, *args, **kwargs)
+            other = args[0] if name == "merge_batch" and args else kwargs.get("other")
+            shadow._after(name, batch, other)
+            return result
+
+        replayed.__name__ = name
+        replayed.__doc__ = original.__doc__
+        return replayed
+
+    def _wrap_evict(self, original: Callable[..., object]) -> Callable[..., object]:
+        shadow = self
+
+        def noted(tree: object, *args: object, **kwargs: object) -> object:
+            shadow._evicted = True
+            return original(tree, *args, **kwargs)
+
+        noted.__name__ = "evict"
+        return noted
+
+    def _wrap_release(self, original: Callable[..., object]) -> Callable[..., object]:
+        shadow = self
+
+        def replayed(req: Any, tree_cache: Any, *args: object, **kwargs: object) -> object:
+            checkpoint = bool(kwargs.get("checkpoint", args[0] if args else False))
+            tokens = [*req.origin_input_ids, *req.output_ids]
+            kept = req.kv.cache_protected_len
+            if checkpoint and not req.skip_radix_cache_insert:
+                kept = req.owned_kv_len()
+            held = req.kv.req_pool_idx is not None
+            result = original(req, tree_cache, *args, **kwargs)
+            if held and shadow.replica is not None:
+                shadow._after_release(req, tree_cache, tuple(tokens[:kept]))
+            return result
+
+        replayed.__name__ = original.__name__
+        replayed.__doc__ = original.__doc__
+        return replayed
+
+    def _after(self, name: str, batch: Any, other: Any) -> None:
+        if getattr(batch, "req_to_token_pool", None) is None:  # an empty placeholder batch
+            return
+        require_shadowed(batch)  # a clear error where SGLang's fields moved
+        replica = self._replica(batch)
+        live = [r for r in batch.reqs if r.kv.req_pool_idx is not None]
+        items: tuple[ExtendItem, ...] = ()
+        chunks: list[Any] = []
+        if name == "prepare_for_extend":
+            items = tuple(
+                ExtendItem(r.rid, tuple(r.full_untruncated_fill_ids), int(r.extend_len))
+                for r in live
+            )
+            chunks = [r for r in live if r is batch.chunked_req]
+            live = [r for r in live if r is not batch.chunked_req]
+        op = Operation(
+            step=len(self.operations),
+            op=name,
+            batch=self._label(batch),
+            state=sglang_state(batch, live, name == "prepare_for_extend", chunks),
+            other="" if other is None else self._label(other),
+            items=items,
+            kept=tuple(r.rid for r in live),
+            mirror_rows=mirror_rows(batch, live),
+            seq_lens_sum=batch.seq_lens_sum if batch.reqs else None,
+        )
+        self._check(replica, op)
+
+    def _after_release(self, req: Any, tree_cache: Any, tokens: tuple[int, ...]) -> None:
+        assert self.replica is not None
+        state = pool_state(tree_cache, (), (), (), ())
+        op = Operation(
+            len(self.operations), "release_kv_cache", "", state, rid=req.rid, tokens=tokens
+        )
+        self._check(self.replica, op)
+
+    def _check(self, replica: Replica, op: Operation) -> None:
+        try:
+            # What SGLang's call evicted goes first: batchstate's own allocation then finds
+            # the same free pages and evicts nothing by its own least-recently-used order.
+            if self._evicted:
+                op = attrs.evolve(op, evicted=evicted_by_sglang(replica, self._tree))
+                self._evicted = False
+            apply(replica, op)
+        except Exception as error:  # batchstate refused what SGLang did: that is the divergence
+            mismatch: Mismatch | None = Mismatch(
+                op.step, op.op, "refused", "done", repr(error), op.rid
+            )
+        else:
+            mismatch = compare(op, replica.state(op.batch), pools=not replica.unpublished)
+        self.operations.append(op)
+        if mismatch is None:
+            return
+        if self.trace_path is not None and not self.divergences:
+            self.write_trace(self.trace_path)
+        divergence = ShadowDivergence(mismatch, self.trace_path)
+        self.divergences.append(divergence)
+        if self.on_divergence == "raise":
+            raise divergence
+        _log.error("%s", divergence)
+
+
+def _fields(config: PoolsConfig) -> dict[str, int]:
+    return {
+        "page_size": config.page_size,
+        "kv_tokens": config.kv_tokens,
+        "rows": config.rows,
+        "context": config.context,
+    }

@@ -1,0 +1,233 @@
+"""A shadow's trace: one JSON line per SGLang call, enough to replay it through batchstate.
+
+The first line names the pools (`{"op": "pools", ...}`); each later line is an
+`Operation`: the call, the batch it concerns, what batchstate needs to replay
+it (rids, token ids, tokens computed) and the SGLang `State` recorded after it.
+`apply` replays one operation on a `Replica`; `compare` names the first field
+where the recorded state and batchstate's differ. Both the live `Shadow` and
+`batchstate replay` use them, so a trace replays exactly as it was checked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from batchstate.sglang.replica import Eviction, ExtendItem, Replica, State
+
+ROW_OPS = (
+    "prepare_for_extend",
+    "prepare_for_decode",
+    "filter_batch",
+    "merge_batch",
+    "retract_decode",
+)
+"""The `ScheduleBatch` calls after which rows are compared."""
+
+
+@attrs.frozen
+class PoolsConfig:
+    """How SGLang's pools were made: the replica's pools are made the same."""
+
+    page_size: int
+    kv_tokens: int
+    rows: int
+    context: int
+
+
+@attrs.frozen
+class Operation:
+    """One SGLang call and the state it left.
+
+    `batch` / `other` label the batches (`other`: `merge_batch`'s argument);
+    `items` the requests of an extend; `kept` the rids a filter or retraction
+    kept; `rid` and `tokens` a released request and the tokens whose whole pages
+    SGLang's tree keeps for it; `seq_lens_sum` SGLang's, when set.
+    """
+
+    step: int
+    op: str
+    batch: str
+    state: State
+    other: str = ""
+    items: tuple[ExtendItem, ...] = ()
+    kept: tuple[str, ...] = ()
+    rid: str = ""
+    tokens: tuple[int, ...] = ()
+    mirror_rows: int = 0
+    seq_lens_sum: int | None = None
+    evicted: tuple[Eviction, ...] = ()
+
+
+@attrs.frozen
+class Mismatch:
+    """The first field where SGLang and batchstate differ after an operation."""
+
+    step: int
+    op: str
+    field: str
+    sglang: str
+    batchstate: str
+    request: str = ""
+
+    def __str__(self) -> str:
+        who = f", request {self.request}" if self.request else ""
+        return (
+            f"step {self.step}, after {self.op}{who}: {self.field} is {self.sglang} in SGLang, "
+            f"{self.batchstate} in batchstate"
+        )
+
+
+def apply(replica: Replica, op: Operation) -> None:
+    """Replay `op` on `replica`, after evicting the cached prefixes SGLang's call evicted
+    (which cached pages eviction takes is policy: SGLang's least-recently-used clock and
+    node boundaries differ from batchstate's)."""
+    replica.evict(op.evicted)
+    if op.op == "prepare_for_extend":
+        replica.extend(op.batch, op.items)
+    elif op.op == "prepare_for_decode":
+        replica.decode(op.batch)
+    elif op.op in ("filter_batch", "retract_decode"):
+        replica.filter(op.batch, op.kept)
+    elif op.op == "merge_batch":
+        replica.merge(op.batch, op.other)
+    elif op.op == "release_kv_cache":
+        replica.release(op.rid, op.tokens)
+    elif op.op == "checkpoint_kv_cache":
+        replica.checkpoint(op.rid)
+
+
+def compare(op: Operation, mine: State, *, pools: bool = True) -> Mismatch | None:
+    """The first difference between SGLang's recorded state and batchstate's, or None.
+
+    Rows are compared after `ScheduleBatch` calls (per request: rid, tokens in
+    the KV cache, tokens read from the prefix cache); pool counts when `pools`
+    (the caller's: no extended request is still waiting for its checkpoint, since
+    batchstate publishes a prefill's pages in the extend and SGLang when result
+    processing checkpoints each request; under overlap that is a turn later).
+    """
+    found = _rows(op, mine) if op.op in ROW_OPS else None
+    if found is None and pools:
+        found = _pools(op, mine)
+    return found
+
+
+def _differ(op: Operation, field: str, sglang: object, ours: object, rid: str = "") -> Mismatch:
+    return Mismatch(op.step, op.op, field, str(sglang), str(ours), rid)
+
+
+def _rows(op: Operation, mine: State) -> Mismatch | None:
+    theirs = op.state
+    if op.mirror_rows != len(theirs.rids):
+        return _differ(op, "req_pool_indices_cpu rows", op.mirror_rows, len(mine.rids))
+    # Row order is policy (retract_decode keeps SGLang's retraction order, batchstate's
+    # filter keeps positions increasing): rows are compared by request.
+    if sorted(theirs.rids) != sorted(mine.rids):
+        odd = sorted(set(theirs.rids) ^ set(mine.rids))
+        return _differ(op, "rows", sorted(theirs.rids), sorted(mine.rids), odd[0] if odd else "")
+    names = ("seq_lens", "prefix_lens") if op.op == "prepare_for_extend" else ("seq_lens",)
+    for name in names:
+        ours = dict(zip(mine.rids, getattr(mine, name), strict=True))
+        for rid, value in zip(theirs.rids, getattr(theirs, name), strict=True):
+            if value != ours[rid]:
+                return _differ(op, name[:-1], value, ours[rid], rid)
+    held = dict(mine.held)
+    for rid, length in theirs.held:
+        if held.get(rid) != length:
+            return _differ(op, "held chunk tokens", length, held.get(rid), rid)
+    total = sum(mine.seq_lens) + sum(length for _, length in theirs.held)
+    if op.seq_lens_sum is not None and op.seq_lens_sum != total:
+        return _differ(op, "seq_lens_sum", op.seq_lens_sum, total)
+    return None
+
+
+def _pools(op: Operation, mine: State) -> Mismatch | None:
+    theirs = op.state
+    # batchstate evicts the exact shortage where SGLang's estimate adds a page per request
+    # (policy): free and evictable tokens are compared as their sum.
+    counts = (
+        ("free_slots", theirs.free_slots, mine.free_slots),
+        ("protected_tokens", theirs.protected_tokens, mine.protected_tokens),
+        (
+            "free_tokens + evictable_tokens",
+            theirs.free_tokens + theirs.evictable_tokens,
+            mine.free_tokens + mine.evictable_tokens,
+        ),
+    )
+    for name, sglang, ours in counts:
+        if sglang != ours:
+            return _differ(op, name, sglang, ours)
+    return None
+
+
+def dumps(entry: PoolsConfig | Operation) -> str:
+    """One trace line."""
+    kind = {"op": "pools"} if isinstance(entry, PoolsConfig) else {}
+    return json.dumps({**kind, **attrs.asdict(entry)}, separators=(",", ":")) + "\n"
+
+
+class TraceError(ValueError):
+    """A trace line is not one this version writes: names the line and what is wrong."""
+
+
+def read(path: Path) -> tuple[PoolsConfig, Iterator[Operation]]:
+    """The pools line and the operations of a trace file."""
+    lines = path.read_text().splitlines()
+    if not lines:
+        raise TraceError(f"{path}: empty trace")
+    try:
+        head = json.loads(lines[0])
+        if not isinstance(head, dict) or head.get("op") != "pools":
+            raise KeyError("the first line must be the pools line")
+        config = PoolsConfig(
+            int(head["page_size"]), int(head["kv_tokens"]), int(head["rows"]), int(head["context"])
+        )
+    except (ValueError, TypeError, KeyError) as error:
+        raise TraceError(f"{path}:1: {error!r}") from None
+
+    def operations() -> Iterator[Operation]:
+        for number, line in enumerate(lines[1:], start=2):
+            try:
+                yield _operation(json.loads(line))
+            except (ValueError, TypeError, KeyError) as error:
+                raise TraceError(f"{path}:{number}: {error!r}") from None
+
+    return config, operations()
+
+
+def _ints(values: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def _operation(raw: dict[str, Any]) -> Operation:
+    state = raw["state"]
+    return Operation(
+        step=int(raw["step"]),
+        op=str(raw["op"]),
+        batch=str(raw["batch"]),
+        state=State(
+            rids=tuple(map(str, state["rids"])),
+            seq_lens=_ints(state["seq_lens"]),
+            prefix_lens=_ints(state["prefix_lens"]),
+            held=tuple((str(rid), int(n)) for rid, n in state["held"]),
+            free_slots=int(state["free_slots"]),
+            free_tokens=int(state["free_tokens"]),
+            evictable_tokens=int(state["evictable_tokens"]),
+            protected_tokens=int(state["protected_tokens"]),
+        ),
+        other=str(raw["other"]),
+        items=tuple(
+            ExtendItem(str(i["rid"]), _ints(i["tokens"]), int(i["extend_len"]))
+            for i in raw["items"]
+        ),
+        kept=tuple(map(str, raw["kept"])),
+        rid=str(raw["rid"]),
+        tokens=_ints(raw["tokens"]),
+        mirror_rows=int(raw["mirror_rows"]),
+        seq_lens_sum=None if raw["seq_lens_sum"] is None else int(raw["seq_lens_sum"]),
+        evicted=tuple(Eviction(_ints(e["tokens"]), int(e["keep"])) for e in raw["evicted"]),
+    )
