@@ -7,6 +7,7 @@ mutable baseline and the floor honest: each must do the work batchstate does.
 from __future__ import annotations
 
 import pytest
+from benchmarks.check_cost import measure as measure_check_cost
 from benchmarks.columns import VARIANTS
 from benchmarks.columns import run as run_columns
 from benchmarks.graph_buffers import count as count_graph_buffers
@@ -158,3 +159,9 @@ def test_the_graph_buffer_benchmark_reports_each_point() -> None:
     work = count_graph_buffers(3, 4)
     assert (work["copies"], work["allocations"]) == (1, 0)
     assert 0 < work["kernels"] <= 6 and work["pad_allocations"] > 0
+
+
+def test_the_check_cost_benchmark_times_the_check_beside_the_step() -> None:
+    point = measure_check_cost(4, 16, steps=3, warmup=2)
+    assert point["step_us"] > 0 and point["check_us"] > 0
+    assert point["ratio"] == pytest.approx(point["check_us"] / point["step_us"])
