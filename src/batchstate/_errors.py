@@ -42,28 +42,44 @@ __all__ = [
 @final
 @attrs.frozen
 class OutOfReqSlots:
-    """More requests than free request slots."""
+    """More requests than free request slots.
+
+    `fits`: how many of the requests an admission (`extend`, `prebuilt`,
+    `mix`) was offered, in the order given, these pools would take: the same
+    call with only those succeeds (for `mix`, each with the chunk its budget
+    gives it, beside the running rows' decode tokens); 0: not even the
+    first. A transition offered no requests (`decode`, `verify`) says 0.
+    Equality compares the shortage, not this count.
+    """
 
     requested: int
     available: int
+    fits: int = attrs.field(default=0, kw_only=True, eq=False)  # a count, not the shortage
 
     def __str__(self) -> str:
-        return f"out of request slots: {self.requested} requested, {self.available} free"
+        return (
+            f"out of request slots: {self.requested} requested, {self.available} free;"
+            f" {self.fits} of the requests offered fit"
+        )
 
 
 @final
 @attrs.frozen
 class OutOfKVTokens:
-    """More KV tokens (whole pages) than the pool has free."""
+    """More KV tokens (whole pages) than the pool has free.
+
+    `fits`: as `OutOfReqSlots.fits`.
+    """
 
     requested_pages: int
     available_pages: int
     page_size: int
+    fits: int = attrs.field(default=0, kw_only=True, eq=False)  # a count, not the shortage
 
     def __str__(self) -> str:
         return (
             f"out of KV tokens: {self.requested_pages} pages of {self.page_size} requested,"
-            f" {self.available_pages} free"
+            f" {self.available_pages} free; {self.fits} of the requests offered fit"
         )
 
 
