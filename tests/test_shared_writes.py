@@ -2,9 +2,10 @@
 
 A read-only view of the caller's writable array, given as a host column,
 used to be kept as it was: the caller's later writes changed the records,
-and `check_batch` still passed. One cached `prefix_lens` array per row count
-was shared by every fresh extend, so a write through `torch.as_tensor`
-changed the positions of every later extend of that size.
+and `check_batch` still passed. An admission now keeps a copy. One cached
+`prefix_lens` array per row count was shared by every fresh extend, so a
+write through `torch.as_tensor` changed the positions of every later extend
+of that size.
 """
 
 from __future__ import annotations
@@ -16,7 +17,22 @@ import numpy as np
 import pytest
 import torch
 
-from batchstate import ColumnError, Columns, HostColumn, Req, extend, idle, make_pools
+from batchstate import (
+    Batch,
+    Columns,
+    HostColumn,
+    RecordShapeError,
+    Req,
+    check_batch,
+    check_pools,
+    extend,
+    idle,
+    make_pools,
+    mix,
+    prebuilt,
+    settle,
+)
+from batchstate._mirrored import frozen
 
 CPU: Final = torch.device("cpu")
 
@@ -26,14 +42,40 @@ class _Tags(Columns):
     tag: HostColumn[np.int64]
 
 
-def test_a_read_only_view_of_a_writable_array_is_refused_as_a_host_column() -> None:
+@pytest.mark.parametrize("admission", ["extend", "prebuilt", "mix"])
+def test_a_read_only_view_of_a_writable_array_is_copied_not_kept(admission: str) -> None:
+    """The caller writes the array it gave a view of; the records keep the values they got."""
+    owner = np.array([7, 8], dtype=np.int64)
+    view = owner.view()
+    view.setflags(write=False)
+    tags = _Tags(view)
+    pools = make_pools(4, 32, 64, CPU)
+    reqs = [Req(0, (1, 2)), Req(1, (3, 4, 5))]
+    if admission == "mix":
+        step, pools = mix(idle(CPU, _Tags), reqs, 64, pools, (), tags).unwrap()
+        batch: Batch[_Tags] = settle(step).running
+    elif admission == "extend":
+        batch, pools = extend(idle(CPU, _Tags), reqs, pools, tags).unwrap()
+    else:
+        batch, pools = prebuilt(idle(CPU, _Tags), reqs, pools, tags).unwrap()
+    assert tags.tag is view  # the caller's set is not changed either
+    assert not np.shares_memory(batch.rows.columns.tag, owner)
+    owner[:] = [70, 80]  # the caller's own array, still writable
+    assert batch.rows.columns.tag.tolist() == [7, 8]
+    check_batch(batch, compare_device=True)
+    check_pools(pools, [batch], compare_device=True)
+
+
+def test_a_record_built_by_hand_with_such_a_view_is_refused() -> None:
+    """Only an admission copies: a record built by hand must own its arrays."""
     owner = np.array([7], dtype=np.int64)
     view = owner.view()
     view.setflags(write=False)
-    pools = make_pools(4, 32, 64, CPU)
-    with pytest.raises(ColumnError, match=r"tag: a read-only view of a writable array"):
-        extend(idle(CPU, _Tags), [Req(0, (1, 2))], pools, _Tags(view))
-    assert pools.is_newest and pools.num_free_slots == 4  # nothing was taken
+    batch, _ = extend(
+        idle(CPU, _Tags), [Req(0, (1, 2))], make_pools(4, 32, 64, CPU), _Tags(frozen(owner.copy()))
+    ).unwrap()
+    with pytest.raises(RecordShapeError, match=r"tag: a read-only view of a writable array"):
+        attrs.evolve(batch.rows, columns=_Tags(view))
 
 
 def test_a_read_only_view_of_a_read_only_owner_is_accepted() -> None:

@@ -16,6 +16,7 @@ from returns.result import Failure, Result, Success
 
 from batchstate._admissible import extend_fits
 from batchstate._chunked import Chunked
+from batchstate._column_checks import owned_host_columns
 from batchstate._columns import NO_COLUMNS, C, NoColumns
 from batchstate._errors import (
     AllocError,
@@ -160,6 +161,7 @@ def _admit(
     *,
     match: bool,
 ) -> _Admitted[C] | ExtendError:
+    columns = owned_host_columns(columns)  # a view of the caller's writable array: copied
     admitted = _admit_all(batch, inputs, pools, columns, match=match)
     if isinstance(admitted, OutOfReqSlots | OutOfKVTokens):  # say how many would fit
         return attrs.evolve(admitted, fits=extend_fits(inputs, pools, match=match))
