@@ -19,19 +19,25 @@ import torch
 
 from batchstate import (
     Batch,
+    ColumnError,
     Columns,
+    Extended,
+    Filtered,
     HostColumn,
     RecordShapeError,
     Req,
     check_batch,
     check_pools,
+    decode,
     extend,
     idle,
     make_pools,
+    merge,
     mix,
     prebuilt,
     settle,
 )
+from batchstate._columns import C
 from batchstate._mirrored import frozen
 
 CPU: Final = torch.device("cpu")
@@ -95,3 +101,21 @@ def test_fresh_extends_of_one_size_share_no_prefix_lens_array() -> None:
         torch.as_tensor(first.prefix_lens).fill_(5)  # what numpy's read-only flag cannot stop
     third, _ = extend(idle(CPU), [Req(2, (5, 6))], make_pools(4, 32, 64, CPU)).unwrap()
     assert second.prefix_lens.tolist() == [0] and third.prefix_lens.tolist() == [0]
+
+
+def _combine(a: Filtered[C], b: Extended[C]) -> Filtered[C]:
+    return merge(a, b)
+
+
+def test_sets_mixed_through_a_users_generic_helper_are_refused_at_run_time() -> None:
+    """mypy passes `decode(_combine(f, e), pools)` as Decoding[Any]; `merge` refuses it."""
+    pools = make_pools(4, 32, 64, CPU)
+    tagged, pools = extend(
+        idle(CPU, _Tags), [Req(0, (1, 2))], pools, _Tags(frozen(np.array([7])))
+    ).unwrap()
+    plain, pools = extend(idle(CPU), [Req(1, (3, 4))], pools).unwrap()
+    running = merge(idle(CPU, _Tags), tagged)
+    with pytest.raises(ColumnError, match="cannot merge NoColumns columns into _Tags ones"):
+        decode(_combine(running, plain), pools)  # mypy passes this line: see the docstring
+    check_pools(pools, [running])
+    check_pools(pools, [plain])
