@@ -10,6 +10,8 @@ of that size.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Final
 
 import attrs
@@ -24,6 +26,7 @@ from batchstate import (
     Extended,
     Filtered,
     HostColumn,
+    InvariantViolation,
     RecordShapeError,
     Req,
     check_batch,
@@ -119,3 +122,23 @@ def test_sets_mixed_through_a_users_generic_helper_are_refused_at_run_time() -> 
         decode(_combine(running, plain), pools)  # mypy passes this line: see the docstring
     check_pools(pools, [running])
     check_pools(pools, [plain])
+
+
+@pytest.mark.parametrize("share", [torch.from_numpy, torch.as_tensor, torch.asarray])
+def test_a_write_through_torch_is_caught_by_the_checks_the_docs_name(
+    share: Callable[[np.ndarray], torch.Tensor],
+) -> None:
+    """numpy's read-only flag cannot stop these; `check_batch` (host only) catches a write
+    that breaks a derived value, `compare_device=True` any write."""
+    pools = make_pools(4, 32, 64, CPU)
+    batch, pools = extend(idle(CPU), [Req(0, (1, 2)), Req(1, (3, 4, 5))], pools).unwrap()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "not writable": it shares anyway
+        lens = share(batch.rows.seq_lens.host)
+    lens[0] += 1
+    with pytest.raises(InvariantViolation, match="seq_lens_sum=5, seq_lens sum to 6"):
+        check_batch(batch)
+    lens[0], lens[1] = 3, 2  # the same sum and longest row: only the device shows it
+    check_batch(batch)
+    with pytest.raises(InvariantViolation, match="seq_lens: host mirror != device"):
+        check_batch(batch, compare_device=True)

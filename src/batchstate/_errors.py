@@ -165,17 +165,18 @@ class NotHeld:
     # The slot holds that many tokens, but for a later owner: it was released and
     # handed out again (the chunk's generation is not the slot's).
     stale: bool = False
-    # The slot holds that many tokens at the chunk's generation, but the cached
-    # prefix its row reads is not the start of the chunk's request (the request was
-    # swapped). Known only with the prefix cache on: with it off the pools keep no
-    # tokens, and a chunk's request is trusted.
+    # The slot holds that many tokens at the chunk's generation, but for other
+    # tokens than the start of the chunk's request (the request was swapped): the
+    # chunk remembers the request it was made for, and with the prefix cache on the
+    # cached prefix its row reads must be the start of the request too.
     other_tokens: bool = False
 
     def __str__(self) -> str:
         if self.other_tokens:
             return (
-                f"request {self.rid} is not held in slot {self.slot}: the slot's cached prefix"
-                " is not the start of this request (the chunk's request was swapped)"
+                f"request {self.rid} is not held in slot {self.slot}: the slot's KV is for"
+                " other tokens than the start of this request (the chunk's request was"
+                " swapped)"
             )
         if self.stale:
             return (
