@@ -7,6 +7,7 @@ mutable baseline and the floor honest: each must do the work batchstate does.
 from __future__ import annotations
 
 import pytest
+from benchmarks.check_cost import measure as measure_check_cost
 from benchmarks.columns import VARIANTS
 from benchmarks.columns import run as run_columns
 from benchmarks.engine_feed import SIZES as FEED_SIZES
@@ -182,3 +183,9 @@ def test_the_engine_feed_benchmark_times_both_ways() -> None:
     for baseline in (True, False):
         feed_us, step_ms = run_engine_feed(config, baseline=baseline)
         assert feed_us > 0 and step_ms > 0
+
+
+def test_the_check_cost_benchmark_times_the_check_beside_the_step() -> None:
+    point = measure_check_cost(4, 16, steps=3, warmup=2)
+    assert point["step_us"] > 0 and point["check_us"] > 0
+    assert point["ratio"] == pytest.approx(point["check_us"] / point["step_us"])

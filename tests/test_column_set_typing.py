@@ -20,7 +20,19 @@ import numpy as np
 import pytest
 import torch
 
-from batchstate import ColumnError, Columns, DeviceOnly, HostColumn, Mirrored, build_columns
+from batchstate import (
+    ColumnError,
+    Columns,
+    DeviceOnly,
+    HostColumn,
+    Mirrored,
+    Req,
+    build_columns,
+    extend,
+    idle,
+    make_pools,
+)
+from batchstate._mirrored import frozen
 from batchstate._scalars import SCALAR_NAMES
 from tests.test_doc_blocks import ROOT, read_blocks
 from tests.typecheck import mypy_errors
@@ -103,6 +115,15 @@ def _snippets() -> dict[str, str]:
         snippets[f"decorated_{name}"] = (
             f"{decorator}\nclass Lora(Columns):\n    a: Mirrored[np.int32]\n"
         )
+    # A plain attrs base (not a column set): attrs makes its fields the set's fields.
+    snippets["inherited_plain_field"] = (
+        "@attrs.frozen\nclass Base:\n    note: int\n\n"
+        "@attrs.frozen(eq=False)\nclass Bad(Base, Columns):\n    tag: HostColumn[np.int64]\n\n"
+        "class Plain:\n    hint: int\n\n"  # not attrs: its annotation is no field
+        "@attrs.frozen(eq=False)\nclass Fine(Plain, Columns):\n    tag: HostColumn[np.int64]\n\n"
+        "@attrs.frozen(eq=False)\nclass ColumnBase:\n    more: DeviceOnly\n\n"
+        "@attrs.frozen(eq=False)\nclass AlsoFine(ColumnBase, Columns):\n    tag: DeviceOnly\n"
+    )
     snippets["undecorated_extension"] = (
         "@attrs.frozen(eq=False)\nclass Base(Columns):\n    a: DeviceOnly\n\n"
         "class Wider(Base):\n    b: DeviceOnly\n"
@@ -137,6 +158,27 @@ def test_a_set_extending_another_is_checked_on_its_own_fields() -> None:
         'Wider.wrong: a column is Mirrored[S], DeviceOnly or HostColumn[S], got "Tensor"'
         "  [column-set]"
     ]
+
+
+def test_a_field_inherited_from_a_plain_attrs_base_is_checked_too() -> None:
+    """attrs makes `Base.note` a field of `Bad`; the run time refuses it, and so does mypy."""
+    assert _errors()["inherited_plain_field"] == [
+        "Bad.note (a field of Base): a column is Mirrored[S], DeviceOnly or HostColumn[S],"
+        ' got "int"  [column-set]'
+    ]
+
+    @attrs.frozen
+    class Base:
+        note: int
+
+    @attrs.frozen(eq=False)
+    class Bad(Base, Columns):  # type: ignore[column-set]  # the mistake, on purpose
+        tag: HostColumn[np.int64]
+
+    with pytest.raises(ColumnError, match=r"Bad\.note: a column is"):
+        pools = make_pools(2, 8, 8, torch.device("cpu"))
+        tags = Bad(1, frozen(np.ones(1, np.int64)))
+        extend(idle("cpu", Bad), [Req(0, (1, 2))], pools, tags)
 
 
 @pytest.mark.parametrize("name", sorted(DECORATED))

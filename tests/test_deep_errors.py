@@ -24,6 +24,7 @@ from batchstate import (
     PhaseError,
     Pools,
     Req,
+    Sampled,
     check_batch,
     decode,
     extend,
@@ -45,9 +46,11 @@ def _held_chunk(prefix_cache: bool) -> tuple[Chunked, Pools]:
     return settle(step.batch).held[0], step.pools
 
 
+@pytest.mark.parametrize("prefix_cache", [False, True])
 @pytest.mark.parametrize("admit", ["extend", "mix"])
-def test_a_chunk_whose_request_was_swapped_is_not_held_with_the_cache_on(admit: str) -> None:
-    chunk, pools = _held_chunk(prefix_cache=True)
+def test_a_chunk_whose_request_was_swapped_is_not_held(admit: str, prefix_cache: bool) -> None:
+    """With the cache off too: the chunk remembers the request its KV was computed for."""
+    chunk, pools = _held_chunk(prefix_cache=prefix_cache)
     swapped = attrs.evolve(chunk, req=Req(5, tuple(range(100, 130))))
     before = snapshot(pools)
     result = (
@@ -88,6 +91,7 @@ def test_check_batch_on_a_record_without_rows_is_a_phase_error() -> None:
     window, pools = verify(batch, [1], pools).unwrap()
     chunk, _ = _held_chunk(prefix_cache=False)
     departed = Departed((Req(0, (1,)),), host_int64([1]), host_int64([4]), gens=batch.rows.gens)
-    for record in (window, chunk, departed, "not a batch"):
+    sampled = Sampled.of(batch.rows, torch.tensor([7]))
+    for record in (window, chunk, departed, sampled, "not a batch"):
         with pytest.raises(PhaseError, match=f"check_batch takes .* got {type(record).__name__}"):
             check_batch(record)  # type: ignore[arg-type]  # on purpose

@@ -17,8 +17,14 @@ from batchstate import (
 )
 
 LINES = [
-    (OutOfReqSlots(3, 1), "out of request slots: 3 requested, 1 free"),
-    (OutOfKVTokens(4, 2, 16), "out of KV tokens: 4 pages of 16 requested, 2 free"),
+    (
+        OutOfReqSlots(3, 1),
+        "out of request slots: 3 requested, 1 free; 0 of the requests offered fit",
+    ),
+    (
+        OutOfKVTokens(4, 2, 16),
+        "out of KV tokens: 4 pages of 16 requested, 2 free; 0 of the requests offered fit",
+    ),
     (ContextTooLong(7, 80, 64), "request 7 needs 80 tokens of context, the table holds 64"),
     (EmptyExtend(), "extend needs at least one request"),
     (EmptyPrompt(7, 3, 3), "request 7 has nothing to extend: 3 input ids, 3 already cached"),

@@ -16,7 +16,10 @@ cells the device write just accepted (see `TokenTable.write`).
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,6 +73,11 @@ class _Injected(RuntimeError):
     """The fault the tests raise; nothing in batchstate catches it."""
 
 
+_UPLOAD: Final = batchstate._mirrored.upload
+for _module in pkgutil.iter_modules(batchstate.__path__, "batchstate."):
+    if not _module.ispkg and "mypy" not in _module.name and _module.name != "batchstate.__main__":
+        importlib.import_module(_module.name)  # so that every binding of `upload` is seen
+
 # (owner, attribute): every seam the sweep may raise at.
 _SEAMS: Final[tuple[tuple[object, str], ...]] = (
     # The allocators, where each transition calls them (a module's own name for each).
@@ -88,8 +96,12 @@ _SEAMS: Final[tuple[tuple[object, str], ...]] = (
     (TokenTable, "write"),
     (TokenTable, "write_rows"),
     (Mirrored, "from_hosts"),
-    (batchstate._mirrored, "upload"),
-    (batchstate._rows, "upload"),
+    # `upload`, in every module that binds it by name (a call through any of them).
+    *(
+        (module, "upload")
+        for name, module in sorted(sys.modules.items())
+        if name.startswith("batchstate") and getattr(module, "upload", None) is _UPLOAD
+    ),
     (batchstate._decode, "build_rows"),
     (batchstate._extend_placement, "build_rows"),
     (batchstate._rows, "host_int64"),

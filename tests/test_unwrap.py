@@ -53,7 +53,10 @@ def test_unwrap_of_a_real_failure_says_why_and_keeps_the_record() -> None:
     result = _out_of_kv()
     with pytest.raises(UnwrapError) as raised:
         unwrap(result)
-    assert str(raised.value) == "out of KV tokens: 1 pages of 2 requested, 0 free"
+    assert (
+        str(raised.value)
+        == "out of KV tokens: 1 pages of 2 requested, 0 free; 0 of the requests offered fit"
+    )
     assert raised.value.failure == OutOfKVTokens(1, 0, 2)
     assert raised.value.halted_container is result
     # Still the error returns raises, for code that already catches that one.
@@ -66,7 +69,10 @@ def test_the_traceback_of_unwrap_ends_with_the_facts() -> None:
     with pytest.raises(UnwrapError) as raised:
         unwrap(_out_of_kv())
     printed = "".join(traceback.format_exception(raised.value)).rstrip()
-    assert printed.endswith("UnwrapError: out of KV tokens: 1 pages of 2 requested, 0 free")
+    assert printed.endswith(
+        "UnwrapError: out of KV tokens: 1 pages of 2 requested, 0 free;"
+        " 0 of the requests offered fit"
+    )
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda record: type(record).__name__)
@@ -83,4 +89,8 @@ def test_every_record_is_one_line_and_a_value(record: object) -> None:
 def test_unwrap_error_pickles_with_its_message() -> None:
     error = UnwrapError(Failure(OutOfReqSlots(2, 0)))
     again = pickle.loads(pickle.dumps(error))
-    assert str(again) == str(error) == "out of request slots: 2 requested, 0 free"
+    assert (
+        str(again)
+        == str(error)
+        == "out of request slots: 2 requested, 0 free; 0 of the requests offered fit"
+    )

@@ -46,6 +46,11 @@ class Chunked(Generic[C]):
     columns: C = NO_COLUMNS  # type: ignore[assignment]  # its own row of the batch's column set
     # The generation it holds `slot` at (`pools.slot_gens[slot]` when it was allocated).
     gen: int = attrs.field(kw_only=True)
+    # The request it was made for: a copy with `req` swapped (`attrs.evolve`) keeps it,
+    # so a continuation with other tokens is refused with the cache off too.
+    _made_for: Req = attrs.field(
+        kw_only=True, repr=False, default=attrs.Factory(lambda self: self.req, takes_self=True)
+    )
 
     def _held_slots(self) -> list[tuple[int, int, int]]:
         # (slot, tokens it holds, generation): what `find_leaks` compares with the pools.
@@ -59,6 +64,12 @@ class Chunked(Generic[C]):
             return NotHeld(self.req.rid, slot, self.cached, owned)
         if int(pools.slot_gens[slot]) != self.gen:
             return NotHeld(self.req.rid, slot, self.cached, owned, stale=True)
+        # The slot's KV is for the tokens of the request it was computed for.
+        made_for = self._made_for
+        if self.req is not made_for and tuple(self.req.input_ids[: self.cached]) != tuple(
+            made_for.input_ids[: self.cached]
+        ):
+            return NotHeld(self.req.rid, slot, self.cached, owned, other_tokens=True)
         # With the cache on the pools know the tokens the slot's row reads: a chunk whose
         # request was swapped for another would publish tokens the cache does not hold.
         prefix = pools.prefixes.get(slot)

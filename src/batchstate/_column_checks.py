@@ -7,15 +7,46 @@ column before any transition reads it.
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from batchstate._columns import Columns, NoColumns, _fields
+from batchstate._columns import C, Columns, NoColumns, _fields
 from batchstate._errors import ColumnError
-from batchstate._mirrored import DeviceOnly, Mirrored, torch_dtype
+from batchstate._mirrored import DeviceOnly, Mirrored, frozen, torch_dtype
 
-__all__ = ["check_column_set"]
+__all__ = ["check_column_set", "owned_host_columns"]
+
+
+def owned_host_columns(columns: C) -> C:
+    """`columns` with each host column that is a read-only view of a writable array copied.
+
+    Its owner could still write the view, and the records would change under
+    a passing check: an admission keeps a frozen copy instead. Anything else
+    is returned as it is (`check_column_set` judges it).
+    """
+    given: object = columns  # callers without mypy may pass anything
+    if not isinstance(given, Columns) or type(given) is NoColumns:
+        return columns
+    copies = {
+        field.name: frozen(value.copy())
+        for field in _fields(type(columns))
+        if field.kind == "host"
+        and isinstance(value := getattr(columns, field.name), np.ndarray)
+        and not value.flags.writeable
+        and _writable_base(value)
+    }
+    return attrs.evolve(columns, **copies) if copies else columns  # type: ignore[misc]
+
+
+def _writable_base(array: npt.NDArray[np.generic]) -> bool:
+    base = array.base
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return True
+        base = base.base
+    return False
 
 
 def check_column_set(columns: Columns, length: int, device: torch.device, where: str) -> None:
@@ -45,15 +76,14 @@ def _check_host(
             f" {'writable' if array.flags.writeable else 'read-only'} {array.dtype}"
             f" array {list(array.shape)}"
         )
-    base = array.base
-    while isinstance(base, np.ndarray):
-        if base.flags.writeable:
-            # Its owner can still write it: the records would change under a passing check.
-            raise ColumnError(
-                f"{name}: a read-only view of a writable array; pass a copy"
-                f" (`frozen(array.copy())`) or build the set with `build_columns`"
-            )
-        base = base.base
+    if _writable_base(array):
+        # Its owner can still write it: the records would change under a passing check.
+        # Admissions copy such a column first (`owned_host_columns`); a record built
+        # by hand must own its arrays.
+        raise ColumnError(
+            f"{name}: a read-only view of a writable array; pass a copy"
+            f" (`frozen(array.copy())`) or build the set with `build_columns`"
+        )
 
 
 def _check_device(

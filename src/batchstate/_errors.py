@@ -43,28 +43,44 @@ __all__ = [
 @final
 @attrs.frozen
 class OutOfReqSlots:
-    """More requests than free request slots."""
+    """More requests than free request slots.
+
+    `fits`: how many of the requests an admission (`extend`, `prebuilt`,
+    `mix`) was offered, in the order given, these pools would take: the same
+    call with only those succeeds (for `mix`, each with the chunk its budget
+    gives it, beside the running rows' decode tokens); 0: not even the
+    first. A transition offered no requests (`decode`, `verify`) says 0.
+    Equality compares the shortage, not this count.
+    """
 
     requested: int
     available: int
+    fits: int = attrs.field(default=0, kw_only=True, eq=False)  # a count, not the shortage
 
     def __str__(self) -> str:
-        return f"out of request slots: {self.requested} requested, {self.available} free"
+        return (
+            f"out of request slots: {self.requested} requested, {self.available} free;"
+            f" {self.fits} of the requests offered fit"
+        )
 
 
 @final
 @attrs.frozen
 class OutOfKVTokens:
-    """More KV tokens (whole pages) than the pool has free."""
+    """More KV tokens (whole pages) than the pool has free.
+
+    `fits`: as `OutOfReqSlots.fits`.
+    """
 
     requested_pages: int
     available_pages: int
     page_size: int
+    fits: int = attrs.field(default=0, kw_only=True, eq=False)  # a count, not the shortage
 
     def __str__(self) -> str:
         return (
             f"out of KV tokens: {self.requested_pages} pages of {self.page_size} requested,"
-            f" {self.available_pages} free"
+            f" {self.available_pages} free; {self.fits} of the requests offered fit"
         )
 
 
@@ -150,17 +166,18 @@ class NotHeld:
     # The slot holds that many tokens, but for a later owner: it was released and
     # handed out again (the chunk's generation is not the slot's).
     stale: bool = False
-    # The slot holds that many tokens at the chunk's generation, but the cached
-    # prefix its row reads is not the start of the chunk's request (the request was
-    # swapped). Known only with the prefix cache on: with it off the pools keep no
-    # tokens, and a chunk's request is trusted.
+    # The slot holds that many tokens at the chunk's generation, but for other
+    # tokens than the start of the chunk's request (the request was swapped): the
+    # chunk remembers the request it was made for, and with the prefix cache on the
+    # cached prefix its row reads must be the start of the request too.
     other_tokens: bool = False
 
     def __str__(self) -> str:
         if self.other_tokens:
             return (
-                f"request {self.rid} is not held in slot {self.slot}: the slot's cached prefix"
-                " is not the start of this request (the chunk's request was swapped)"
+                f"request {self.rid} is not held in slot {self.slot}: the slot's KV is for"
+                " other tokens than the start of this request (the chunk's request was"
+                " swapped)"
             )
         if self.stale:
             return (

@@ -10,12 +10,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, TypeAlias, overload
 
+import attrs
 import torch
 from returns.result import Failure, Result, Success
 
+from batchstate._admissible import extend_fits
 from batchstate._chunked import Chunked
+from batchstate._column_checks import owned_host_columns
 from batchstate._columns import NO_COLUMNS, C, NoColumns
-from batchstate._errors import AllocError, EmptyExtend, NotHeld, OutOfReqSlots, PhaseError
+from batchstate._errors import (
+    AllocError,
+    EmptyExtend,
+    NotHeld,
+    OutOfKVTokens,
+    OutOfReqSlots,
+    PhaseError,
+)
 from batchstate._extend_checks import _expect_columns, _expect_unique, _first_problem
 from batchstate._extend_placement import _Admitted, _Matched, _place, _place_fresh
 from batchstate._phases import Extended, Filtered, Idle, Step
@@ -144,6 +154,21 @@ _MAX_ROW_WRITES: Final = 8
 
 
 def _admit(
+    batch: Idle[C],
+    inputs: Sequence[Req | Chunked[C]],
+    pools: Pools,
+    columns: C,
+    *,
+    match: bool,
+) -> _Admitted[C] | ExtendError:
+    columns = owned_host_columns(columns)  # a view of the caller's writable array: copied
+    admitted = _admit_all(batch, inputs, pools, columns, match=match)
+    if isinstance(admitted, OutOfReqSlots | OutOfKVTokens):  # say how many would fit
+        return attrs.evolve(admitted, fits=extend_fits(inputs, pools, match=match))
+    return admitted
+
+
+def _admit_all(
     batch: Idle[C],
     inputs: Sequence[Req | Chunked[C]],
     pools: Pools,

@@ -10,6 +10,8 @@ commit the pools that hold the result.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final, final
 
 import attrs
@@ -17,7 +19,7 @@ import attrs
 from batchstate._copies import read_only_copies
 from batchstate._errors import OutOfKVTokens
 from batchstate._memory_kinds import FULL_ATTENTION, MemoryKinds
-from batchstate._mirrored import HostArray
+from batchstate._mirrored import HostArray, writing
 from batchstate._state_slots import StateSlots
 from batchstate._window_pages import WindowPages
 
@@ -42,6 +44,22 @@ class HybridPools:
     def free_states(self) -> int:
         """State slots free now (the most requests a new allocation may admit)."""
         return self.states[0].num_free if self.states else 0
+
+    @contextmanager
+    def probing(self) -> Iterator[None]:
+        """Allocations tried and dropped inside leave the window tables bit for bit as they were.
+
+        Growing a row writes its new window pages into cells past every row's
+        end, which no value reads; a failure that counts what would fit tries
+        allocations it never commits, so it puts those cells back.
+        """
+        kept = [window.table.copy() for window in self.windows]
+        try:
+            yield
+        finally:
+            for window, table in zip(self.windows, kept, strict=True):
+                with writing(window.table):
+                    window.table[...] = table
 
     def take_slots(self, slots: HostArray) -> HybridPools:
         """A state slot for each new request slot (enough must be free)."""

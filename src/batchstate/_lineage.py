@@ -33,7 +33,7 @@ class Stamp:
     whatever its history.
     """
 
-    __slots__ = ("current", "first_gen", "issued")
+    __slots__ = ("__weakref__", "current", "first_gen", "issued")
 
     def __init__(self) -> None:
         self.current = 0

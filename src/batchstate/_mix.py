@@ -18,6 +18,7 @@ import numpy as np
 from returns.result import Failure, Result, Success
 
 from batchstate._chunked import Chunked, columns_in_order
+from batchstate._column_checks import owned_host_columns
 from batchstate._columns import NO_COLUMNS, C, NoColumns
 from batchstate._decode import DecodeError, _expect_current, _too_long, grow
 from batchstate._errors import (
@@ -118,6 +119,7 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     rows = running.rows
     pools.table.expect_on(rows.device)
     _expect_tokens(tokens, rows)
+    columns = owned_host_columns(columns)  # a view of the caller's writable array: copied
     _expect_columns(rows, admit, columns)
     given: object = budget  # callers without mypy may pass anything
     if not isinstance(given, int) or isinstance(given, bool):

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import NamedTuple, TypeAlias
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -71,39 +72,19 @@ def _fill(admit: Sequence[Req | Chunked[C]], budget: int, pools: Pools) -> _Chun
 def _build(
     rows: Rows[C], chunks: _Chunks, pools: Pools, tokens: Tokens, extend_columns: Sequence[C]
 ) -> MixStep[C] | OutOfReqSlots | OutOfKVTokens:
-    num_new = chunks.slots.count(0)
-    new_slots: list[int] = []
+    allocated = _allocate(rows, chunks, pools)
+    if isinstance(allocated, OutOfReqSlots | OutOfKVTokens):
+        return attrs.evolve(allocated, fits=_fits(rows, chunks, pools))
+    new_slots, slots, prefix, extend_lens, seq_lens, locs, after = allocated
     new_ids = [
         req.input_ids for req, slot in zip(chunks.reqs, chunks.slots, strict=True) if not slot
     ]
-    # The new requests' cached prefixes, matched by `_fill` on these pools' cache.
     matched = [
         length for length, slot in zip(chunks.prefix_lens, chunks.slots, strict=True) if not slot
     ]
     prefix_pages = chunks.prefix_pages
-    if num_new:
-        if num_new > pools.num_free_slots:
-            return OutOfReqSlots(num_new, pools.num_free_slots)
-        pools = lock_matched_prefixes(pools, new_ids, matched)
-        allocated = take_slots(pools, num_new)
-        if isinstance(allocated, OutOfReqSlots):  # hybrid pools: fewer state slots than slots
-            return allocated
-        taken, pools = allocated
-        new_slots = taken.tolist()
     num_extend = len(chunks.reqs)
-    next_new = iter(new_slots)
-    extend_slots = [slot or next(next_new) for slot in chunks.slots]
-    decode_lens = rows.seq_lens.host
-    slots = np.concatenate((host_int64(extend_slots), rows.req_pool_indices.host))
-    prefix = np.concatenate((host_int64(chunks.prefix_lens), decode_lens))
-    extend_lens = np.concatenate(
-        (host_int64(chunks.extend_lens), np.ones(len(rows), dtype=np.int64))
-    )
-    seq_lens = prefix + extend_lens
-    allocation = take_tokens(pools, slots, prefix, seq_lens)
-    if isinstance(allocation, OutOfKVTokens):
-        return allocation
-    locs, after = allocation
+    extend_slots = slots[:num_extend].tolist()
     num_tokens = locs.shape[0]
     token_rows = np.repeat(np.arange(slots.shape[0]), extend_lens)
     first = np.cumsum(extend_lens) - extend_lens
@@ -153,7 +134,7 @@ def _build(
         rows.device,
         chunks.reqs + rows.reqs,
         frozen(np.concatenate((host_int64([req.rid for req in chunks.reqs]), rows.rids))),
-        rows.gens if not num_extend else frozen(pools.slot_gens[slots]),
+        rows.gens if not num_extend else frozen(after.slot_gens[slots]),
         keep_slots,
         seq_lens,
         seq_lens_sum,
@@ -192,6 +173,69 @@ def _build(
         partial,
     )
     return MixStep(mixed, after._commit())
+
+
+_Allocated: TypeAlias = tuple[
+    list[int], HostArray, HostArray, HostArray, HostArray, HostArray, Pools
+]
+
+
+def _allocate(
+    rows: Rows[C], chunks: _Chunks, pools: Pools
+) -> _Allocated | OutOfReqSlots | OutOfKVTokens:
+    # The slots and KV of the chunks and of the running rows' one token each, in new
+    # pools not yet committed (nothing written): new slots, every row's slot, prefix,
+    # extend and sequence lengths, the KV locations, the pools after.
+    num_new = chunks.slots.count(0)
+    new_slots: list[int] = []
+    if num_new:
+        if num_new > pools.num_free_slots:
+            return OutOfReqSlots(num_new, pools.num_free_slots)
+        new_ids = [
+            req.input_ids for req, slot in zip(chunks.reqs, chunks.slots, strict=True) if not slot
+        ]
+        matched = [
+            length
+            for length, slot in zip(chunks.prefix_lens, chunks.slots, strict=True)
+            if not slot
+        ]
+        pools = lock_matched_prefixes(pools, new_ids, matched)
+        allocated = take_slots(pools, num_new)
+        if isinstance(allocated, OutOfReqSlots):  # hybrid pools: fewer state slots than slots
+            return allocated
+        taken, pools = allocated
+        new_slots = taken.tolist()
+    next_new = iter(new_slots)
+    extend_slots = [slot or next(next_new) for slot in chunks.slots]
+    slots = np.concatenate((host_int64(extend_slots), rows.req_pool_indices.host))
+    prefix = np.concatenate((host_int64(chunks.prefix_lens), rows.seq_lens.host))
+    extend_lens = np.concatenate(
+        (host_int64(chunks.extend_lens), np.ones(len(rows), dtype=np.int64))
+    )
+    seq_lens = prefix + extend_lens
+    allocation = take_tokens(pools, slots, prefix, seq_lens)
+    if isinstance(allocation, OutOfKVTokens):
+        return allocation
+    locs, after = allocation
+    return new_slots, slots, prefix, extend_lens, seq_lens, locs, after
+
+
+def _fits(rows: Rows[C], chunks: _Chunks, pools: Pools) -> int:
+    # How many of the chunks, from the first, the pools take beside the running rows:
+    # the allocation alone, tried on ever fewer (uncommitted, nothing written).
+    with pools.memory.probing():
+        for count in range(len(chunks.reqs) - 1, 0, -1):
+            num_new = chunks.slots[:count].count(0)
+            fewer = _Chunks(
+                chunks.reqs[:count],
+                chunks.slots[:count],
+                chunks.prefix_lens[:count],
+                chunks.extend_lens[:count],
+                chunks.prefix_pages[:num_new],
+            )
+            if not isinstance(_allocate(rows, fewer, pools), OutOfReqSlots | OutOfKVTokens):
+                return count
+    return 0
 
 
 def _prompt_ids(chunks: _Chunks) -> HostArray:

@@ -1,7 +1,8 @@
 """The mypy plugin's class hook: a column set declares only columns the library carries.
 
 Run for every class with `Columns` among its bases, once its body is
-analysed: each annotated field must be `Mirrored[S]`, `DeviceOnly` or
+analysed: each annotated field, its own or inherited from an attrs base
+that is not a column set, must be `Mirrored[S]`, `DeviceOnly` or
 `HostColumn[S]` (`npt.NDArray[S]`) with `S` one of `SCALAR_NAMES`, and the
 class must be decorated with a frozen attrs decorator of its own. These are
 the rules `_columns._read_fields` applies when a transition first meets the
@@ -81,6 +82,36 @@ def check_declaration(ctx: ClassDefContext) -> None:
         problem = _problem(get_proper_type(annotation), scalars, ctx.api.options)
         if problem:
             ctx.api.fail(f"{name}.{field}: {problem}", statement, code=COLUMN_SET)
+    for base, field, annotation in _inherited(ctx.cls.info):
+        problem = _problem(get_proper_type(annotation), scalars, ctx.api.options)
+        if problem:
+            ctx.api.fail(f"{name}.{field} (a field of {base}): {problem}", ctx.cls, code=COLUMN_SET)
+
+
+def _inherited(info: TypeInfo) -> list[tuple[str, str, Type]]:
+    # The fields a set inherits from attrs classes that are not column sets (a set's
+    # own base sets were checked where they were written): attrs makes a decorated
+    # base's annotated attributes fields of the set too. (base name, field, its type)
+    found: list[tuple[str, str, Type]] = []
+    for base in info.mro[1:]:
+        if base.has_base(COLUMNS) or not _attrs_class(base.defn):
+            continue
+        found.extend(
+            (base.name, field, annotation)
+            for field, annotation, _ in _fields(base.defn)
+            if not _unresolved(annotation)
+        )
+    return found
+
+
+def _attrs_class(cls: ClassDef) -> bool:
+    # Decorated by any of attrs' class makers.
+    makers = attr_class_makers | attr_dataclass_makers | attr_define_makers | attr_frozen_makers
+    for decorator in cls.decorators:
+        callee = decorator.callee if isinstance(decorator, CallExpr) else decorator
+        if isinstance(callee, RefExpr) and callee.fullname in makers:
+            return True
+    return False
 
 
 def _fields(cls: ClassDef) -> list[tuple[str, Type, AssignmentStmt]]:

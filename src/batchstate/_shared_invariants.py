@@ -7,6 +7,13 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
+from batchstate._cache_checks import (
+    check_inputs,
+    check_prefix_paths,
+    check_tree,
+    prove_rows,
+    unread_cells,
+)
 from batchstate._columns import C
 from batchstate._errors import InvariantViolation
 from batchstate._mirrored import HostArray
@@ -49,17 +56,15 @@ def check_shared_pools(
         f"the cache has pages of {cache.page_size}, the pools of {page_size}",
     )
     # Slot 0, the padding row, is named below; past the table is named here.
-    outside = sorted(slot for slot in pools.prefixes if not 0 <= slot <= pools.max_reqs)
+    prefixes = pools.prefixes
+    slots = np.fromiter(prefixes.keys(), dtype=np.int64, count=len(prefixes))
+    outside = sorted(slots[(slots < 0) | (slots > pools.max_reqs)].tolist())
     _expect(not outside, f"prefixes name slots outside 1..{pools.max_reqs}: {outside}")
-    _check_tree(pools)
-    entries = cache.entries()
-    cached = np.array([page for page, _ in entries.values()], dtype=np.int64)
-    locks = {page: count for page, count in entries.values()}
-    _expect(
-        bool(((cached >= 1) & (cached <= pools.num_pages)).all()),
-        f"the cache holds a KV page outside 1..{pools.num_pages}",
-    )
-    table, slot_tokens, prefix_lens = pools.table.host, pools.slot_tokens, pools.prefix_lens
+    tree = check_tree(pools)
+    # The tree index checked each cached page to lie in 1..num_pages.
+    table, slot_tokens = pools.table.host, pools.slot_tokens
+    prefix_lens = np.zeros_like(slot_tokens)
+    prefix_lens[slots] = np.fromiter(map(len, prefixes.values()), np.int64, count=len(prefixes))
     _expect(int(prefix_lens[0]) == 0, "padding slot 0 reads a cached prefix")
     # Every slot's pages at once: its row's page-start cells, masked to its tokens.
     starts = np.arange(0, pools.max_context_len, page_size)
@@ -74,9 +79,9 @@ def check_shared_pools(
     _expect_rows(np.any(off_pages, axis=1), f"its row reads a KV page outside 1..{pools.num_pages}")
     readers = np.bincount(grid[in_prefix], minlength=pools.num_pages + 1)
     private = [grid[held & ~in_prefix]]
-    lock_counts = np.zeros_like(readers)
-    lock_counts[cached] = [count for _, count in entries.values()]
-    if not np.array_equal(readers, lock_counts):  # the slow path names the first page
+    if not np.array_equal(readers, tree.locks):  # the slow path names the first page
+        cached = tree.holders.nonzero()[0]
+        locks = dict(zip(cached.tolist(), tree.locks[cached].tolist(), strict=True))
         for page in np.nonzero(readers)[0].tolist():
             _expect(page in locks, f"page {page} is read as a cached prefix but not cached")
         for page, count in locks.items():
@@ -85,30 +90,21 @@ def check_shared_pools(
                 f"page {page}: locked by {count} rows, read by {int(readers[page])}",
             )
     free = np.concatenate((pools.free_pages, pools.retired))  # retired: free at the next allocation
-    every = np.concatenate((free, cached, *private))
+    every = np.concatenate((free, *private))
     uses = np.bincount(every, minlength=pools.num_pages + 1)
+    num_cached = int(tree.holders.sum())
     _expect(
-        uses.shape[0] == pools.num_pages + 1 and int(uses[0]) == 0 and bool((uses[1:] == 1).all()),
-        f"KV pages: {free.shape[0]} free + {cached.shape[0]} cached"
-        f" + {every.shape[0] - free.shape[0] - cached.shape[0]} private"
+        uses.shape[0] == pools.num_pages + 1
+        and int(uses[0]) == 0
+        and bool((uses[1:] + tree.holders[1:] == 1).all()),
+        f"KV pages: {free.shape[0]} free + {num_cached} cached"
+        f" + {every.shape[0] - free.shape[0]} private"
         f" != {pools.num_pages}, or a page is in two states or none",
     )
     _check_slots(pools, batches, compare_device=compare_device)
-    for slot, prefix_ids in pools.prefixes.items():
-        length, pages = cache.match(prefix_ids)
-        row_pages = table[slot, : len(prefix_ids) : page_size].astype(np.int64) // page_size
-        _expect(
-            length == len(prefix_ids) and np.array_equal(pages, row_pages),
-            f"slot {slot}: its cached prefix is not the cache's pages for its tokens",
-        )
+    check_prefix_paths(pools, tree, np.where(in_prefix, grid, 0), in_prefix)
     for batch in batches:
-        slots = batch.rows.req_pool_indices.host.tolist()
-        for req, slot in zip(batch.rows.reqs, slots, strict=True):
-            read = pools.prefixes.get(slot, ())
-            _expect(
-                req.input_ids[: len(read)] == read,
-                f"slot {slot}: its cached prefix is not the start of request {req.rid}'s input",
-            )
+        check_inputs(pools, batch.rows.req_pool_indices.host, batch.rows.reqs)
 
 
 def _check_slots(pools: Pools, batches: list[Batch[C]], *, compare_device: bool) -> None:
@@ -123,7 +119,10 @@ def _check_slots(pools: Pools, batches: list[Batch[C]], *, compare_device: bool)
         f"request slots: {pools.num_free_slots} free + {owned.shape[0]} owned != {max_reqs},"
         " or a slot is both or neither",
     )
-    expect_whole_pages(pools, owned)
+    # Rows written or resized since a check found them whole pages; every row when
+    # the device is compared (a write around the table's methods shows there).
+    expect_whole_pages(pools, owned, unread_cells(pools, owned, every_row=compare_device))
+    prove_rows(pools, owned)
     seen: set[int] = set()
     for batch in batches:
         rows = batch.rows
@@ -166,25 +165,27 @@ def owned_by_generation(pools: Pools) -> HostArray:
     return owned
 
 
-def expect_whole_pages(pools: Pools, owned: HostArray) -> None:
+def expect_whole_pages(pools: Pools, owned: HostArray, starts: HostArray) -> None:
     """Raise `InvariantViolation` unless each owned slot's locations fill whole pages in order.
 
-    One pass over the owned rows' cells up to the longest, in the table's
-    int32: a page-start cell is a page's first location, and every other
-    cell follows the one before it. Pages of one token always hold.
+    Reads each slot's cells from its `starts` (a page start) to its length, at
+    once: every cell is its page's first location (a multiple of the page
+    size) plus its offset in the page. Pages of one token always hold.
     """
     page_size = pools.page_size
-    if not owned.shape[0] or page_size == 1:
+    counts = pools.slot_tokens[owned] - starts
+    if page_size == 1 or not (counts > 0).any():
         return
-    lens = pools.slot_tokens[owned, None]
-    cells = pools.table.host[owned, : int(lens.max())]
-    positions = np.arange(cells.shape[1])
-    starts = (cells[:, ::page_size] % page_size != 0) & (positions[::page_size] < lens)
-    follows = np.diff(cells, axis=1) != 1
-    within = (positions[1:] % page_size != 0) & (positions[1:] < lens)
-    wrong = starts.any(1) | (follows & within).any(1)
+    counts = counts.clip(0)
+    rows = np.repeat(owned, counts)
+    ends = np.cumsum(counts)
+    columns = np.arange(int(ends[-1])) - np.repeat(ends - counts - starts, counts)
+    offsets = columns % page_size
+    cells = pools.table.host[rows, columns].astype(np.int64)
+    firsts = pools.table.host[rows, columns - offsets].astype(np.int64)
+    wrong = (firsts % page_size != 0) | (cells != firsts + offsets)
     if wrong.any():
-        slot = int(owned[int(wrong.argmax())])
+        slot = int(rows[int(wrong.argmax())])
         raise InvariantViolation(f"slot {slot}: locations do not fill whole pages")
 
 
@@ -199,34 +200,6 @@ def expect_generations(pools: Pools, slots: HostArray, gens: HostArray) -> None:
             f"slot {slot}: row holds it at generation {gen}, the pools' slot is at"
             f" generation {current} (released and handed out again: the row is stale)",
         )
-
-
-def _check_tree(pools: Pools) -> None:
-    cache, page_size = pools.cache, pools.page_size
-    total = locked = 0
-    for prefix, node in cache._nodes():
-        _expect(
-            len(node.tokens) > 0
-            and len(node.tokens) % page_size == 0
-            and len(node.pages) == len(node.tokens) // page_size,
-            f"cache node at {len(prefix)} tokens: edge of {len(node.tokens)} tokens,"
-            f" {len(node.pages)} pages",
-        )
-        for key, child in node.children.items():
-            _expect(key == child.tokens[:page_size], "a cache node is keyed by other tokens")
-            _expect(child.locks <= node.locks, "a cache node is locked more than its parent")
-        total += len(node.pages)
-        locked += len(node.pages) if node.locks else 0
-        _expect(node.locks >= 0, "a cache node has negative locks")
-    _expect(
-        total == cache.num_pages and locked == cache.num_locked,
-        f"cache counts {cache.num_pages} pages ({cache.num_locked} locked),"
-        f" the tree holds {total} ({locked})",
-    )
-    _expect(
-        cache._leaves == cache._unlocked_leaves(),
-        "the cache's index of unlocked leaves (what eviction pops) differs from its tree",
-    )
 
 
 def _expect_rows(bad: npt.NDArray[np.bool_], message: str, *values: HostArray) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from batchstate._copies import read_only_copies
 from batchstate._errors import BatchConflict
-from batchstate._mirrored import Mirrored, describe, writing
+from batchstate._mirrored import Mirrored, describe, frozen, writing
 
 __all__ = ["TokenTable"]
 
@@ -38,6 +38,9 @@ class TokenTable:
     _cells: npt.NDArray[np.int32]  # the host side: read-only but while `write*` writes it
     device: torch.Tensor  # the same, on the batch's device
     host: npt.NDArray[np.int32] = attrs.field(init=False)  # a read-only view of `_cells`
+    # Per row, the lowest position `write*` wrote since `check_pools` last read the
+    # row (0 at first): what lets it read again only the cells written since.
+    _written_from: npt.NDArray[np.int64] = attrs.field(init=False)
     # The pools' page size, KV pages and the generation their lineage counts from:
     # what `forward_inputs` and `pad` check their arguments against.
     page_size: int = attrs.field(kw_only=True)
@@ -50,9 +53,20 @@ class TokenTable:
         self._cells.flags.writeable = False
         return self._cells.view()
 
+    @_written_from.default
+    def _all_unread(self) -> npt.NDArray[np.int64]:
+        return frozen(np.zeros(self._cells.shape[0], dtype=np.int64))
+
+    def _mark_read(self, slots: npt.NDArray[np.int64]) -> None:
+        """`check_pools` read these rows' cells: a later write lowers their mark again."""
+        with writing(self._written_from):
+            self._written_from[slots] = self.max_context_len
+
     def _rebuilt(self) -> None:
-        # A copy's `host` must be a view of its own cells again, as `write*` writes those.
+        # A copy's `host` must be a view of its own cells again, as `write*` writes those;
+        # its record of what was written its own, writable again.
         object.__setattr__(self, "host", self._read_only())
+        object.__setattr__(self, "_written_from", frozen(self._written_from.copy()))
 
     @classmethod
     def zeros(
@@ -106,6 +120,8 @@ class TokenTable:
         self.device[slots.device, positions.device] = locs.device
         with writing(self._cells):
             self._cells[slots.host, positions.host] = locs.host
+        with writing(self._written_from):
+            np.minimum.at(self._written_from, slots.host, positions.host)
 
     def write_rows(
         self, slots: Sequence[int], lengths: Sequence[int], locs: Mirrored[np.int32]
@@ -133,6 +149,8 @@ class TokenTable:
             for slot, length in rows:
                 self._cells[slot, :length] = locs.host[start : start + length]
                 start += length
+        with writing(self._written_from):
+            self._written_from[[slot for slot, _ in rows]] = 0
 
     def __repr__(self) -> str:
         return describe("TokenTable", self.device)

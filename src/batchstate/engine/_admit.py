@@ -2,9 +2,10 @@
 
 The policy orders the queue and says how many fit the budget (`Budget`:
 free slots and KV tokens less the running rows' reserve); this stage runs
-the transition, and when the pools refuse (the estimate was off) tries one
-request fewer. Prebuilt arrivals at the front of the queue go first, in a
-step of their own (a `Transfer`); held chunks go before new requests.
+the transition, and when the pools refuse (the estimate was off) runs it
+again with as many as the refusal says fit. Prebuilt arrivals at the front
+of the queue go first, in a step of their own (a `Transfer`); held chunks
+go before new requests.
 """
 
 from __future__ import annotations
@@ -221,9 +222,10 @@ def _fewer_until_it_fits(
     audit: bool = True,
 ) -> _Step | None:
     # Run the transition `attempt` builds for `items` (its inputs built untimed, the
-    # call timed), dropping the last item each time the pools run short (the policy's
-    # estimate was off); `items` ends as the ones admitted. The pools move on with
-    # the step that succeeded; None: not even one fits.
+    # call timed); when the pools run short (the policy's estimate was off), run it
+    # again with the requests its failure says fit (`fits`, from the first). `items`
+    # ends as the ones admitted. The pools move on with the step that succeeded;
+    # None: not even one fits.
     while items:
         result = state.timed(attempt(items), audit=audit)
         step = result.value_or(None)
@@ -233,7 +235,7 @@ def _fewer_until_it_fits(
         failure = result.failure()
         if not isinstance(failure, OutOfKVTokens | OutOfReqSlots):
             raise EngineError(f"{what} failed: {failure}")
-        items.pop()
+        del items[failure.fits :]
     return None
 
 

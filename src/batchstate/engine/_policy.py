@@ -35,7 +35,8 @@ class SchedulerPolicy(Protocol):
         """How many requests from the front of the ordered queue to try in this step.
 
         `remaining[i]`: output tokens `waiting[i]` may still generate. The
-        engine tries that many and, when the pools refuse, one fewer.
+        engine tries that many and, when the pools refuse, as many as the
+        refusal's `fits` says.
         """
         ...
 
