@@ -7,7 +7,9 @@ Every location the model reads or writes comes from the batch's
 `kv_last_page_len[i]` tokens), queries are laid out by `qo_indptr`, and
 rotary angles come from `positions`. A wrong value in any of them changes
 the tokens, which is what the oracle catches; padded to a captured size,
-the padded rows' outputs are dropped by `unpad` before sampling.
+the padded rows' outputs are dropped by `unpad` before sampling. A hybrid
+model's window and state layers read theirs through `hybrid_inputs` (see
+`engine/_hybrid_attend.py`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from batchstate import (
     Rows,
     Sampling,
     forward_inputs,
+    hybrid_inputs,
     unpad,
 )
 from batchstate.engine._feeder import Feeder
+from batchstate.engine._hybrid_attend import hybrid_attend
 from batchstate.engine._model import FeedForward, TinyModel
 
 __all__ = [
@@ -49,23 +53,46 @@ __all__ = [
 @final
 @attrs.frozen(eq=False)
 class KVCache:
-    """K and V for every location the pools hand out.
+    """K and V for every location the pools hand out, per kind of layer.
 
     NOTE: written in place by every forward, at `out_cache_loc` only;
     location 0 (the padding page) is read for padding keys and masked out.
+    A full-attention model's window and state tensors hold no layer.
     """
 
-    k: torch.Tensor  # [num_layers, kv_cache_size, num_heads, head_dim]
+    k: torch.Tensor  # [full layers, kv_cache_size, num_heads, head_dim]
     v: torch.Tensor  # the same
+    window_k: torch.Tensor  # [window layers, window token slots + padding page, heads, head_dim]
+    window_v: torch.Tensor  # the same
+    states: torch.Tensor  # [state layers, num_states + 1, heads, head_dim, head_dim]
 
 
 def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
-    """A zeroed cache with `pools.kv_cache_size` rows per layer, on the model's device."""
+    """A zeroed cache for every layer kind of `model`, sized by `pools`, on the model's device.
+
+    Raises:
+        ValueError: a hybrid model on pools without its window pages or state slots.
+    """
     config = model.config
-    shape = (config.num_layers, pools.kv_cache_size, config.num_heads, config.head_dim)
+    heads = (config.num_heads, config.head_dim)
+    windows, states = pools.memory.windows, pools.memory.states
+    if (bool(config.count("window")), bool(config.count("state"))) != (
+        bool(windows),
+        bool(states),
+    ) or any(window.window != config.window for window in windows):
+        raise ValueError(f"pools with {pools.memory!r} do not hold the layers of {config}")
+
+    def zeros(*shape: int) -> torch.Tensor:
+        return torch.zeros(shape, dtype=config.torch_dtype, device=model.device)
+
+    window_slots = (windows[0].num_pages + 1) * pools.page_size if windows else 0
+    num_states = states[0].kind.num_states + 1 if states else 0
     return KVCache(
-        torch.zeros(shape, dtype=config.torch_dtype, device=model.device),
-        torch.zeros(shape, dtype=config.torch_dtype, device=model.device),
+        zeros(config.count("full"), pools.kv_cache_size, *heads),
+        zeros(config.count("full"), pools.kv_cache_size, *heads),
+        zeros(config.count("window"), window_slots, *heads),
+        zeros(config.count("window"), window_slots, *heads),
+        zeros(config.count("state"), num_states, *heads, config.head_dim),
     )
 
 
@@ -88,7 +115,8 @@ def sample_extend(
     Returns:
         device int64 `[num_reqs]`: the token after each row's last input id.
     """
-    hidden = _run(model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward)
+    inputs = _inputs(feeder, batch, pools)
+    hidden = _run(model, cache, inputs, pools, batch.input_ids.device, feed_forward)
     return model.sample(hidden, _sampling(batch.rows), batch.rows.seq_lens.host)
 
 
@@ -116,7 +144,7 @@ def sample_decode(  # the forward's own inputs, then the model's
     Returns:
         device int64 `[num_reqs]`. Writes K/V at `batch.out_cache_loc` (mutates `cache`).
     """
-    hidden = _run(model, cache, _inputs(feeder, batch, pools), input_ids, feed_forward)
+    hidden = _run(model, cache, _inputs(feeder, batch, pools), pools, input_ids, feed_forward)
     return model.sample(hidden, _sampling(batch.rows), batch.rows.seq_lens.host)
 
 
@@ -144,7 +172,8 @@ def sample_mixed(  # as above
         device int64 `[num_reqs]`: each row's token after its last computed
         token (meaningless for `batch.partial` rows).
     """
-    hidden = _run(model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward)
+    inputs = _inputs(feeder, batch, pools)
+    hidden = _run(model, cache, inputs, pools, batch.input_ids.device, feed_forward)
     return model.sample(hidden, sampling, batch.rows.seq_lens.host)
 
 
@@ -187,27 +216,32 @@ def _inputs(
     return feeder.inputs(batch, pools)
 
 
-def _run(
+def _run(  # noqa: PLR0917  # as _forward
     model: TinyModel,
     cache: KVCache,
     inputs: ForwardInputs | Padded,
+    pools: Pools,
     input_ids: torch.Tensor,
     feed_forward: FeedForward | None,
 ) -> torch.Tensor:
     # The hidden state at each real row's last token: what sampling takes.
     if isinstance(inputs, Padded):
         ids = inputs.pad_tokens(input_ids)
-        return unpad(inputs.run(lambda padded: _forward(model, cache, padded, ids, feed_forward)))
-    hidden = _forward(model, cache, inputs, input_ids, feed_forward)
+        return unpad(
+            inputs.run(lambda padded: _forward(model, cache, padded, pools, ids, feed_forward))
+        )
+    hidden = _forward(model, cache, inputs, pools, input_ids, feed_forward)
     return hidden.index_select(0, inputs.sample_index.device)
 
 
-def _forward(
+def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and tokens
     model: TinyModel,
     cache: KVCache,
     inputs: ForwardInputs,
+    pools: Pools,
     input_ids: torch.Tensor,
     feed_forward: FeedForward | None,
+    checkpoints: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # Paged attention as a kernel consumes it: queries by `qo_indptr`, keys from the pages
     # `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`, the last holding `kv_last_page_len[b]`
@@ -243,6 +277,7 @@ def _forward(
     scale = 1.0 / math.sqrt(model.config.head_dim)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        layer = model.config.ordinal(layer)  # its row among the full-attention layers
         cache.k[layer, locs] = k
         cache.v[layer, locs] = v
         keys, values = cache.k[layer, key_locs], cache.v[layer, key_locs]  # [b, keys, h, d]
@@ -254,6 +289,9 @@ def _forward(
         rowless = q.shape[0] - row_tokens
         return torch.cat((out, out.new_zeros(rowless, *out.shape[1:]))) if rowless else out
 
+    if model.config.is_hybrid:
+        hybrid = hybrid_inputs(inputs, pools)
+        attend = hybrid_attend(model, cache, inputs, hybrid, attend, checkpoints)
     return model.hidden(input_ids, inputs.positions.device, attend, feed_forward)
 
 

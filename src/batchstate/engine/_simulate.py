@@ -152,6 +152,12 @@ def warm_up(device: torch.device, model: TinyModel | None) -> None:
         WorkloadConfig(num_requests=2, arrival="all", prompt_len=(2, 2), output_len=(3, 3))
     )
     pools = make_pools(2, 8, 16, device)
+    if model is not None and model.config.is_hybrid:  # pools that hold its layers' memory
+        context = max(8, model.config.window)
+        pools = SimulationConfig(
+            model=model.config, max_reqs=2, num_kv_tokens=-(-context // 16) * 16,
+            max_context_len=context, prefix_cache=False,
+        ).make_pools(device)  # fmt: skip
     source: TokenSource = RandomTokens(96, 0)
     if model is not None:
         source = ModelTokens(model, make_kv_cache(model, pools))
