@@ -57,9 +57,15 @@ class Simulation:
 
 
 def pools_conserved(pools: Pools) -> bool:
-    """Every slot free and every KV token free (or cached, so evictable): nothing leaked."""
+    """Every slot, KV token (or cached, so evictable), window token and state free: no leak."""
     free = pools.num_available_tokens
-    return pools.num_free_slots == pools.max_reqs and free == pools.num_pages * pools.page_size
+    hybrid = pools.memory
+    return (
+        pools.num_free_slots == pools.max_reqs
+        and free == pools.num_pages * pools.page_size
+        and all(w.num_free_tokens == w.num_pages * w.page_size for w in hybrid.windows)
+        and all(state.num_free == state.kind.num_states for state in hybrid.states)
+    )
 
 
 def describe_pools(pools: Pools) -> str:
@@ -70,6 +76,10 @@ def describe_pools(pools: Pools) -> str:
     )
     if pools.cache.enabled:
         line += f" + {pools.cache.num_tokens} cached (evictable)"
+    for window in pools.memory.windows:  # a hybrid model's other memory kinds
+        line += f", {window.num_free_tokens}/{window.num_pages * window.page_size} window tokens"
+    for state in pools.memory.states:
+        line += f", {state.num_free}/{state.kind.num_states} states"
     return line
 
 
