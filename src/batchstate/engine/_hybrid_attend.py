@@ -30,7 +30,7 @@ from batchstate.engine._model import Attend, TinyModel
 from batchstate.engine._recurrence import recur
 
 if TYPE_CHECKING:
-    from batchstate.engine._paged import KVCache
+    from batchstate.engine._kv_cache import KVCache
 
 __all__ = ["hybrid_attend", "keep_accepted", "verify_checkpoints"]
 

@@ -15,9 +15,8 @@ model's window and state layers read theirs through `hybrid_inputs` (see
 from __future__ import annotations
 
 import math
-from typing import Any, final
+from typing import Any
 
-import attrs
 import torch
 
 from batchstate import (
@@ -37,63 +36,16 @@ from batchstate import (
 )
 from batchstate.engine._feeder import Feeder
 from batchstate.engine._hybrid_attend import hybrid_attend
+from batchstate.engine._kv_cache import KVCache
 from batchstate.engine._model import FeedForward, TinyModel
 
 __all__ = [
-    "KVCache",
     "forward_idle",
-    "make_kv_cache",
     "sample_decode",
     "sample_extend",
     "sample_mixed",
     "write_prefilled",
 ]
-
-
-@final
-@attrs.frozen(eq=False)
-class KVCache:
-    """K and V for every location the pools hand out, per kind of layer.
-
-    NOTE: written in place by every forward, at `out_cache_loc` only;
-    location 0 (the padding page) is read for padding keys and masked out.
-    A full-attention model's window and state tensors hold no layer.
-    """
-
-    k: torch.Tensor  # [full layers, kv_cache_size, num_heads, head_dim]
-    v: torch.Tensor  # the same
-    window_k: torch.Tensor  # [window layers, window token slots + padding page, heads, head_dim]
-    window_v: torch.Tensor  # the same
-    states: torch.Tensor  # [state layers, num_states + 1, heads, head_dim, head_dim]
-
-
-def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
-    """A zeroed cache for every layer kind of `model`, sized by `pools`, on the model's device.
-
-    Raises:
-        ValueError: a hybrid model on pools without its window pages or state slots.
-    """
-    config = model.config
-    heads = (config.num_heads, config.head_dim)
-    windows, states = pools.memory.windows, pools.memory.states
-    if (bool(config.count("window")), bool(config.count("state"))) != (
-        bool(windows),
-        bool(states),
-    ) or any(window.window != config.window for window in windows):
-        raise ValueError(f"pools with {pools.memory!r} do not hold the layers of {config}")
-
-    def zeros(*shape: int) -> torch.Tensor:
-        return torch.zeros(shape, dtype=config.torch_dtype, device=model.device)
-
-    window_slots = (windows[0].num_pages + 1) * pools.page_size if windows else 0
-    num_states = states[0].kind.num_states + 1 if states else 0
-    return KVCache(
-        zeros(config.count("full"), pools.kv_cache_size, *heads),
-        zeros(config.count("full"), pools.kv_cache_size, *heads),
-        zeros(config.count("window"), window_slots, *heads),
-        zeros(config.count("window"), window_slots, *heads),
-        zeros(config.count("state"), num_states, *heads, config.head_dim),
-    )
 
 
 def sample_extend(

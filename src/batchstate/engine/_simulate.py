@@ -13,9 +13,9 @@ from batchstate import Pools, make_pools
 from batchstate.engine._config import EngineConfig
 from batchstate.engine._engine import Engine
 from batchstate.engine._feeder import Feeder
+from batchstate.engine._kv_cache import make_kv_cache
 from batchstate.engine._model import TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
-from batchstate.engine._paged import make_kv_cache
 from batchstate.engine._reads import read_counter
 from batchstate.engine._simulation_config import DEVICES, SimulationConfig
 from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource

@@ -26,8 +26,9 @@ import torch
 from batchstate import Pools, Sampling, Verifying, forward_inputs, hybrid_inputs
 from batchstate.engine._alone import AloneRun
 from batchstate.engine._hybrid_attend import keep_accepted, verify_checkpoints
+from batchstate.engine._kv_cache import KVCache
 from batchstate.engine._model import FeedForward, TinyModel
-from batchstate.engine._paged import KVCache, _forward
+from batchstate.engine._paged import _forward
 
 __all__ = [
     "Acceptance",
