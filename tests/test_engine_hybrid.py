@@ -95,6 +95,9 @@ def test_hybrid_runs_refuse_what_they_cannot_do(
     assert message in capsys.readouterr().err
 
 
-def test_window_tokens_need_the_hybrid_model(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--window-tokens", "64", "--device", "meta"]) == 2
-    assert "--model hybrid" in capsys.readouterr().err
+@pytest.mark.parametrize("option", ["--window", "--window-tokens"])
+def test_window_options_need_the_hybrid_model(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", option, "64", "--device", "meta"]) == 2
+    assert f"{option} sizes the window layer of --model hybrid" in capsys.readouterr().err

@@ -82,10 +82,12 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
     )
     model = ModelConfig()
     if args.model == "hybrid":
-        kinds = HYBRID_LAYERS
-        model = ModelConfig(num_layers=len(kinds), layer_kinds=kinds, window=args.window)
-    elif args.window_tokens is not None:
-        raise ValueError("--window-tokens sizes the window pages of --model hybrid")
+        kinds, window = HYBRID_LAYERS, model.window if args.window is None else args.window
+        model = ModelConfig(num_layers=len(kinds), layer_kinds=kinds, window=window)
+    else:  # the full-attention model has no window layer they could size
+        for option, value in (("--window", args.window), ("--window-tokens", args.window_tokens)):
+            if value is not None:
+                raise ValueError(f"{option} sizes the window layer of --model hybrid")
     return SimulationConfig(
         workload=workload,
         engine=engine,

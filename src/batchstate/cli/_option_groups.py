@@ -145,7 +145,7 @@ def add_engine_options(add: Add) -> None:
     add(
         "--window",
         type=int,
-        default=32,
+        default=None,
         metavar="N",
         help="--model hybrid: positions a window layer reads, itself included (default: 32)",
     )
