@@ -101,6 +101,11 @@ def estimate(config: SimulationConfig, ranks: int = 1) -> Footprint:
         Part("the free page list", (pages + 1) * 4 * _INT64, "--kv-tokens"),
         Part("the free slot list", (slots + 1) * 5 * _INT64, slots_option),
     ]
+    if model.count("window"):  # the window pages' free list, as the page list's
+        window_pages = config.window_tokens // config.page_size + 1
+        parts.append(
+            Part("the free window page list", window_pages * 4 * _INT64, "--window-tokens")
+        )
     if runs_model:  # meta tensors allocate nothing
         parts.append(Part("the table's device side", table, parts[0].option, on_device=on_device))
         itemsize = model.itemsize
