@@ -71,7 +71,7 @@ def test_the_model_reads_the_same_buffers_every_step(
 
     def recording(*args: Any) -> torch.Tensor:
         inputs = args[2]
-        reads.append((inputs.num_rows, inputs.num_tokens, _ptrs(inputs, args[3])))
+        reads.append((inputs.num_rows, inputs.num_tokens, _ptrs(inputs, args[4])))  # the ids
         return forward(*args)
 
     monkeypatch.setattr(paged, "_forward", recording)

@@ -156,8 +156,10 @@ def _window_hosts(
     rows = np.repeat(np.arange(counts.shape[0]), counts)
     pages = table[slots[rows], first[rows] + np.arange(rows.shape[0]) - indptr[:-1][rows]]
     token_rows = np.repeat(np.arange(counts.shape[0]), inputs.extend_lens.host)
-    positions = inputs.positions.host
+    positions = inputs.positions.host[: token_rows.shape[0]]
     locs = table[slots[token_rows], positions // page_size] * page_size + positions % page_size
+    # A padded forward's tokens past every row (a filled bucket's) write the padding page 0.
+    locs = np.concatenate((locs, np.zeros(len(inputs.positions) - locs.shape[0], np.int64)))
     return [
         kv_starts.astype(np.int32),
         indptr.astype(np.int32),

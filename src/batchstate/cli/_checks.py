@@ -19,6 +19,7 @@ from batchstate._sampling_params import SamplingParams
 from batchstate.engine import _footprint as footprint
 from batchstate.engine._config import EngineConfig
 from batchstate.engine._dp_config import DataParallelConfig, Fault, launched_by_torchrun
+from batchstate.engine._model_config import HYBRID_LAYERS, ModelConfig
 from batchstate.engine._plot import check_plot_path
 from batchstate.engine._simulation_config import SimulationConfig
 from batchstate.engine._workload import WorkloadConfig
@@ -79,9 +80,19 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
         overlap=args.overlap,
         speculative=args.speculative,
     )
+    model = ModelConfig()
+    if args.model == "hybrid":
+        kinds, window = HYBRID_LAYERS, model.window if args.window is None else args.window
+        model = ModelConfig(num_layers=len(kinds), layer_kinds=kinds, window=window)
+    else:  # the full-attention model has no window layer they could size
+        for option, value in (("--window", args.window), ("--window-tokens", args.window_tokens)):
+            if value is not None:
+                raise ValueError(f"{option} sizes the window layer of --model hybrid")
     return SimulationConfig(
         workload=workload,
         engine=engine,
+        model=model,
+        num_window_tokens=args.window_tokens,
         max_reqs=args.max_reqs,
         num_kv_tokens=args.kv_tokens,
         page_size=args.page_size,

@@ -11,6 +11,7 @@ from batchstate.cli._values import SharedPrefix
 __all__ = [
     "ARRIVALS",
     "DEVICES",
+    "MODELS",
     "SAMPLING_MIXES",
     "Add",
     "add_engine_options",
@@ -24,6 +25,7 @@ Add: TypeAlias = Callable[..., argparse.Action]  # an argument group's add_argum
 ARRIVALS: Final = ("all", "uniform", "poisson", "burst")
 SAMPLING_MIXES: Final = ("greedy", "mixed", "fixed")
 DEVICES: Final = ("cpu", "meta", "cuda")
+MODELS: Final = ("full", "hybrid")
 
 
 def add_workload_options(add: Add) -> None:
@@ -130,6 +132,30 @@ def add_engine_options(add: Add) -> None:
         choices=DEVICES,
         default="cpu",
         help="cpu or cuda run the tiny model and the oracle; meta runs the bookkeeping only",
+    )
+    add(
+        "--model",
+        choices=MODELS,
+        default="full",
+        help="full: every layer attends over all earlier tokens; hybrid: a sliding-window"
+        " layer (its own window pages, given back as rows grow), a recurrent-state layer (a"
+        " state slot per request) and a full-attention layer. hybrid runs without the prefix"
+        " cache for now: it needs --no-prefix-cache, and takes no --prebuilt",
+    )
+    add(
+        "--window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--model hybrid: positions a window layer reads, itself included (default: 32)",
+    )
+    add(
+        "--window-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--model hybrid: window token slots, whole pages (default: one window, plus a"
+        " page, per request slot)",
     )
     add("--max-running", type=int, default=32, metavar="N", help="requests running at once")
     add(

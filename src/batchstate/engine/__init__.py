@@ -28,11 +28,12 @@ if TYPE_CHECKING:
     from batchstate.engine._dp_config import DataParallelConfig, Fault, InjectedFault
     from batchstate.engine._engine import Engine
     from batchstate.engine._feeder import Feeder
+    from batchstate.engine._kv_cache import KVCache, make_kv_cache
     from batchstate.engine._launch import RankFailed, launch
     from batchstate.engine._model import Attend, TinyModel, make_model
     from batchstate.engine._model_config import ModelConfig
     from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
-    from batchstate.engine._paged import KVCache, make_kv_cache, sample_decode, sample_extend
+    from batchstate.engine._paged import sample_decode, sample_extend
     from batchstate.engine._policy import FirstComeFirstServed, SchedulerPolicy
     from batchstate.engine._random_tokens import RandomTokens
     from batchstate.engine._ranks import PeerLost

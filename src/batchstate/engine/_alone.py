@@ -2,7 +2,10 @@
 
 The oracle generates with it; the prefill server of a disaggregated run
 (`ModelTokens.transfer`) prefills with it. Position `p` of the request is
-row `p` of each layer's cache: no pools, no table, no batch.
+row `p` of each layer's cache: no pools, no table, no batch. A hybrid
+model's window layers mask each query to its last `window` positions, and
+its state layers fold the request's tokens one by one (`recur`) into a
+state of its own.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 
 from batchstate import GREEDY, Sampling, SamplingParams
 from batchstate.engine._model import TinyModel
+from batchstate.engine._recurrence import recur
 
 __all__ = ["AloneRun", "prefill_alone"]
 
@@ -34,6 +38,9 @@ class AloneRun:
         self._keys: list[list[torch.Tensor]] = [[] for _ in range(config.num_layers)]
         self._values: list[list[torch.Tensor]] = [[] for _ in range(config.num_layers)]
         self._scale = 1.0 / math.sqrt(config.head_dim)
+        heads = (config.num_heads, config.head_dim, config.head_dim)
+        zeros = torch.zeros(heads, dtype=config.torch_dtype, device=model.device)
+        self._states = [zeros] * config.num_layers  # read by the state layers only
         # Greedy requests take the argmax path, as a batch of greedy rows does.
         self._columns = None if sampling.temperature == 0 else Sampling.of([sampling], model.device)
 
@@ -60,6 +67,13 @@ class AloneRun:
     def _attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
+        config = self.model.config
+        if config.kind(layer) == "state":
+            outs = []
+            for token in range(q.shape[0]):
+                self._states[layer], out = recur(self._states[layer], q[token], k[token], v[token])
+                outs.append(out)
+            return torch.stack(outs)
         self._keys[layer].append(k)
         self._values[layer].append(v)
         all_k, all_v = torch.cat(self._keys[layer]), torch.cat(self._values[layer])
@@ -69,6 +83,8 @@ class AloneRun:
         causal = torch.ones(num_queries, num_keys, dtype=torch.bool, device=q.device).tril(
             num_keys - num_queries
         )
+        if config.kind(layer) == "window":  # and no further back than the window
+            causal &= ~causal.tril(num_keys - num_queries - config.window)
         scores = scores.masked_fill(~causal, -torch.inf)
         return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), all_v)
 

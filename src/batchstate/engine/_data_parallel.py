@@ -20,9 +20,9 @@ import attrs
 from batchstate.engine._dp_config import DataParallelConfig
 from batchstate.engine._engine import Engine
 from batchstate.engine._feeder import Feeder
+from batchstate.engine._kv_cache import make_kv_cache
 from batchstate.engine._model import TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
-from batchstate.engine._paged import make_kv_cache
 from batchstate.engine._rank_tokens import RankStatus, RankTokens
 from batchstate.engine._ranks import RankGroup, StepShape
 from batchstate.engine._reads import read_counter

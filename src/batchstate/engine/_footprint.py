@@ -101,11 +101,23 @@ def estimate(config: SimulationConfig, ranks: int = 1) -> Footprint:
         Part("the free page list", (pages + 1) * 4 * _INT64, "--kv-tokens"),
         Part("the free slot list", (slots + 1) * 5 * _INT64, slots_option),
     ]
+    if model.count("window"):  # the window pages' free list, as the page list's
+        window_pages = config.window_tokens // config.page_size + 1
+        parts.append(
+            Part("the free window page list", window_pages * 4 * _INT64, "--window-tokens")
+        )
     if runs_model:  # meta tensors allocate nothing
         parts.append(Part("the table's device side", table, parts[0].option, on_device=on_device))
         itemsize = model.itemsize
-        kv = 2 * model.num_layers * (pages + 1) * config.page_size * model.d_model * itemsize
+        full = model.count("full")
+        kv = 2 * full * (pages + 1) * config.page_size * model.d_model * itemsize
         parts.append(Part("the KV cache", kv, "--kv-tokens", on_device=on_device))
+        if model.is_hybrid:  # the window layers' K/V and one state per request slot
+            window = config.window_tokens + config.page_size
+            window_kv = 2 * model.count("window") * window * model.d_model * itemsize
+            parts.append(Part("the window K/V", window_kv, "--window-tokens", on_device=on_device))
+            states = (slots + 1) * model.state_size * itemsize
+            parts.append(Part("the recurrent states", states, slots_option, on_device=on_device))
         parts.append(_forward(config, pages, on_device=on_device))
         if config.oracle or workload.prebuilt:
             parts.append(_alone(config))

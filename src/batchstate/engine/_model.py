@@ -154,6 +154,10 @@ def make_model(config: ModelConfig, device: torch.device | str = "cpu") -> TinyM
     """
     if config.d_model % config.num_heads or config.head_dim % 2:
         raise ValueError(f"d_model={config.d_model} must split into heads of even size")
+    if config.layer_kinds and len(config.layer_kinds) != config.num_layers:
+        raise ValueError(f"{len(config.layer_kinds)} layer kinds for {config.num_layers} layers")
+    if config.window < 1:
+        raise ValueError(f"a window of {config.window} positions: it must be >= 1")
     generator = torch.Generator().manual_seed(config.seed)
     d, ff = config.d_model, config.d_ff
 

@@ -9,9 +9,15 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DtypeName", "ModelConfig"]
+__all__ = ["HYBRID_LAYERS", "DtypeName", "LayerKind", "ModelConfig"]
 
 DtypeName = Literal["float64", "float32", "bfloat16", "float16"]
+LayerKind = Literal["full", "window", "state"]
+"""What a layer keeps: full-attention KV, sliding-window KV, or a recurrent state."""
+
+# `--model hybrid`: one layer of each kind, as gpt-oss interleaves window and full
+# attention and Qwen3-Next interleaves linear attention (a recurrent state) and full.
+HYBRID_LAYERS: Final[tuple[LayerKind, ...]] = ("window", "state", "full")
 _ITEMSIZES: Final[dict[DtypeName, int]] = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -29,6 +35,32 @@ class ModelConfig:
     # float64 makes greedy ties (and so batch-order-dependent argmax flips) vanishingly rare.
     # A torch dtype's name, so that a config is built and checked without importing torch.
     dtype: DtypeName = "float64"
+    # Each layer's kind, one per layer; () makes every layer full attention.
+    layer_kinds: tuple[LayerKind, ...] = ()
+    window: int = 32  # positions a "window" layer reads, itself included
+
+    def kind(self, layer: int) -> LayerKind:
+        """What layer `layer` keeps."""
+        return self.layer_kinds[layer] if self.layer_kinds else "full"
+
+    def ordinal(self, layer: int) -> int:
+        """Layer `layer`'s index among the layers of its kind (its row in their cache)."""
+        kind = self.kind(layer)
+        return sum(self.kind(before) == kind for before in range(layer))
+
+    def count(self, kind: LayerKind) -> int:
+        """How many layers are of `kind`."""
+        return sum(self.kind(layer) == kind for layer in range(self.num_layers))
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layer keeps something other than full-attention KV."""
+        return self.count("full") != self.num_layers
+
+    @property
+    def state_size(self) -> int:
+        """Elements of one request's recurrent state, over all its state layers."""
+        return self.count("state") * self.num_heads * self.head_dim * self.head_dim
 
     @property
     def head_dim(self) -> int:

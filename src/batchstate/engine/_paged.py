@@ -7,15 +7,16 @@ Every location the model reads or writes comes from the batch's
 `kv_last_page_len[i]` tokens), queries are laid out by `qo_indptr`, and
 rotary angles come from `positions`. A wrong value in any of them changes
 the tokens, which is what the oracle catches; padded to a captured size,
-the padded rows' outputs are dropped by `unpad` before sampling.
+the padded rows' outputs are dropped by `unpad` before sampling. A hybrid
+model's window and state layers read theirs through `hybrid_inputs` (see
+`engine/_hybrid_attend.py`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, final
+from typing import Any
 
-import attrs
 import torch
 
 from batchstate import (
@@ -30,43 +31,21 @@ from batchstate import (
     Rows,
     Sampling,
     forward_inputs,
+    hybrid_inputs,
     unpad,
 )
 from batchstate.engine._feeder import Feeder
+from batchstate.engine._hybrid_attend import hybrid_attend
+from batchstate.engine._kv_cache import KVCache
 from batchstate.engine._model import FeedForward, TinyModel
 
 __all__ = [
-    "KVCache",
     "forward_idle",
-    "make_kv_cache",
     "sample_decode",
     "sample_extend",
     "sample_mixed",
     "write_prefilled",
 ]
-
-
-@final
-@attrs.frozen(eq=False)
-class KVCache:
-    """K and V for every location the pools hand out.
-
-    NOTE: written in place by every forward, at `out_cache_loc` only;
-    location 0 (the padding page) is read for padding keys and masked out.
-    """
-
-    k: torch.Tensor  # [num_layers, kv_cache_size, num_heads, head_dim]
-    v: torch.Tensor  # the same
-
-
-def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
-    """A zeroed cache with `pools.kv_cache_size` rows per layer, on the model's device."""
-    config = model.config
-    shape = (config.num_layers, pools.kv_cache_size, config.num_heads, config.head_dim)
-    return KVCache(
-        torch.zeros(shape, dtype=config.torch_dtype, device=model.device),
-        torch.zeros(shape, dtype=config.torch_dtype, device=model.device),
-    )
 
 
 def sample_extend(
@@ -88,9 +67,8 @@ def sample_extend(
     Returns:
         device int64 `[num_reqs]`: the token after each row's last input id.
     """
-    hidden = _run(
-        model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward, feeder
-    )
+    inputs = _inputs(feeder, batch, pools)
+    hidden = _run(model, cache, inputs, pools, batch.input_ids.device, feed_forward, feeder)
     return model.sample(hidden, _sampling(batch.rows), batch.rows.seq_lens.host)
 
 
@@ -118,7 +96,8 @@ def sample_decode(  # the forward's own inputs, then the model's
     Returns:
         device int64 `[num_reqs]`. Writes K/V at `batch.out_cache_loc` (mutates `cache`).
     """
-    hidden = _run(model, cache, _inputs(feeder, batch, pools), input_ids, feed_forward, feeder)
+    inputs = _inputs(feeder, batch, pools)
+    hidden = _run(model, cache, inputs, pools, input_ids, feed_forward, feeder)
     return model.sample(hidden, _sampling(batch.rows), batch.rows.seq_lens.host)
 
 
@@ -146,9 +125,8 @@ def sample_mixed(  # as above
         device int64 `[num_reqs]`: each row's token after its last computed
         token (meaningless for `batch.partial` rows).
     """
-    hidden = _run(
-        model, cache, _inputs(feeder, batch, pools), batch.input_ids.device, feed_forward, feeder
-    )
+    inputs = _inputs(feeder, batch, pools)
+    hidden = _run(model, cache, inputs, pools, batch.input_ids.device, feed_forward, feeder)
     return model.sample(hidden, sampling, batch.rows.seq_lens.host)
 
 
@@ -195,6 +173,7 @@ def _run(  # noqa: PLR0917  # the forward, then who feeds it
     model: TinyModel,
     cache: KVCache,
     inputs: ForwardInputs | Padded,
+    pools: Pools,
     input_ids: torch.Tensor,
     feed_forward: FeedForward | None,
     feeder: Feeder | None,
@@ -202,17 +181,21 @@ def _run(  # noqa: PLR0917  # the forward, then who feeds it
     # The hidden state at each real row's last token: what sampling takes.
     if isinstance(inputs, Padded):  # the feeder's: its ids go to the bucket's buffer too
         ids = inputs.pad_tokens(input_ids) if feeder is None else feeder.pad_ids(inputs, input_ids)
-        return unpad(inputs.run(lambda padded: _forward(model, cache, padded, ids, feed_forward)))
-    hidden = _forward(model, cache, inputs, input_ids, feed_forward)
+        return unpad(
+            inputs.run(lambda padded: _forward(model, cache, padded, pools, ids, feed_forward))
+        )
+    hidden = _forward(model, cache, inputs, pools, input_ids, feed_forward)
     return hidden.index_select(0, inputs.sample_index.device)
 
 
-def _forward(
+def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and tokens
     model: TinyModel,
     cache: KVCache,
     inputs: ForwardInputs,
+    pools: Pools,
     input_ids: torch.Tensor,
     feed_forward: FeedForward | None,
+    checkpoints: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # Paged attention as a kernel consumes it: queries by `qo_indptr`, keys from the pages
     # `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`, the last holding `kv_last_page_len[b]`
@@ -248,6 +231,7 @@ def _forward(
     scale = 1.0 / math.sqrt(model.config.head_dim)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        layer = model.config.ordinal(layer)  # its row among the full-attention layers
         cache.k[layer, locs] = k
         cache.v[layer, locs] = v
         keys, values = cache.k[layer, key_locs], cache.v[layer, key_locs]  # [b, keys, h, d]
@@ -259,6 +243,9 @@ def _forward(
         rowless = q.shape[0] - row_tokens
         return torch.cat((out, out.new_zeros(rowless, *out.shape[1:]))) if rowless else out
 
+    if model.config.is_hybrid:
+        hybrid = hybrid_inputs(inputs, pools)
+        attend = hybrid_attend(model, cache, inputs, hybrid, attend, checkpoints)
     return model.hidden(input_ids, inputs.positions.device, attend, feed_forward)
 
 

@@ -24,8 +24,9 @@ from batchstate import (
     Verifying,
 )
 from batchstate.engine._feeder import Feeder
+from batchstate.engine._kv_cache import KVCache
 from batchstate.engine._model import TinyModel
-from batchstate.engine._paged import KVCache, forward_idle
+from batchstate.engine._paged import forward_idle
 from batchstate.engine._ranks import Fault, Phase, RankGroup, StepShape
 from batchstate.engine._sources import ModelTokens
 from batchstate.engine._verify import Acceptance, UnreadAcceptance

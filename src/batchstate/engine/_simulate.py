@@ -13,9 +13,9 @@ from batchstate import Pools, make_pools
 from batchstate.engine._config import EngineConfig
 from batchstate.engine._engine import Engine
 from batchstate.engine._feeder import Feeder
+from batchstate.engine._kv_cache import make_kv_cache
 from batchstate.engine._model import TinyModel, make_model
 from batchstate.engine._oracle import OracleResult, check_oracle
-from batchstate.engine._paged import make_kv_cache
 from batchstate.engine._reads import read_counter
 from batchstate.engine._simulation_config import DEVICES, SimulationConfig
 from batchstate.engine._sources import ModelTokens, RandomTokens, TokenSource
@@ -57,9 +57,15 @@ class Simulation:
 
 
 def pools_conserved(pools: Pools) -> bool:
-    """Every slot free and every KV token free (or cached, so evictable): nothing leaked."""
+    """Every slot, KV token (or cached, so evictable), window token and state free: no leak."""
     free = pools.num_available_tokens
-    return pools.num_free_slots == pools.max_reqs and free == pools.num_pages * pools.page_size
+    hybrid = pools.memory
+    return (
+        pools.num_free_slots == pools.max_reqs
+        and free == pools.num_pages * pools.page_size
+        and all(w.num_free_tokens == w.num_pages * w.page_size for w in hybrid.windows)
+        and all(state.num_free == state.kind.num_states for state in hybrid.states)
+    )
 
 
 def describe_pools(pools: Pools) -> str:
@@ -70,6 +76,10 @@ def describe_pools(pools: Pools) -> str:
     )
     if pools.cache.enabled:
         line += f" + {pools.cache.num_tokens} cached (evictable)"
+    for window in pools.memory.windows:  # a hybrid model's other memory kinds
+        line += f", {window.num_free_tokens}/{window.num_pages * window.page_size} window tokens"
+    for state in pools.memory.states:
+        line += f", {state.num_free}/{state.kind.num_states} states"
     return line
 
 
@@ -152,6 +162,12 @@ def warm_up(device: torch.device, model: TinyModel | None) -> None:
         WorkloadConfig(num_requests=2, arrival="all", prompt_len=(2, 2), output_len=(3, 3))
     )
     pools = make_pools(2, 8, 16, device)
+    if model is not None and model.config.is_hybrid:  # pools that hold its layers' memory
+        context = max(8, model.config.window)
+        pools = SimulationConfig(
+            model=model.config, max_reqs=2, num_kv_tokens=-(-context // 16) * 16,
+            max_context_len=context, prefix_cache=False,
+        ).make_pools(device)  # fmt: skip
     source: TokenSource = RandomTokens(96, 0)
     if model is not None:
         source = ModelTokens(model, make_kv_cache(model, pools))

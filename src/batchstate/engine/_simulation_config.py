@@ -43,6 +43,20 @@ class SimulationConfig:
     # Captured CUDA-graph sizes (tokens; rows for decode): every forward is padded to the
     # next one, on every device; () pads nothing.
     cuda_graph_sizes: tuple[int, ...] = ()
+    # A hybrid model's window token slots (whole pages); None: room for every request
+    # slot's window. Full-attention models keep none.
+    num_window_tokens: int | None = None
+
+    @property
+    def window_tokens(self) -> int:
+        """The window token slots of a hybrid model's window layers (0: it has none)."""
+        if not self.model.count("window"):
+            return 0
+        if self.num_window_tokens is not None:
+            return self.num_window_tokens
+        one_row = (-(-self.model.window // self.page_size) + 1) * self.page_size
+        longest = -(-self.workload.longest_prompt // self.page_size) * self.page_size
+        return max(self.num_slots * one_row, longest + self.page_size)
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -60,8 +74,19 @@ class SimulationConfig:
 
     def make_pools(self, device: torch.device) -> Pools:
         """Empty pools of this run's sizes on `device`, with the prefix cache on or off."""
-        from batchstate import make_pools  # noqa: PLC0415  (a config loads no torch)
+        from batchstate import (  # noqa: PLC0415  (a config loads no torch)
+            MemoryKinds,
+            RecurrentState,
+            SlidingWindow,
+            make_pools,
+        )
 
+        model = self.model
+        kinds: list[SlidingWindow | RecurrentState] = []
+        if model.count("window"):
+            kinds.append(SlidingWindow(model.window, self.window_tokens))
+        if model.count("state"):
+            kinds.append(RecurrentState(model.state_size, self.num_slots))
         return make_pools(
             self.num_slots,
             self.context_len,
@@ -69,6 +94,7 @@ class SimulationConfig:
             device,
             self.page_size,
             prefix_cache=self.prefix_cache,
+            memory=MemoryKinds(tuple(kinds)),
         )
 
     def validate(self) -> None:
@@ -128,8 +154,41 @@ class SimulationConfig:
         if self.workload.vocab_size != self.model.vocab_size:
             raise ValueError("the workload and the model must share a vocabulary size")
         _check_graph_sizes(self.cuda_graph_sizes)
+        self._check_hybrid()
         if self.device == "cuda":  # last: the one check that loads torch
             _check_cuda()
+
+    def _check_hybrid(self) -> None:
+        # What hybrid pools refuse, or what the engine cannot yet do for them, as usage errors.
+        model = self.model
+        if not model.is_hybrid:
+            return
+        if self.prefix_cache:
+            raise ValueError(
+                "--model hybrid runs without the prefix cache for now (the cache keeps"
+                " full-attention pages only): add --no-prefix-cache"
+            )
+        if self.workload.prebuilt:
+            raise ValueError(
+                "--model hybrid does not take --prebuilt: a prefill server would hand over"
+                " window KV and recurrent states, which this engine does not transfer"
+            )
+        if not 1 <= model.window <= self.context_len:
+            raise ValueError(
+                f"--window {model.window} must be in [1, {self.context_len}], the context"
+            )
+        # A forward holds the window pages of every position it queries and the window before
+        # them: a whole prompt's, a chunk's, or a verify window's (a page more where it straddles).
+        longest, chunk = self.workload.longest_prompt, self.engine.chunk_size
+        piece = min(longest, chunk + model.window - 1) if chunk else longest
+        piece = max(piece, model.window + self.engine.speculative)
+        one_row = (-(-piece // self.page_size) + 1) * self.page_size
+        tokens = self.window_tokens
+        if model.count("window") and (tokens % self.page_size or tokens < one_row):
+            raise ValueError(
+                f"--window-tokens {tokens} must be whole pages of {self.page_size}, at least"
+                f" {one_row}: the window pages one request's longest forward holds"
+            )
 
 
 def _check_graph_sizes(sizes: tuple[int, ...]) -> None:

@@ -29,9 +29,9 @@ from batchstate import (
 )
 from batchstate.engine._alone import prefill_alone
 from batchstate.engine._feeder import Feeder
+from batchstate.engine._kv_cache import KVCache
 from batchstate.engine._model import FeedForward, TinyModel
 from batchstate.engine._paged import (
-    KVCache,
     forward_idle,
     sample_decode,
     sample_extend,

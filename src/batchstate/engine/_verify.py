@@ -14,7 +14,8 @@ produce, so the oracle stays exact, greedy or not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import NamedTuple
 
 import attrs
@@ -22,10 +23,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from batchstate import Pools, Sampling, Verifying, forward_inputs
+from batchstate import Pools, Sampling, Verifying, forward_inputs, hybrid_inputs
 from batchstate.engine._alone import AloneRun
+from batchstate.engine._hybrid_attend import keep_accepted, verify_checkpoints
+from batchstate.engine._kv_cache import KVCache
 from batchstate.engine._model import FeedForward, TinyModel
-from batchstate.engine._paged import KVCache, _forward
+from batchstate.engine._paged import _forward
 
 __all__ = [
     "Acceptance",
@@ -58,7 +61,8 @@ class UnreadAcceptance(NamedTuple):
 
 def draft_model(target: TinyModel, num_layers: int = 1) -> TinyModel:
     """The target's first `num_layers` layers, with its embeddings and unembedding."""
-    config = attrs.evolve(target.config, num_layers=num_layers)
+    kinds = target.config.layer_kinds[:num_layers]
+    config = attrs.evolve(target.config, num_layers=num_layers, layer_kinds=kinds)
     return attrs.evolve(target, config=config, layers=target.layers[:num_layers])
 
 
@@ -102,7 +106,9 @@ def sample_verify(  # noqa: PLR0917  # the window, its forward's inputs, and how
         device and leave the read to `sync`). Writes the window's K/V at
         `window.out_cache_loc` (mutates `cache`).
     """
-    sampled = _sample_window(model, cache, window, pools, committed, tokens, sampling, feed_forward)
+    sampled, kept = _sample_window(
+        model, cache, window, pools, committed, tokens, sampling, feed_forward
+    )
     spans = window.draft_lens + 1
     num_reqs = len(window.reqs)
     targets = sampled.tolist()  # NOTE: the step's read of its tokens, as a decode's
@@ -116,6 +122,7 @@ def sample_verify(  # noqa: PLR0917  # the window, its forward's inputs, and how
             accepted[row] += 1
         per_row.append(outs)
         start += span
+    kept(accepted)
     return Acceptance(accepted, per_row)
 
 
@@ -136,7 +143,9 @@ def sample_verify_unread(  # noqa: PLR0917  # as sample_verify
     a row accepts the leading drafts equal to them (a cumulative product of
     matches), as a GPU verify kernel counts. Writes the window's K/V.
     """
-    sampled = _sample_window(model, cache, window, pools, committed, tokens, sampling, feed_forward)
+    sampled, kept = _sample_window(
+        model, cache, window, pools, committed, tokens, sampling, feed_forward
+    )
     spans = window.draft_lens + 1
     width = int(spans.max()) if spans.shape[0] else 1
     starts = np.cumsum(spans) - spans
@@ -150,6 +159,7 @@ def sample_verify_unread(  # noqa: PLR0917  # as sample_verify
     targets = sampled.to(torch.int64).index_select(0, index_side).view(len(tokens), width)
     matches = targets[:, :-1] == torch.from_numpy(drafts).to(device)
     counts = matches.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    kept(counts)
     return UnreadAcceptance(counts, targets, [list(row) for row in tokens])
 
 
@@ -162,18 +172,27 @@ def _sample_window(  # noqa: PLR0917  # as sample_verify
     tokens: Sequence[Sequence[int]],
     sampling: Sampling | None,
     feed_forward: FeedForward | None,
-) -> torch.Tensor:
-    # The target over every window token; the token it samples after each, on the device.
+) -> tuple[torch.Tensor, Callable[[torch.Tensor | npt.NDArray[np.int64]], None]]:
+    # The target over every window token; the token it samples after each, on the device;
+    # and what keeps each row's recurrent state at its last accepted token, given the counts.
     spans = window.draft_lens + 1
     num_reqs = len(window.reqs)
     # The kernel's inputs for the window; its lengths are what each slot now owns.
     inputs = forward_inputs(window, pools.table, pools.page_size, slot_tokens=pools.slot_tokens)
     flat = [token for row in tokens for token in row]
     input_ids = torch.tensor(flat, dtype=torch.int64, device=model.device)
-    hidden = _forward(model, cache, inputs, input_ids, feed_forward)
+    checkpoints = verify_checkpoints(model, inputs)
+    hidden = _forward(model, cache, inputs, pools, input_ids, feed_forward, checkpoints)
     # Each window token samples the token at the next position, on the host's own count.
     token_rows = np.repeat(np.arange(num_reqs), spans)
     cols = np.arange(token_rows.shape[0]) - (np.cumsum(spans) - spans)[token_rows]
     positions = committed[token_rows] - 1 + cols
     sampled = model.sample(hidden, sampling, positions + 1)
-    return sampled
+    if checkpoints is None:
+        return sampled, _nothing_to_keep
+    hybrid = hybrid_inputs(inputs, pools)
+    return sampled, partial(keep_accepted, cache, inputs, hybrid, checkpoints)
+
+
+def _nothing_to_keep(num_accepted: torch.Tensor | npt.NDArray[np.int64]) -> None:
+    """No state layers: the verify forward left nothing to copy."""
