@@ -95,7 +95,7 @@ def check_shared_pools(
     )
     _check_slots(pools, batches, compare_device=compare_device)
     for slot, prefix_ids in pools.prefixes.items():
-        length, pages = cache.match(prefix_ids)
+        length, pages = cache._cached(prefix_ids)
         row_pages = table[slot, : len(prefix_ids) : page_size].astype(np.int64) // page_size
         _expect(
             length == len(prefix_ids) and np.array_equal(pages, row_pages),
