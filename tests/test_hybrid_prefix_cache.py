@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Final
 
-import numpy as np
 import pytest
 import torch
 from returns.result import Failure
@@ -171,4 +170,4 @@ def test_the_cached_hybrid_path_reads_nothing_from_the_device() -> None:
         on_meta = _cached_steps(torch.device("meta"))
     assert log.report().count == 0
     assert on_meta == _cached_steps(CPU)
-    assert np.diff([cached for _, _, cached in on_meta]).max() >= 0
+    assert {cached for _, _, cached in on_meta} == {10}  # the header's pages, shared by all
