@@ -150,8 +150,7 @@ def _forward(cache: bool) -> Call:
 
 
 def _hybrid(cache: bool) -> Call:
-    # Hybrid pools refuse the prefix cache: with it on, the full-attention pools' (no kinds).
-    kinds = MemoryKinds(() if cache else (SlidingWindow(4, 64), RecurrentState(8, 4)))
+    kinds = MemoryKinds((SlidingWindow(4, 64), RecurrentState(8, 4)))
     pools = make_pools(8, 64, 256, CPU, 4, prefix_cache=cache, memory=kinds)
     extended, pools = extend(idle(CPU), [Req(0, (1, 2, 3)), Req(1, (4, 5))], pools).unwrap()
     batch, pools = decode(extended, pools).unwrap()
@@ -159,10 +158,9 @@ def _hybrid(cache: bool) -> Call:
 
 
 def _accepted_states(cache: bool) -> Call:
-    # A verify window's forward on hybrid pools (full attention with the cache on: no state,
-    # so only the cache-off case is a legal call; the table runs its bad arguments cache off).
+    # A verify window's forward on hybrid pools.
     kinds = MemoryKinds((SlidingWindow(4, 64), RecurrentState(8, 4)))
-    pools = make_pools(8, 64, 256, CPU, 4, memory=kinds)
+    pools = make_pools(8, 64, 256, CPU, 4, prefix_cache=cache, memory=kinds)
     extended, pools = extend(idle(CPU), [Req(0, (1, 2, 3)), Req(1, (4, 5))], pools).unwrap()
     batch, pools = decode(extended, pools).unwrap()
     window, pools = verify(batch, [1, 0], pools).unwrap()

@@ -1,7 +1,8 @@
 """The generated hostile-input table again, every pools made hybrid: window pages and states.
 
-Each case of `test_hostile_generated.py` (cache off) runs with `make_pools`
-giving the table's pools a sliding window and a state per request slot:
+Each case of `test_hostile_generated.py`, with the prefix cache off and on,
+runs with `make_pools` giving the table's pools a sliding window and a
+state per request slot:
 every bad argument to every public function is still refused with a typed
 error, and every input, the window pages and state slots included, is
 unchanged bit for bit after it.
@@ -32,7 +33,7 @@ def _hybrid_make_pools(  # make_pools' own signature
     prefix_cache: bool = False,
     memory: MemoryKinds = FULL_ATTENTION,
 ) -> Pools:
-    kinds = memory if memory.is_hybrid or prefix_cache else KINDS
+    kinds = memory if memory.is_hybrid else KINDS
     return plain_make_pools(
         max_reqs, max_context_len, num_kv_tokens, device, page_size,
         prefix_cache=prefix_cache, memory=kinds,
@@ -59,12 +60,16 @@ def test_the_table_builds_hybrid_pools() -> None:
 
 
 @pytest.mark.usefixtures("hybrid_tables")
+@pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize("name", [name for name in table.LEGAL if name != "make_pools"])
-def test_every_legal_call_succeeds_on_hybrid_pools(name: str) -> None:
-    table.test_every_legal_call_in_the_table_succeeds(name, cache=False)
+def test_every_legal_call_succeeds_on_hybrid_pools(name: str, cache: bool) -> None:
+    table.test_every_legal_call_in_the_table_succeeds(name, cache=cache)
 
 
 @pytest.mark.usefixtures("hybrid_tables")
+@pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize(("name", "position", "kind"), CASES)
-def test_a_bad_argument_is_refused_on_hybrid_pools(name: str, position: int, kind: str) -> None:
-    table.test_a_bad_argument_is_refused_typed_and_changes_nothing(name, position, kind, False)
+def test_a_bad_argument_is_refused_on_hybrid_pools(
+    name: str, position: int, kind: str, cache: bool
+) -> None:
+    table.test_a_bad_argument_is_refused_typed_and_changes_nothing(name, position, kind, cache)

@@ -141,26 +141,61 @@ def _mix_what_fits(
     return mixed, after
 
 
+def _prompts(rng: np.random.Generator, lengths: list[int], header_len: int) -> list[Req]:
+    # Prompts of about `lengths` tokens; with a header length, each starts with one of
+    # three shared headers.
+    headers = [rng.integers(0, 90, header_len).tolist() for _ in range(3)]
+    return [
+        Req(rid, tuple(header + rng.integers(0, 90, max(n - len(header), 2)).tolist()))
+        for rid, n in enumerate(lengths)
+        for header in [headers[rid % 3]]
+    ]
+
+
+def _new_rows_past_zero(mixed: Mixed, waiting: list[Req]) -> int:
+    # Rows of a mixed step admitted from `waiting` whose forward starts past position 0.
+    new = {req.rid for req in waiting}
+    pairs = zip(mixed.rows.reqs, mixed.prefix_lens.tolist(), strict=True)
+    return sum(1 for req, prefix in pairs if prefix and req.rid in new)
+
+
+def _check_cached_full_pages_only(
+    pools: Pools, cache: bool, prefix_hits: int, shared_reads: int
+) -> None:
+    assert prefix_hits == 0  # the cache keeps no window pages nor states to resume from
+    assert (shared_reads > 50) == cache, shared_reads
+    assert (pools.cache.num_pages > 0) == cache  # finished rows' whole pages stay cached
+    assert len(pools.memory.windows[0].page_list) == pools.memory.windows[0].num_pages
+    assert pools.memory.states[0].num_free == 6  # and their windows and states are free
+
+
 def _locs(pages: np.ndarray, page: int) -> torch.Tensor:
     return torch.tensor((pages[:, None] * page + np.arange(page)).ravel(), dtype=torch.int64)
 
 
+@pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize(("page", "window"), [(1, 5), (4, 6), (4, 13), (16, 20)])
-def test_window_and_state_reads_match_each_request_alone(page: int, window: int) -> None:
+def test_window_and_state_reads_match_each_request_alone(
+    page: int, window: int, cache: bool
+) -> None:
+    # With the cache on, prompts share a few long prefixes: finished rows cache their
+    # pages and rows of one step publish theirs, so later rows read full-attention
+    # pages the cache holds (their own copies retired), and never a cached prefix.
     rng = np.random.default_rng(page * 100 + window)
     kinds = MemoryKinds((SlidingWindow(window, 48 * page + 8 * window), RecurrentState(1, 6)))
-    pools = make_pools(8, 96, 8 * 96, CPU, page, memory=kinds)
+    pools = make_pools(8, 96, 8 * 96, CPU, page, prefix_cache=cache, memory=kinds)
     model = _Forward(
         pools.kv_cache_size, (kinds.windows[0].num_tokens // page + 1) * page, 6, window
     )
     tokens: dict[int, list[int]] = {}  # rid -> every token known (prompt and generated)
     budget: dict[int, int] = {}  # rid -> tokens still to generate
-    lengths = rng.integers(3, 40, 24).tolist()
-    waiting = [Req(rid, tuple(rng.integers(0, 90, n).tolist())) for rid, n in enumerate(lengths)]
+    waiting = _prompts(rng, rng.integers(3, 40, 24).tolist(), page + 5 if cache else 0)
+    # Rows whose table points at pages the cache holds; new rows that read a cached
+    # prefix instead of computing it; verify steps.
+    shared_reads = prefix_hits = verified = 0
     for req in waiting:
         tokens[req.rid], budget[req.rid] = list(req.input_ids), int(rng.integers(3, 30))
     running: Filtered | Idle = idle(CPU)
-    verified = 0
     held: list[Chunked] = []
     for step in range(400):
         if not waiting and not held and not len(running.rows.reqs):
@@ -171,6 +206,7 @@ def test_window_and_state_reads_match_each_request_alone(page: int, window: int)
         if (waiting or held) and step % 3 != 2:
             mixed, pools = _mix_what_fits(running, held, waiting, pools, last)
             taken = {req.rid for req in mixed.rows.reqs}
+            prefix_hits += _new_rows_past_zero(mixed, waiting)
             waiting = [req for req in waiting if req.rid not in taken]
             ids = mixed.input_ids.device.numpy()
             inputs = forward_inputs(mixed, pools.table, pools.page_size)
@@ -197,8 +233,10 @@ def test_window_and_state_reads_match_each_request_alone(page: int, window: int)
         pools = unwrap(release(left, running, pools))
         check_pools(pools, [running])
         check_leaks(pools, [running, *held])
+        shared_reads += len(pools.prefixes)
     assert not waiting and not held and not len(running.rows.reqs), "the schedule did not finish"
     assert model.rows_checked > 200
+    _check_cached_full_pages_only(pools, cache, prefix_hits, shared_reads)
     assert verified >= 10
 
 

@@ -90,7 +90,7 @@ def test_full_attention_pools_hold_nothing_more() -> None:
         (MemoryKinds((RecurrentState(0, 4),)), False, "both must be >= 1"),
         (MemoryKinds((RecurrentState(2**28, 8),)), False, "int32-indexed"),
         (MemoryKinds((SlidingWindow(8, 64), SlidingWindow(8, 64))), False, "at most one"),
-        (MemoryKinds((RecurrentState(4, 4),)), True, "prefix cache"),
+        (MemoryKinds((RecurrentState(4, 0),)), True, "both must be >= 1"),
     ],
 )
 def test_bad_memory_kinds_are_refused(kinds: MemoryKinds, cache: bool, message: str) -> None:

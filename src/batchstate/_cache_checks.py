@@ -145,7 +145,7 @@ def _same_leaves(proven: _Proven, leaves: dict[Tokens, int], tree: TreeIndex) ->
 def check_prefix_paths(
     pools: Pools, tree: TreeIndex, pages: HostArray, in_prefix: npt.NDArray[np.bool_]
 ) -> None:
-    """Each slot's cached prefix is the cache's pages for its tokens, as `match` finds them.
+    """Each slot's cached prefix is the cache's pages for its tokens, as the tree holds them.
 
     `pages`: each slot's page ids (slots 1.., a column per page) in its cached
     prefix, 0 past it; `in_prefix`: those cells, already checked to be cached

@@ -82,7 +82,7 @@ def publish_computed(
             continue
         ids = tuple(tokens[:full])
         row = _RowLocs(table[slot], locs32, start, first)
-        cached, pages = cache.match(ids)
+        cached, pages = cache._cached(ids)  # full-attention pages: hybrid rows dedup too
         if cached > len(old) and not retire:
             continue  # cached past its prefix already: its own copy stays private
         if cached > len(old):

@@ -270,9 +270,8 @@ class MemoryKindError(ValueError):
     """A description of the pools' memory kinds that they cannot hold.
 
     A window of 0 or longer than the context, window token slots that are
-    not whole pages, a state size that does not fit, or a kind the pools do
-    not support with these options. Raised by `make_pools`, before anything
-    is made.
+    not whole pages, a state size that does not fit, or two kinds of one
+    sort. Raised by `make_pools`, before anything is made.
     """
 
 

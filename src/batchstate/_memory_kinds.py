@@ -30,6 +30,7 @@ __all__ = [
     "RecurrentState",
     "SlidingWindow",
     "check_kinds",
+    "reads_cached_prefixes",
 ]
 
 # State buffers are indexed with int32 element offsets by the common Mamba and
@@ -100,14 +101,13 @@ class MemoryKinds:
 FULL_ATTENTION: Final = MemoryKinds()
 
 
-def check_kinds(memory: object, max_context_len: int, page_size: int, *, cached: bool) -> None:
+def check_kinds(memory: object, max_context_len: int, page_size: int) -> None:
     """Raise `MemoryKindError` unless `memory` describes memory these pools can hold.
 
     A window must be in `[1, max_context_len]` and its token slots whole
     pages, enough for one row's window; a state must have a positive size
     and count, and every slot must fit `MAX_STATE_ELEMENTS`. Hybrid pools
-    with the prefix cache on are refused: the cache does not yet keep
-    window pages nor states beside its full-attention pages.
+    may have the prefix cache on (`reads_cached_prefixes`).
     """
     if not isinstance(memory, MemoryKinds):
         raise MemoryKindError(f"memory must be a MemoryKinds, got {type(memory).__name__}")
@@ -141,8 +141,14 @@ def check_kinds(memory: object, max_context_len: int, page_size: int, *, cached:
                 f" are {elements} elements, past the {MAX_STATE_ELEMENTS} an int32-indexed"
                 " state buffer holds"
             )
-    if cached and memory.is_hybrid:
-        raise MemoryKindError(
-            "hybrid pools with the prefix cache on are not supported yet: the cache keeps"
-            " full-attention pages only, so a hit could not restore window pages or states"
-        )
+
+
+def reads_cached_prefixes(memory: MemoryKinds) -> bool:
+    """Whether a request may read a cached prefix instead of computing it.
+
+    The prefix cache keeps full-attention pages only. A request that reads
+    a cached prefix of `n` tokens would also need the window pages of
+    positions `[n - window + 1, n)` and the state after token `n - 1`,
+    which it does not keep: hybrid pools compute every prompt from 0.
+    """
+    return not memory.is_hybrid

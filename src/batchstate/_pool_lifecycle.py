@@ -8,7 +8,12 @@ import torch
 from batchstate._free_list import FreeList
 from batchstate._hybrid_pools import hybrid_pools
 from batchstate._lineage import Stamp
-from batchstate._memory_kinds import FULL_ATTENTION, MemoryKinds, check_kinds
+from batchstate._memory_kinds import (
+    FULL_ATTENTION,
+    MemoryKinds,
+    check_kinds,
+    reads_cached_prefixes,
+)
 from batchstate._mirrored import NO_INTS, frozen
 from batchstate._pool_versions import next_version
 from batchstate._pools import _NO_PREFIXES, Pools, expect_pools
@@ -47,7 +52,8 @@ def make_pools(
         ValueError: a size is not positive, or `num_kv_tokens % page_size`.
         MemoryKindError: `memory` describes memory these pools cannot hold
             (a window of 0 or past `max_context_len`, a state that does not
-            fit, hybrid kinds with the prefix cache on).
+            fit). With the prefix cache on, hybrid pools cache full-attention
+            pages but read no cached prefix (docs/hybrid.md).
 
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"), page_size=16)
     >>> pools.num_free_slots, pools.num_free_tokens, pools.kv_cache_size
@@ -62,7 +68,7 @@ def make_pools(
             f"num_kv_tokens must be a non-negative multiple of page_size={page_size},"
             f" got {num_kv_tokens}"
         )
-    check_kinds(memory, max_context_len, page_size, cached=prefix_cache)
+    check_kinds(memory, max_context_len, page_size)
     num_pages = num_kv_tokens // page_size
     stamp = Stamp()
     table = TokenTable.zeros(
@@ -82,7 +88,7 @@ def make_pools(
         NO_INTS,
         0,
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
-        PrefixCache._empty(page_size, enabled=prefix_cache),
+        PrefixCache._empty(page_size, enabled=prefix_cache, reuses=reads_cached_prefixes(memory)),
         _NO_PREFIXES,
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
         stamp.first_gen,

@@ -21,6 +21,7 @@ from batchstate._prefix_cache import Tokens
 from batchstate._sharing import give_back
 
 if TYPE_CHECKING:
+    from batchstate._hybrid_pools import HybridPools
     from batchstate._pools import Pools
 
 __all__ = ["give_back_slots", "owned_tokens", "shrink_slots"]
@@ -62,11 +63,7 @@ def give_back_slots(
             page_list=pools.page_list.give(pages),
             slot_tokens=_zeroed(pools.slot_tokens, slots),
             slot_gens=_zeroed(pools.slot_gens, slots),
-            memory=(
-                pools.memory.give_back(slots, pools.slot_tokens[slots])
-                if pools.memory.kinds.is_hybrid
-                else None
-            ),
+            memory=_hybrid_given_back(pools, slots),
         )
     )
 
@@ -75,6 +72,7 @@ def _give_back_shared(
     pools: Pools, slots: HostArray, owned: list[tuple[int, int]], tokens: Sequence[Tokens] | None
 ) -> Pools:
     # `give_back_slots` with the cache on: each slot's whole pages go into the cache.
+    # Its window pages and state go back free: the cache keeps full-attention pages only.
     prefixes = pools.prefixes.mutate()
     cache, freed = give_back(pools.cache, pools.table.host, prefixes, owned, tokens)
     return next_version(
@@ -85,7 +83,15 @@ def _give_back_shared(
         slot_gens=_zeroed(pools.slot_gens, slots),
         cache=cache,
         prefixes=prefixes.finish(),
+        memory=_hybrid_given_back(pools, slots),
     )
+
+
+def _hybrid_given_back(pools: Pools, slots: HostArray) -> HybridPools | None:
+    # The window pages and states `slots` hold, freed; None (unchanged) for full attention.
+    if not pools.memory.kinds.is_hybrid:
+        return None
+    return pools.memory.give_back(slots, pools.slot_tokens[slots])
 
 
 def shrink_slots(pools: Pools, slots: HostArray, new_lens: HostArray) -> Result[Pools, NotOwned]:

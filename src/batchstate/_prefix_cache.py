@@ -9,7 +9,7 @@ from typing import final
 import attrs
 import numpy as np
 
-from batchstate._mirrored import HostArray, frozen
+from batchstate._mirrored import NO_INTS, HostArray, frozen
 from batchstate._radix_nodes import (
     NO_CHILDREN,
     ROOT,
@@ -62,10 +62,14 @@ class PrefixCache:
     # keeps them) -> its `used`: what eviction pops, kept beside the tree so that it
     # never scans it. Copied on change, never mutated.
     _leaves: dict[Tokens, int]
+    # Whether a matched prefix may be read instead of computed: false for hybrid pools
+    # whose requests need window pages or a state at the prefix's end, which the cache
+    # does not keep (`reads_cached_prefixes` in `_memory_kinds`).
+    reuses: bool = True
 
     @classmethod
-    def _empty(cls, page_size: int, *, enabled: bool = True) -> PrefixCache:
-        return cls(page_size, enabled, ROOT, 0, 0, 0, 0, {})
+    def _empty(cls, page_size: int, *, enabled: bool = True, reuses: bool = True) -> PrefixCache:
+        return cls(page_size, enabled, ROOT, 0, 0, 0, 0, {}, reuses)
 
     @property
     def num_evictable(self) -> int:
@@ -78,15 +82,22 @@ class PrefixCache:
         return self.num_pages * self.page_size
 
     def match(self, tokens: Sequence[int]) -> tuple[int, HostArray]:
-        """The longest cached prefix of `tokens`: its length (whole pages) and its pages.
+        """The longest cached prefix of `tokens` a request may read: its length and pages.
 
         Reads only: the cache is unchanged. Costs O(len(tokens)) token
-        compares, done a node at a time at C speed.
+        compares, done a node at a time at C speed. On hybrid pools the
+        cache keeps full-attention pages only, and a prefix is usable only
+        where its window pages and state are kept too: every match is 0
+        there (docs/hybrid.md).
 
         >>> cache = PrefixCache._empty(2)
         >>> cache.match((1, 2, 3))[0]
         0
         """
+        return self._cached(tokens) if self.reuses else (0, NO_INTS)
+
+    def _cached(self, tokens: Sequence[int]) -> tuple[int, HostArray]:
+        # The longest prefix of `tokens` whose full-attention pages the cache holds.
         ids = tuple(tokens)
         length, pages = self._walk(ids, len(ids)) if self.enabled else (0, [])
         return length, frozen(np.array(pages, dtype=np.int64))
@@ -128,7 +139,7 @@ class PrefixCache:
             del leaves[prefix]
         return PrefixCache(
             self.page_size, self.enabled, root, clock, self.num_pages, self.num_locked + newly,
-            self.num_evicted, leaves,
+            self.num_evicted, leaves, self.reuses,
         )  # fmt: skip
 
     def _unlock(self, tokens: Tokens, length: int) -> PrefixCache:
@@ -139,7 +150,7 @@ class PrefixCache:
             leaves = {**leaves, tokens[:length]: end.used}
         return PrefixCache(
             self.page_size, self.enabled, root, self.clock, self.num_pages, self.num_locked - freed,
-            self.num_evicted, leaves,
+            self.num_evicted, leaves, self.reuses,
         )  # fmt: skip
 
     def _insert(self, tokens: Tokens, pages: Sequence[int]) -> tuple[PrefixCache, int]:
@@ -155,7 +166,7 @@ class PrefixCache:
             leaves[tokens] = clock
         cache = PrefixCache(
             self.page_size, self.enabled, root, clock, self.num_pages + added, self.num_locked,
-            self.num_evicted, leaves,
+            self.num_evicted, leaves, self.reuses,
         )  # fmt: skip
         return cache, present
 
@@ -184,7 +195,7 @@ class PrefixCache:
             root = with_children(self._root, self._root.children.set(key, leaf))
         return PrefixCache(
             page_size, self.enabled, root, clock, self.num_pages + len(pages),
-            self.num_locked + len(pages), self.num_evicted, self._leaves,
+            self.num_locked + len(pages), self.num_evicted, self._leaves, self.reuses,
         )  # fmt: skip
 
     def _evict(self, num_pages: int) -> tuple[PrefixCache, list[int]]:
@@ -206,7 +217,7 @@ class PrefixCache:
                 heapq.heappush(heap, (parent.used, above))
         cache = PrefixCache(
             self.page_size, self.enabled, root, self.clock, self.num_pages - len(freed),
-            self.num_locked, self.num_evicted + len(freed), leaves,
+            self.num_locked, self.num_evicted + len(freed), leaves, self.reuses,
         )  # fmt: skip
         return cache, freed
 

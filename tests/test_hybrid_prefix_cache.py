@@ -1,0 +1,173 @@
+"""Hybrid pools with the prefix cache on: full pages cached, windows and states never.
+
+The cache keeps full-attention pages only. A request that read a cached
+prefix would also need the window pages of its last `window` positions and
+the state after it, which nothing keeps, so hybrid pools read no cached
+prefix: every match is 0, each prompt is computed from position 0, and a
+row's whole pages still go into the cache (and rows of one step share
+them). Releasing into the cache frees every window page and state.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pytest
+import torch
+from returns.result import Failure
+
+from batchstate import (
+    MemoryKinds,
+    NotOwned,
+    Pools,
+    RecurrentState,
+    Req,
+    SlidingWindow,
+    check_pools,
+    decode,
+    extend,
+    find_leaks,
+    forward_inputs,
+    hybrid_inputs,
+    idle,
+    make_pools,
+    mix,
+    release,
+    split,
+    unwrap,
+)
+from batchstate.audit import device_reads
+from tests.strategies import assert_unchanged, snapshot
+
+CPU: Final = torch.device("cpu")
+HEADER: Final = tuple(range(100, 140))  # 40 tokens: ten whole pages of 4
+KINDS: Final = MemoryKinds((SlidingWindow(8, 512), RecurrentState(16, 8)))
+
+
+def _pools(device: torch.device = CPU, kinds: MemoryKinds = KINDS) -> Pools:
+    return make_pools(8, 128, 160, device, 4, prefix_cache=True, memory=kinds)
+
+
+def _finish_one(pools: Pools, tail: tuple[int, ...], device: torch.device = CPU) -> Pools:
+    # A request with the header runs its prefill and three decode steps, then leaves.
+    extended, pools = unwrap(extend(idle(device), [Req(0, HEADER + tail)], pools))
+    batch, pools = unwrap(decode(extended, pools))
+    for _ in range(2):
+        batch, pools = unwrap(decode(batch, pools))
+    kept, left = split(batch, [])
+    return unwrap(release(left, kept, pools))
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        KINDS,
+        MemoryKinds((SlidingWindow(8, 512),)),
+        MemoryKinds((RecurrentState(16, 8),)),
+        MemoryKinds((SlidingWindow(1, 512),)),  # reads no earlier position, still no state kept
+    ],
+)
+def test_a_release_caches_full_pages_and_frees_window_pages_and_states(
+    kinds: MemoryKinds,
+) -> None:
+    pools = _finish_one(_pools(kinds=kinds), (1, 2, 3))
+    assert pools.cache.num_pages == 10  # the prompt's 43 tokens: 10 whole pages cached
+    assert pools.num_free_tokens == 160 - 40
+    for windows in pools.memory.windows:
+        assert len(windows.page_list) == windows.num_pages  # every window page free
+    for states in pools.memory.states:
+        assert states.num_free == 8  # the cache holds no state
+    check_pools(pools, [])
+    assert not find_leaks(pools, [])
+    assert pools.cache.match((*HEADER, 1, 2, 3))[0] == 0  # nothing a request may read
+
+
+def test_a_repeated_prompt_is_computed_again_and_shares_the_cached_full_pages() -> None:
+    pools = _finish_one(_pools(), (1, 2, 3))
+    cached_pages = pools.cache._cached(HEADER)[1].tolist()
+    assert len(cached_pages) == 10
+    batch, pools = unwrap(extend(idle(CPU), [Req(1, (*HEADER, 7))], pools))
+    assert batch.prefix_lens.tolist() == [0]  # the whole prompt is computed
+    assert batch.extend_lens.tolist() == [41]
+    slot = int(batch.rows.req_pool_indices.host[0])
+    # Its full-attention pages are the cache's (its own copies retired), its window
+    # pages and state its own: the window of its last positions and a fresh state.
+    assert pools.prefixes[slot] == HEADER
+    assert pools.num_retired == 10
+    table_pages = pools.table.host[slot, :40:4] // 4
+    assert table_pages.tolist() == cached_pages
+    windows = pools.memory.windows[0]
+    assert int(windows.starts[slot]) == 0 and windows.row_pages(slot, 41).shape[0] == 11
+    assert pools.memory.states[0].num_free == 7
+    check_pools(pools, [batch])
+
+    # `mix` admits the same way: from position 0.
+    mixed, _ = unwrap(mix(idle(CPU), [Req(2, (*HEADER, 8, 9))], 64, pools, []))
+    assert mixed.prefix_lens.tolist() == [0]
+
+
+def test_eviction_frees_full_pages_only_and_every_kind_stays_conserved() -> None:
+    pools = _pools()
+    for rid in range(4):  # four prompts of 15 pages each into 40 pages: two evicted
+        batch, pools = unwrap(
+            extend(idle(CPU), [Req(rid, tuple(range(60 * rid, 60 * rid + 60)))], pools)
+        )
+        kept, left = split(batch, [])
+        pools = unwrap(release(left, kept, pools))
+        check_pools(pools, [])
+    assert pools.cache.num_evicted == 30 and pools.cache.num_pages == 30  # whole prompts out
+    assert pools.memory.states[0].num_free == 8
+    assert len(pools.memory.windows[0].page_list) == pools.memory.windows[0].num_pages
+
+
+def test_a_released_row_cannot_be_released_again_nor_keep_its_state() -> None:
+    pools = _pools()
+    batch, pools = unwrap(extend(idle(CPU), [Req(0, (*HEADER, 1))], pools))
+    state = int(pools.memory.states[0].of_slot[int(batch.rows.req_pool_indices.host[0])])
+    kept, left = split(batch, [])
+    after = unwrap(release(left, kept, pools))
+    before = snapshot([left, kept, after])
+    assert release(left, kept, after) == Failure(NotOwned((1,)))
+    assert_unchanged(before, [left, kept, after])
+    # The state slot went back free, held by no slot and not by the cache; a request
+    # with the same prompt computes it from position 0 (from the zero state).
+    assert after.memory.states[0].num_free == 8
+    assert state not in after.memory.states[0].of_slot.tolist()
+    again, after = unwrap(extend(idle(CPU), [Req(1, (*HEADER, 1))], after))
+    assert again.prefix_lens.tolist() == [0]
+    check_pools(after, [again])
+
+
+def _cached_steps(device: torch.device) -> list[tuple[list[int], list[int], int]]:
+    # Shared prompts on the cached path: an extend whose rows share the header (the second
+    # reads the first's published pages), decode steps with their hybrid inputs, releases
+    # into the cache, and a second round that matches the cached header.
+    pools, seen = _pools(device), []
+    for round_ in range(2):
+        reqs = [Req(2 * round_ + i, (*HEADER, i, i + 1)) for i in range(2)]
+        extended, pools = unwrap(extend(idle(device), reqs, pools))
+        batch, pools = unwrap(decode(extended, pools))
+        for _ in range(6):
+            inputs = forward_inputs(batch, pools.table, pools.page_size)
+            window = hybrid_inputs(inputs, pools).windows[0]
+            seen.append(
+                (
+                    window.kv_indices.host.tolist(),
+                    batch.rows.seq_lens.host.tolist(),
+                    pools.cache.num_pages,
+                )
+            )
+            batch, pools = unwrap(decode(batch, pools))
+            batch, pools = unwrap(decode(batch, pools))
+        kept, left = split(batch, [])
+        pools = unwrap(release(left, kept, pools))
+        check_pools(pools, [])
+    return seen
+
+
+def test_the_cached_hybrid_path_reads_nothing_from_the_device() -> None:
+    with device_reads(forbid=True) as log:
+        on_meta = _cached_steps(torch.device("meta"))
+    assert log.report().count == 0
+    assert on_meta == _cached_steps(CPU)
+    assert {cached for _, _, cached in on_meta} == {10}  # the header's pages, shared by all
