@@ -46,11 +46,13 @@ Record = Idle | Filtered | Decoding
 @attrs.frozen
 class ExtendItem:
     """One request of a `prepare_for_extend`: its tokens (prompt and any output before a
-    retraction), and the tokens SGLang computes for it in this forward."""
+    retraction), the tokens SGLang computes for it in this forward, and the tokens it
+    already holds (its cache hit, or a chunked request's earlier chunks)."""
 
     rid: str
     tokens: tuple[int, ...]
     extend_len: int
+    prefix_len: int
 
 
 @attrs.frozen
@@ -99,6 +101,7 @@ class Replica:
         # Requests extended whose pages SGLang has not published yet (its checkpoint comes
         # with result processing): pool counts differ by policy until it does.
         self.unpublished: set[str] = set()
+        self.capped = 0  # new requests admitted while a prefill was in flight (see `_caps`)
 
     def record(self, label: str) -> Record:
         """The record of batch `label` (an empty one when unseen)."""
@@ -118,8 +121,9 @@ class Replica:
             for i in items
         ]
         budget = sum(i.extend_len for i in items)
+        caps = self._caps(items) if self.unpublished else {}
         self.unpublished.update(i.rid for i in items)
-        step = mix(idle(self.device), admit, max(budget, 1), self.pools)
+        step = mix(idle(self.device), admit, max(budget, 1), self.pools, read_at_most=caps)
         if isinstance(step, Failure):
             raise ReplicaError(f"prepare_for_extend: batchstate refused: {step.failure()}")
         mixed, self.pools = step.unwrap()
@@ -132,6 +136,14 @@ class Replica:
         for chunk in held:
             self.held[self._rid(chunk.req.rid)] = chunk
         self.records[label] = running
+
+    def _caps(self, items: Sequence[ExtendItem]) -> dict[int, int]:
+        # A prefill in flight: batchstate published its pages at its extend, SGLang publishes
+        # them when it checkpoints (a turn later under overlap), so a request admitted now
+        # reads less from SGLang's cache (policy). Each new request reads what SGLang's did.
+        caps = {self._id(i.rid): i.prefix_len for i in items if i.rid not in self.held}
+        self.capped += sum(1 for i in items if i.rid not in self.held)
+        return caps
 
     def checkpoint(self, rid: str) -> None:
         """`checkpoint_kv_cache`: SGLang published what `rid` computed, as batchstate did
