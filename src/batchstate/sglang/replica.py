@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
-import numpy as np
 import torch
 from returns.result import Failure
 
@@ -37,7 +36,7 @@ from batchstate import (
     settle,
     split,
 )
-from batchstate._pool_versions import next_version
+from batchstate.sglang._cache_adapter import evict_leaves, unlocked_leaves
 
 Record = Idle | Filtered | Decoding
 """What the replica holds for one SGLang batch between calls."""
@@ -225,37 +224,14 @@ class Replica:
     def cached_leaves(self) -> list[tuple[tuple[int, ...], int]]:
         """The unlocked cached leaves (what eviction may take): each one's token prefix
         from the root and where its own tokens start."""
-        cache = self.pools.cache
-        leaves = cache._leaves
-        return [
-            (prefix, len(prefix) - len(node.tokens))
-            for prefix, node in cache._nodes()
-            if prefix in leaves
-        ]
+        return unlocked_leaves(self.pools)
 
     def evict(self, evictions: Sequence[Eviction]) -> None:
         """Evict these unlocked cached leaves, in order (one that is not a leaf by its turn
         is skipped), each down to the tokens SGLang keeps of it: what SGLang's eviction
         took, where it chose other leaves (its clock, its node boundaries) than batchstate's
         least-recently-used order would (policy, not bookkeeping)."""
-        cache, evicted = self.pools.cache, list[int]()
-        for eviction in evictions:
-            leaf, keep = eviction.tokens, eviction.keep
-            if leaf not in cache._leaves:
-                continue
-            if keep:  # split the leaf where SGLang's node ends: a lock walk splits there
-                leaves = cache._leaves
-                cache = attrs.evolve(cache._lock(leaf, keep)._unlock(leaf, keep), leaves=leaves)
-            # Oldest first: a leaf marked older than every other is the one evicted.
-            marked = {k: -1 if k == leaf else v for k, v in cache._leaves.items()}
-            cache, pages = attrs.evolve(cache, leaves=marked)._evict(1)
-            evicted += pages
-        if not evicted:
-            return
-        pools = self.pools
-        self.pools = next_version(
-            pools, page_list=pools.page_list.give(np.array(evicted, dtype=np.int64)), cache=cache
-        )._commit()
+        self.pools = evict_leaves(self.pools, [(e.tokens, e.keep) for e in evictions])
 
     def state(self, label: str) -> State:
         """What batchstate holds for batch `label` and its pools."""
