@@ -6,18 +6,22 @@ No SGLang import is needed (the hook waits for SGLang's `schedule_batch`).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import batchstate
 
 PROBE = """
 import json, os, sys
-from batchstate.sglang._hook import AttachAfterImport, ENV_MODE, ENV_TRACE_DIR
-hooks = [type(f).__name__ for f in sys.meta_path if isinstance(f, AttachAfterImport)]
+from batchstate.sglang._hook import AttachAfterImport, ENV_ATTACH, ENV_MODE, ENV_TRACE_DIR
+hooks = [f.target for f in sys.meta_path if isinstance(f, AttachAfterImport)]
 seen = {"mode": os.environ[ENV_MODE], "trace": os.environ[ENV_TRACE_DIR]}
+seen["attach"] = os.environ[ENV_ATTACH]
 print(json.dumps({"hooks": hooks, **seen, "argv": sys.argv[1:]}))
 """
 
@@ -42,8 +46,9 @@ def _launch(tmp_path: Path, *args: str) -> dict[str, object]:
 def test_the_launched_process_has_the_hook_and_the_server_its_arguments(tmp_path: Path) -> None:
     seen = _launch(tmp_path, "--watch-trace-dir", str(tmp_path), "--model-path", "m", "--port", "1")
     assert seen == {
-        "hooks": ["AttachAfterImport"],
+        "hooks": ["sglang.srt.managers.schedule_batch"],
         "mode": "raise",
+        "attach": "watch",
         "trace": str(tmp_path),
         "argv": ["--model-path", "m", "--port", "1"],
     }
@@ -51,3 +56,41 @@ def test_the_launched_process_has_the_hook_and_the_server_its_arguments(tmp_path
 
 def test_log_mode_reaches_the_launched_process(tmp_path: Path) -> None:
     assert _launch(tmp_path, "--watch-log")["mode"] == "log"
+
+
+def test_shadow_mode_waits_for_the_scheduler_module(tmp_path: Path) -> None:
+    seen = _launch(tmp_path, "--shadow", "--watch-log")
+    assert (seen["attach"], seen["mode"]) == ("shadow", "log")
+    assert seen["hooks"] == ["sglang.srt.managers.scheduler"]
+
+
+SHADOWED = """
+import json, os, sys
+os.environ.update(BATCHSTATE_SGLANG_WATCH="raise", BATCHSTATE_SGLANG_ATTACH="shadow")
+os.environ["BATCHSTATE_SGLANG_TRACE_DIR"] = sys.argv[1]
+from batchstate.sglang._hook import install_from_environment
+from batchstate.sglang._stubs import install_stubs
+install_from_environment()
+install_stubs()  # CPU: no triton
+import sglang.srt.managers.scheduler as scheduler
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.mem_cache import common
+wrapped = [ScheduleBatch.prepare_for_extend.__qualname__, common.release_kv_cache.__qualname__]
+print(json.dumps(wrapped))
+"""
+
+
+def test_a_shadow_attaches_when_sglangs_scheduler_is_imported(tmp_path: Path) -> None:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    src = str(Path(batchstate.__file__).parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", SHADOWED, str(tmp_path)],
+        env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    wrapped = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(name.startswith("Shadow._wrap_") for name in wrapped), wrapped

@@ -11,10 +11,11 @@ input checks are `_mix_checks.py`'s.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias, overload
 
 import numpy as np
+from immutables import Map
 from returns.result import Failure, Result, Success
 
 from batchstate._chunked import Chunked, columns_in_order
@@ -32,7 +33,13 @@ from batchstate._errors import (
 )
 from batchstate._expect import expect_instance
 from batchstate._mirrored import DeviceOnly, HostArray, frozen
-from batchstate._mix_checks import _expect_columns, _expect_disjoint, _expect_tokens, _problem
+from batchstate._mix_checks import (
+    _expect_caps,
+    _expect_columns,
+    _expect_disjoint,
+    _expect_tokens,
+    _problem,
+)
 from batchstate._mix_forward import Tokens, _build, _fill
 from batchstate._mixed import Mixed, MixStep
 from batchstate._phases import Filtered, Idle
@@ -43,6 +50,7 @@ from batchstate._sampled import Sampled
 __all__ = ["MixError", "Tokens", "decode_sampled", "mix"]
 
 MixError: TypeAlias = AllocError | NoChunkBudget | NotHeld
+_NO_CAPS: Mapping[int, int] = Map()  # no request's cache hit capped
 
 
 @overload
@@ -52,6 +60,8 @@ def mix(
     budget: int,
     pools: Pools,
     tokens: Tokens = (),
+    *,
+    read_at_most: Mapping[int, int] = _NO_CAPS,
 ) -> Result[MixStep[NoColumns], MixError]: ...
 @overload
 def mix(
@@ -61,6 +71,8 @@ def mix(
     pools: Pools,
     tokens: Tokens,
     columns: C,
+    *,
+    read_at_most: Mapping[int, int] = _NO_CAPS,
 ) -> Result[MixStep[C], MixError]: ...
 def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for their column set
     running: Filtered[Any] | Idle[Any],
@@ -69,6 +81,8 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     pools: Pools,
     tokens: Tokens = (),
     columns: Any = NO_COLUMNS,
+    *,
+    read_at_most: Mapping[int, int] = _NO_CAPS,
 ) -> Result[MixStep[Any], MixError]:
     """One forward for prompt chunks under `budget` and one decode token per running row.
 
@@ -99,6 +113,9 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
         columns: for a batch that carries a column set, the new requests'
             own columns: one row per `Req` of `admit`, in order (a
             `Chunked` carries its own row).
+        read_at_most: by rid, the most cached tokens a new request of
+            `admit` reads (rounded down to whole pages); others read
+            their longest cached prefix.
 
     Returns:
         `Success(MixStep(Mixed, Pools))`; or a `Failure` naming the first
@@ -112,6 +129,8 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
         StaleRecord: `running` and `pools` disagree about a slot.
         ColumnError: `columns` or a chunk's columns are not the batch's set,
             or not one row per new request (nothing is allocated).
+        TypeError: `read_at_most` is not a mapping of int rids to ints.
+        ValueError: `read_at_most` holds a negative cap.
     """
     if not isinstance(running, Filtered | Idle):
         raise PhaseError(f"mix takes Filtered or Idle, got {type(running).__name__}")
@@ -121,6 +140,7 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     _expect_tokens(tokens, rows)
     columns = owned_host_columns(columns)  # a view of the caller's writable array: copied
     _expect_columns(rows, admit, columns)
+    _expect_caps(read_at_most)
     given: object = budget  # callers without mypy may pass anything
     if not isinstance(given, int) or isinstance(given, bool):
         raise TypeError(f"mix: budget must be an int, got {type(budget).__name__}")
@@ -136,7 +156,7 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     if len(rows) and rows.max_seq_len >= pools.max_context_len:
         return Failure(_too_long(running, pools.max_context_len))  # type: ignore[arg-type]
     _expect_current(rows, pools)
-    chunks = _fill(admit, budget, pools)
+    chunks = _fill(admit, budget, pools, read_at_most)
     built = _build(
         rows, chunks, pools, tokens, columns_in_order(admit[: len(chunks.reqs)], columns)
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from batchstate._chunked import Chunked
 from batchstate._column_checks import check_column_set
@@ -73,3 +73,16 @@ def _expect_columns(rows: Rows[C], admit: Sequence[Req | Chunked[C]], columns: C
                     f"request {item.req.rid}'s chunk carries {type(item.columns).__name__}"
                     f" columns, the batch {kind.__name__}"
                 )
+
+
+def _expect_caps(caps: object) -> None:
+    if not isinstance(caps, Mapping):
+        raise TypeError(f"mix: read_at_most must be a mapping, got {type(caps).__name__}")
+    for rid, cap in caps.items():
+        for value in (rid, cap):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(
+                    f"mix: read_at_most maps int rids to ints, got {type(value).__name__}"
+                )
+        if cap < 0:
+            raise ValueError(f"mix: read_at_most[{rid}] is {cap}, a cap is >= 0")

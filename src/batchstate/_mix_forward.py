@@ -9,7 +9,7 @@ every mirror with one host-to-device copy and writes the table last.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import NamedTuple, TypeAlias
 
@@ -45,7 +45,9 @@ class _Chunks(NamedTuple):
     prefix_pages: list[HostArray]  # each new request's cached prefix pages, in order
 
 
-def _fill(admit: Sequence[Req | Chunked[C]], budget: int, pools: Pools) -> _Chunks:
+def _fill(
+    admit: Sequence[Req | Chunked[C]], budget: int, pools: Pools, caps: Mapping[int, int]
+) -> _Chunks:
     reqs: list[Req] = []
     slots, prefix_lens, extend_lens = [], [], []
     prefix_pages: list[HostArray] = []
@@ -59,6 +61,9 @@ def _fill(admit: Sequence[Req | Chunked[C]], budget: int, pools: Pools) -> _Chun
         else:
             req, slot = item, 0
             cached, pages = match_prefix(cache, req.input_ids) if cache.enabled else (0, NO_INTS)
+            if req.rid in caps:  # whole pages only: a page is read from the cache or not at all
+                cached = min(cached, caps[req.rid] // pools.page_size * pools.page_size)
+                pages = pages[: cached // pools.page_size]
             prefix_pages.append(pages)
         take = min(len(req.input_ids) - cached, left)
         left -= take

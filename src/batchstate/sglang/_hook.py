@@ -1,4 +1,4 @@
-"""Attach a `Watch` in a process as soon as SGLang's `schedule_batch` module is imported.
+"""Attach a `Watch` (or a `Shadow`) in a process as soon as SGLang has imported what it wraps.
 
 `python -m batchstate.sglang.launch` sets the environment below and puts
 `_site/sitecustomize.py` on PYTHONPATH, so every Python process SGLang starts
@@ -16,12 +16,20 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Literal
 
 ENV_MODE = "BATCHSTATE_SGLANG_WATCH"
 """'raise' or 'log': what the watch does at a divergence; unset, nothing is attached."""
 ENV_TRACE_DIR = "BATCHSTATE_SGLANG_TRACE_DIR"
-"""Where each process writes its trace, `sglang-trace-PID.jsonl`."""
+"""Where each process writes its trace, `sglang-trace-PID.jsonl` (a shadow's:
+`sglang-shadow-PID.jsonl`, which `batchstate replay` reads)."""
+ENV_ATTACH = "BATCHSTATE_SGLANG_ATTACH"
+"""'shadow' attaches a `Shadow`; anything else (or unset) a `Watch`."""
 TARGET = "sglang.srt.managers.schedule_batch"
+"""A `Watch` wraps `ScheduleBatch`: it attaches once this module is loaded."""
+SHADOW_TARGET = "sglang.srt.managers.scheduler"
+"""A `Shadow` also replaces the cache calls the scheduler's modules imported by name:
+it attaches once the scheduler module (and so every module it imports) is loaded."""
 
 
 class _AttachingLoader(importlib.abc.Loader):
@@ -39,12 +47,15 @@ class _AttachingLoader(importlib.abc.Loader):
 
 
 class AttachAfterImport(importlib.abc.MetaPathFinder):
-    """Finds `TARGET` through the other finders and wraps its loader; once."""
+    """Finds the module `target` names through the other finders and wraps its loader; once."""
+
+    def __init__(self, target: str = TARGET) -> None:
+        self.target = target
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TARGET:
+        if fullname != self.target:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
@@ -55,14 +66,16 @@ class AttachAfterImport(importlib.abc.MetaPathFinder):
 
 
 def _attach() -> None:
+    from batchstate.sglang.shadow import Shadow
     from batchstate.sglang.watch import Watch
 
-    trace = Path(os.environ.get(ENV_TRACE_DIR, ".")) / f"sglang-trace-{os.getpid()}.jsonl"
-    if os.environ.get(ENV_MODE) == "log":
-        watch = Watch(on_divergence="log", trace_path=trace).attach()
-    else:
-        watch = Watch(on_divergence="raise", trace_path=trace).attach()
-    atexit.register(watch.detach)
+    shadow = os.environ.get(ENV_ATTACH) == "shadow"
+    name = f"sglang-{'shadow' if shadow else 'trace'}-{os.getpid()}.jsonl"
+    trace = Path(os.environ.get(ENV_TRACE_DIR, ".")) / name
+    mode: Literal["raise", "log"] = "log" if os.environ.get(ENV_MODE) == "log" else "raise"
+    kind = Shadow if shadow else Watch
+    attached = kind(on_divergence=mode, trace_path=trace).attach()
+    atexit.register(attached.detach)
 
 
 def install_from_environment() -> None:
@@ -70,4 +83,5 @@ def install_from_environment() -> None:
     if os.environ.get(ENV_MODE) in ("raise", "log") and not any(
         isinstance(f, AttachAfterImport) for f in sys.meta_path
     ):
-        sys.meta_path.insert(0, AttachAfterImport())
+        shadow = os.environ.get(ENV_ATTACH) == "shadow"
+        sys.meta_path.insert(0, AttachAfterImport(SHADOW_TARGET if shadow else TARGET))

@@ -1,8 +1,10 @@
-"""Run SGLang with a `Watch` in every process: `python -m batchstate.sglang.launch ARGS`.
+"""Run SGLang with a `Watch` (or, with --shadow, a `Shadow`) in every process:
+`python -m batchstate.sglang.launch ARGS`.
 
 `ARGS` are `sglang.launch_server`'s own. Nothing in SGLang is edited: the launcher
 starts `python -m sglang.launch_server ARGS` with a `sitecustomize` on PYTHONPATH
-that attaches a `Watch` in each process once SGLang's `schedule_batch` is imported.
+that attaches a `Watch` in each process once SGLang's `schedule_batch` is imported
+(a `Shadow` once its `scheduler` is: it also wraps the cache calls imported there).
 A `sitecustomize` of your own later on the path is shadowed while it runs.
 """
 
@@ -14,15 +16,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from batchstate.sglang._hook import ENV_MODE, ENV_TRACE_DIR
+from batchstate.sglang._hook import ENV_ATTACH, ENV_MODE, ENV_TRACE_DIR
 
 SITE = Path(__file__).parent / "_site"
 
 
-def environment(mode: str, trace_dir: Path, base: dict[str, str]) -> dict[str, str]:
-    """`base` plus what turns the watch on in the processes started with it."""
+def environment(
+    mode: str, trace_dir: Path, base: dict[str, str], attach: str = "watch"
+) -> dict[str, str]:
+    """`base` plus what turns the watch (`attach="shadow"`: the shadow) on in the
+    processes started with it."""
     path = os.pathsep.join(p for p in (str(SITE), base.get("PYTHONPATH", "")) if p)
-    return {**base, ENV_MODE: mode, ENV_TRACE_DIR: str(trace_dir), "PYTHONPATH": path}
+    turned_on = {ENV_MODE: mode, ENV_TRACE_DIR: str(trace_dir), ENV_ATTACH: attach}
+    return {**base, **turned_on, "PYTHONPATH": path}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--watch-log", action="store_true", help="log divergences instead of raising"
     )
+    parser.add_argument(
+        "--shadow",
+        action="store_true",
+        help="attach a Shadow (every call replayed in batchstate) instead of a Watch",
+    )
     parser.add_argument("--watch-trace-dir", type=Path, default=Path("."), help="where traces go")
     parser.add_argument("--watch-module", default="sglang.launch_server", help="the module to run")
     known, rest = parser.parse_known_args(argv)
-    env = environment(
-        "log" if known.watch_log else "raise", known.watch_trace_dir, dict(os.environ)
-    )
+    mode = "log" if known.watch_log else "raise"
+    attach = "shadow" if known.shadow else "watch"
+    env = environment(mode, known.watch_trace_dir, dict(os.environ), attach)
     return subprocess.call([sys.executable, "-m", known.watch_module, *rest], env=env)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
-import numpy as np
 import torch
 from returns.result import Failure
 
@@ -37,7 +36,7 @@ from batchstate import (
     settle,
     split,
 )
-from batchstate._pool_versions import next_version
+from batchstate.sglang._cache_adapter import evict_leaves, unlocked_leaves
 
 Record = Idle | Filtered | Decoding
 """What the replica holds for one SGLang batch between calls."""
@@ -46,11 +45,13 @@ Record = Idle | Filtered | Decoding
 @attrs.frozen
 class ExtendItem:
     """One request of a `prepare_for_extend`: its tokens (prompt and any output before a
-    retraction), and the tokens SGLang computes for it in this forward."""
+    retraction), the tokens SGLang computes for it in this forward, and the tokens it
+    already holds (its cache hit, or a chunked request's earlier chunks)."""
 
     rid: str
     tokens: tuple[int, ...]
     extend_len: int
+    prefix_len: int
 
 
 @attrs.frozen
@@ -99,6 +100,7 @@ class Replica:
         # Requests extended whose pages SGLang has not published yet (its checkpoint comes
         # with result processing): pool counts differ by policy until it does.
         self.unpublished: set[str] = set()
+        self.capped = 0  # new requests admitted while a prefill was in flight (see `_caps`)
 
     def record(self, label: str) -> Record:
         """The record of batch `label` (an empty one when unseen)."""
@@ -118,8 +120,9 @@ class Replica:
             for i in items
         ]
         budget = sum(i.extend_len for i in items)
+        caps = self._caps(items) if self.unpublished else {}
         self.unpublished.update(i.rid for i in items)
-        step = mix(idle(self.device), admit, max(budget, 1), self.pools)
+        step = mix(idle(self.device), admit, max(budget, 1), self.pools, read_at_most=caps)
         if isinstance(step, Failure):
             raise ReplicaError(f"prepare_for_extend: batchstate refused: {step.failure()}")
         mixed, self.pools = step.unwrap()
@@ -132,6 +135,14 @@ class Replica:
         for chunk in held:
             self.held[self._rid(chunk.req.rid)] = chunk
         self.records[label] = running
+
+    def _caps(self, items: Sequence[ExtendItem]) -> dict[int, int]:
+        # A prefill in flight: batchstate published its pages at its extend, SGLang publishes
+        # them when it checkpoints (a turn later under overlap), so a request admitted now
+        # reads less from SGLang's cache (policy). Each new request reads what SGLang's did.
+        caps = {self._id(i.rid): i.prefix_len for i in items if i.rid not in self.held}
+        self.capped += sum(1 for i in items if i.rid not in self.held)
+        return caps
 
     def checkpoint(self, rid: str) -> None:
         """`checkpoint_kv_cache`: SGLang published what `rid` computed, as batchstate did
@@ -213,37 +224,14 @@ class Replica:
     def cached_leaves(self) -> list[tuple[tuple[int, ...], int]]:
         """The unlocked cached leaves (what eviction may take): each one's token prefix
         from the root and where its own tokens start."""
-        cache = self.pools.cache
-        leaves = cache._leaves
-        return [
-            (prefix, len(prefix) - len(node.tokens))
-            for prefix, node in cache._nodes()
-            if prefix in leaves
-        ]
+        return unlocked_leaves(self.pools)
 
     def evict(self, evictions: Sequence[Eviction]) -> None:
         """Evict these unlocked cached leaves, in order (one that is not a leaf by its turn
         is skipped), each down to the tokens SGLang keeps of it: what SGLang's eviction
         took, where it chose other leaves (its clock, its node boundaries) than batchstate's
         least-recently-used order would (policy, not bookkeeping)."""
-        cache, evicted = self.pools.cache, list[int]()
-        for eviction in evictions:
-            leaf, keep = eviction.tokens, eviction.keep
-            if leaf not in cache._leaves:
-                continue
-            if keep:  # split the leaf where SGLang's node ends: a lock walk splits there
-                leaves = cache._leaves
-                cache = attrs.evolve(cache._lock(leaf, keep)._unlock(leaf, keep), leaves=leaves)
-            # Oldest first: a leaf marked older than every other is the one evicted.
-            marked = {k: -1 if k == leaf else v for k, v in cache._leaves.items()}
-            cache, pages = attrs.evolve(cache, leaves=marked)._evict(1)
-            evicted += pages
-        if not evicted:
-            return
-        pools = self.pools
-        self.pools = next_version(
-            pools, page_list=pools.page_list.give(np.array(evicted, dtype=np.int64)), cache=cache
-        )._commit()
+        self.pools = evict_leaves(self.pools, [(e.tokens, e.keep) for e in evictions])
 
     def state(self, label: str) -> State:
         """What batchstate holds for batch `label` and its pools."""

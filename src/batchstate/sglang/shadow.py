@@ -223,7 +223,12 @@ class Shadow:
         chunks: list[Any] = []
         if name == "prepare_for_extend":
             items = tuple(
-                ExtendItem(r.rid, tuple(r.full_untruncated_fill_ids), int(r.extend_len))
+                ExtendItem(
+                    r.rid,
+                    tuple(r.full_untruncated_fill_ids),
+                    int(r.extend_len),
+                    int(r.prefix_len),
+                )
                 for r in live
             )
             chunks = [r for r in live if r is batch.chunked_req]

@@ -221,7 +221,9 @@ def _operation(raw: dict[str, Any]) -> Operation:
         ),
         other=str(raw["other"]),
         items=tuple(
-            ExtendItem(str(i["rid"]), _ints(i["tokens"]), int(i["extend_len"]))
+            ExtendItem(
+                str(i["rid"]), _ints(i["tokens"]), int(i["extend_len"]), int(i["prefix_len"])
+            )
             for i in raw["items"]
         ),
         kept=tuple(map(str, raw["kept"])),
