@@ -51,6 +51,7 @@ from batchstate import (
     find_leaks,
     follow,
     forward_inputs,
+    hybrid_inputs,
     idle,
     join_sampled,
     merge,
@@ -175,7 +176,7 @@ class Story:
 COVERED: Final = frozenset(
     {idle, extend, prebuilt, decode, filter_batch, split, merge, verify, sync, mix}
     | {decode_sampled, settle, forward_inputs, pad, release, follow, join_sampled}
-    | {fill, verify_ahead, settle_ahead}
+    | {fill, verify_ahead, settle_ahead, hybrid_inputs}
 )
 
 
@@ -209,6 +210,8 @@ def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any],
     story.check(pools, extended)
     inputs = forward_inputs(extended, pools.table, pools.page_size)
     assert unwrap(pad(inputs, [64])).num_real_rows == 4
+    hybrid = hybrid_inputs(inputs, pools)  # full-attention pools: no other kind of memory
+    assert hybrid.windows == () and hybrid.states == ()
     buffers = GraphBuffers.allocate(CPU, pools.page_size, rows=8, tokens=64, max_pages=64)
     assert unwrap(fill(buffers, extended, pools.table)).num_real_rows == 4
     decoding, pools = unwrap(decode(extended, pools))

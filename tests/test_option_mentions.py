@@ -26,7 +26,9 @@ OTHER_TOOLS: Final = {
     "mkdocs": {"--strict"},
     "mypy": {"--strict"},
     "benchmarks.step": {"--docs", "--sizes", "--pages", "--repeats", "--warmup", "--alone"},
-    "benchmarks.profile": {"--sizes", "--page", "--steps", "--top"},
+    "benchmarks.profile": {"--sizes", "--page", "--steps", "--top", "--production"},
+    "benchmarks.sglang_step": {"--quick", "--sizes", "--pages", "--steps", "--warmup", "--json"},
+    "batchstate.sglang.launch": {"--shadow"},
     "benchmarks.columns": {"--sizes", "--pages", "--repeats", "--warmup"},
     "benchmarks.production": {
         "--docs",

@@ -37,10 +37,10 @@ def unwrap(result: Result[_Value, _Error]) -> _Value:
     >>> import torch
     >>> from batchstate import Req, extend, idle, make_pools
     >>> pools = make_pools(1, 8, 16, torch.device("cpu"))
-    >>> unwrap(extend(idle("cpu"), [Req(0, (1, 2)), Req(1, (3,))], pools))
+    >>> unwrap(extend(idle("cpu"), [Req(0, (1, 2)), Req(1, (3,))], pools))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    batchstate._unwrap.UnwrapError: out of request slots: 2 requested, 1 free
+    batchstate._unwrap.UnwrapError: out of request slots: 2 requested, 1 free; 1 of the ...
     """
     expect_instance(result, Result, "unwrap: result")
     try:
