@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from batchstate.sglang._stubs import install_stubs
+from batchstate.sglang.drive import kv_allocator
 from benchmarks.production_plan import FIRST_CHUNK, ProductionPlan, Turn, generated
 from benchmarks.scenario import Join, Plan
 
@@ -51,7 +52,7 @@ class _SGLang:
         self.req_to_token_pool: Any = ReqToTokenPool(
             size=rows, max_context_len=context, device="cpu", enable_memory_saver=False
         )
-        self.allocator: Any = _allocator(page_size, kv_tokens)
+        self.allocator: Any = kv_allocator(page_size, kv_tokens)
         # No cache: SGLang's RadixCache disabled, as --disable-radix-cache runs it.
         self.tree_cache: Any = RadixCache(
             CacheInitParams(
@@ -257,22 +258,3 @@ class SGLangDefault(_SGLang):
 
     def merge(self) -> None:
         self._join(self._prefilled)
-
-
-def _allocator(page_size: int, kv_tokens: int) -> Any:
-    if page_size == 1:
-        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-
-        return TokenToKVPoolAllocator(
-            size=kv_tokens, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False
-        )
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-
-    return PagedTokenToKVPoolAllocator(
-        size=kv_tokens,
-        page_size=page_size,
-        dtype=torch.float16,
-        device="cpu",
-        kvcache=None,
-        need_sort=False,
-    )

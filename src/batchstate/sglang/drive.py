@@ -48,7 +48,7 @@ class Driver:
         self.req_to_token_pool: Any = ReqToTokenPool(
             size=rows, max_context_len=context, device="cpu", enable_memory_saver=False
         )
-        self.allocator: Any = _allocator(page_size, kv_tokens)
+        self.allocator: Any = kv_allocator(page_size, kv_tokens)
         self.tree_cache: Any = RadixCache(
             CacheInitParams(
                 disable=False,
@@ -185,7 +185,8 @@ class Driver:
                 checkpoint_kv_cache(req, self.tree_cache)
 
 
-def _allocator(page_size: int, kv_tokens: int) -> Any:
+def kv_allocator(page_size: int, kv_tokens: int) -> Any:
+    """SGLang's CPU KV allocator of `kv_tokens`: the token one at page 1, else the paged one."""
     if page_size == 1:
         from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 
