@@ -20,13 +20,11 @@ Requires an active `batchstate.sglang.cpu_topology()`.
 from __future__ import annotations
 
 from array import array
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from batchstate.sglang._stubs import install_stubs
-from batchstate.sglang.drive import kv_allocator
+from batchstate.sglang.drive import MODEL_CONFIG, cpu_memory, new_batch
 from benchmarks.production_plan import FIRST_CHUNK, ProductionPlan, Turn, generated
 from benchmarks.scenario import Join, Plan
 
@@ -43,26 +41,11 @@ class _SGLang:
     def __init__(
         self, *, page_size: int, kv_tokens: int, rows: int, context: int, cache: bool
     ) -> None:
-        install_stubs()
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-
         self.page_size = page_size
-        self.req_to_token_pool: Any = ReqToTokenPool(
-            size=rows, max_context_len=context, device="cpu", enable_memory_saver=False
+        self.req_to_token_pool, self.allocator, self.tree_cache = cpu_memory(
+            page_size=page_size, kv_tokens=kv_tokens, rows=rows, context=context, cache=cache
         )
-        self.allocator: Any = kv_allocator(page_size, kv_tokens)
-        # No cache: SGLang's RadixCache disabled, as --disable-radix-cache runs it.
-        self.tree_cache: Any = RadixCache(
-            CacheInitParams(
-                disable=not cache,
-                req_to_token_pool=self.req_to_token_pool,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=page_size,
-            )
-        )
-        self.model_config = SimpleNamespace(vocab_size=32000, is_encoder_decoder=False)
+        self.model_config = MODEL_CONFIG
         self.running: Any = self._batch([])
         self.chunked_req: Any = None
 
@@ -75,19 +58,7 @@ class _SGLang:
         return Req(str(rid), "", array("q", input_ids), params, vocab_size=32000)
 
     def _batch(self, reqs: list[Any], chunked_req: Any = None) -> Any:
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        return ScheduleBatch.init_new(
-            reqs,
-            self.req_to_token_pool,
-            self.allocator,
-            self.tree_cache,
-            self.model_config,
-            False,
-            SpeculativeAlgorithm.NONE,
-            chunked_req=chunked_req,
-        )
+        return new_batch(self, reqs, chunked_req)
 
     def _prefill(self, waiting: list[Any], chunk: int | None) -> Any:
         """`Scheduler.get_new_batch_prefill`: the held chunk first, then `waiting` in order."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from array import array
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -38,26 +38,12 @@ class Driver:
         seed: int = 0,
         chunk: int | None = None,
     ) -> None:
-        install_stubs()
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-
         self.page_size = page_size
         self.rng = random.Random(seed)
-        self.req_to_token_pool: Any = ReqToTokenPool(
-            size=rows, max_context_len=context, device="cpu", enable_memory_saver=False
+        self.req_to_token_pool, self.allocator, self.tree_cache = cpu_memory(
+            page_size=page_size, kv_tokens=kv_tokens, rows=rows, context=context, cache=True
         )
-        self.allocator: Any = kv_allocator(page_size, kv_tokens)
-        self.tree_cache: Any = RadixCache(
-            CacheInitParams(
-                disable=False,
-                req_to_token_pool=self.req_to_token_pool,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=page_size,
-            )
-        )
-        self.model_config = SimpleNamespace(vocab_size=32000, is_encoder_decoder=False)
+        self.model_config = MODEL_CONFIG
         self.waiting: list[Any] = []
         self.running: Any = self._batch([])
         self.chunk = chunk  # chunked prefill's token budget per prefill; None: off
@@ -80,19 +66,7 @@ class Driver:
         self.waiting.append(req)
 
     def _batch(self, reqs: list[Any], chunked_req: Any = None) -> Any:
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        return ScheduleBatch.init_new(
-            reqs,
-            self.req_to_token_pool,
-            self.allocator,
-            self.tree_cache,
-            self.model_config,
-            False,
-            SpeculativeAlgorithm.NONE,
-            chunked_req=chunked_req,
-        )
+        return new_batch(self, reqs, chunked_req)
 
     def step(self) -> str:
         """One scheduler step: a prefill when one is admitted, else a decode. Returns
@@ -183,6 +157,54 @@ class Driver:
                 self.finished += 1
             elif batch.forward_mode.is_extend():
                 checkpoint_kv_cache(req, self.tree_cache)
+
+
+# What `ScheduleBatch.init_new` reads of a model's config when no model is loaded.
+MODEL_CONFIG: Final = SimpleNamespace(vocab_size=32000, is_encoder_decoder=False)
+
+
+def cpu_memory(
+    *, page_size: int, kv_tokens: int, rows: int, context: int, cache: bool
+) -> tuple[Any, Any, Any]:
+    """SGLang's request-to-token pool, KV allocator and radix cache, on CPU.
+
+    `cache`: False disables the radix cache, as `--disable-radix-cache` does.
+    """
+    install_stubs()
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    req_to_token_pool = ReqToTokenPool(
+        size=rows, max_context_len=context, device="cpu", enable_memory_saver=False
+    )
+    allocator = kv_allocator(page_size, kv_tokens)
+    tree_cache = RadixCache(
+        CacheInitParams(
+            disable=not cache,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=allocator,
+            page_size=page_size,
+        )
+    )
+    return req_to_token_pool, allocator, tree_cache
+
+
+def new_batch(owner: Any, reqs: list[Any], chunked_req: Any = None) -> Any:
+    """`ScheduleBatch.init_new` over `owner`'s pools, cache and model config, no speculation."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return ScheduleBatch.init_new(
+        reqs,
+        owner.req_to_token_pool,
+        owner.allocator,
+        owner.tree_cache,
+        owner.model_config,
+        False,
+        SpeculativeAlgorithm.NONE,
+        chunked_req=chunked_req,
+    )
 
 
 def kv_allocator(page_size: int, kv_tokens: int) -> Any:
