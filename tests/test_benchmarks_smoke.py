@@ -16,6 +16,7 @@ from benchmarks.engine_feed import run_once as run_engine_feed
 from benchmarks.graph_buffers import count as count_graph_buffers
 from benchmarks.graph_buffers import measure as measure_graph_buffers
 from benchmarks.measure import (
+    by_role,
     count_blocks,
     count_work,
     final_outcomes,
@@ -82,15 +83,8 @@ def test_sampling_columns_cost_batchstate_one_upload_and_the_baseline_one_op_per
     gather per tensor to filter, a concatenation per tensor to merge and an upload per
     tensor to extend (five tensors); the floor's packed rows one of each."""
     config = Config(8, page_size)
-    plain = {"batchstate": {}, "mutable": {}, "floor": {}} | {
-        name.partition("+")[0]: work for name, work in count_work(config, steps=4).items()
-    }
-    sampled = {
-        name.partition("+")[0]: work
-        for name, work in count_work(
-            config, steps=4, implementations=implementations_carrying("sampling")
-        ).items()
-    }
+    plain = by_role(count_work(config, steps=4))
+    sampled = by_role(count_work(config, 4, implementations_carrying("sampling")))
     work = sampled["batchstate"]
     copies = {phase: work[phase]["copies"] for phase in PHASES}
     assert copies == {"decode": 1, "filter": 1, "release": 0, "extend": 2, "merge": 1}
