@@ -70,8 +70,10 @@ class FloorStep:
 
     def _upload_params(self, rows: bytes) -> torch.Tensor:
         # Rows of packed parameters, in one host-to-device copy.
-        host = torch.frombuffer(bytearray(rows), dtype=torch.uint8) if rows else torch.empty(0)
-        return to_device(host.to(torch.uint8), self.device).view(-1, _ROW.size)
+        if not rows:
+            return torch.empty((0, _ROW.size), dtype=torch.uint8, device=self.device)
+        host = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
+        return to_device(host, self.device).view(-1, _ROW.size)
 
     def _place(self, input_ids: tuple[int, ...]) -> tuple[int, int]:
         # Take a slot and the pages for `input_ids`, write the table, copy the ids.
