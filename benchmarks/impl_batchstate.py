@@ -23,7 +23,6 @@ from batchstate import (
     Pools,
     Req,
     Sampling,
-    SamplingParams,
     Step,
     build_columns,
     decode,
@@ -34,6 +33,7 @@ from batchstate import (
     release,
     split,
 )
+from benchmarks.sampling_values import request_sampling, sampling_rows
 from benchmarks.scenario import Join, Outcome, Plan
 
 __all__ = ["BatchstateStep", "ColumnChoice", "EightColumns"]
@@ -93,7 +93,7 @@ class BatchstateStep:
     def _admit(self, reqs: list[Req], pools: Pools) -> Result[Step[Extended[Any]], ExtendError]:
         # What a scheduler pays per admission: its requests' parameters as columns.
         if self._columns == "sampling":
-            params = [SamplingParams(0.7, top_p=0.9, top_k=40, seed=req.rid) for req in reqs]
+            params = [request_sampling(req.rid) for req in reqs]
             return extend(self._idle, reqs, pools, Sampling.of(params, self._device))
         if self._columns == "eight":
             values: dict[str, list[float] | list[int]] = {
@@ -134,6 +134,9 @@ class BatchstateStep:
         ]
         if isinstance(self.batch, Decoding):
             tensors.append((self.batch.out_cache_loc.device, True))
+        for field in attrs.fields(type(rows.columns)):
+            column = getattr(rows.columns, field.name)
+            tensors += [(column.host, False), (column.device, True)]
         return tensors
 
     def row_objects(self) -> Sequence[object]:
@@ -157,4 +160,5 @@ class BatchstateStep:
             [table[slot, :length].tolist() for slot, length in zip(slots, seq_lens, strict=True)],
             pools.num_free_slots,
             pools.num_free_tokens,
+            sampling_rows(rows.columns),
         )

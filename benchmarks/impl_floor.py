@@ -2,10 +2,15 @@
 
 Each field is a bare tensor (device side and host mirror), updated with the
 fewest torch ops that reach the same state as the other two implementations.
+With `sampling`, each row's sampling parameters live in one device tensor of
+24 bytes a row (temperature, top-p and min-p as float32, top-k int32, seed
+int64; each a dtype view of it): one upload per extend, one gather per filter
+and one concatenation per merge, whatever the number of parameters.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Final
 
@@ -13,10 +18,19 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from benchmarks.sampling_values import SamplingRow, request_sampling
 from benchmarks.scenario import Join, Outcome, Plan
 from benchmarks.torch_host import host_int64, to_device
 
 __all__ = ["FloorStep"]
+
+# One row of sampling parameters: temperature, top-p, min-p, top-k, seed (24 bytes, aligned).
+_ROW: Final = struct.Struct("<fffiq")
+
+
+def _packed_row(rid: int) -> bytes:
+    params = request_sampling(rid)
+    return _ROW.pack(params.temperature, params.top_p, params.min_p, params.top_k, params.seed)
 
 
 class FloorStep:
@@ -24,8 +38,9 @@ class FloorStep:
 
     name: Final = "floor"
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, sampling: bool = False) -> None:
         self.device = plan.device
+        self.sampling = sampling
         page_size = self.page_size = plan.config.page_size
         max_reqs = plan.config.batch_size + 1
         shape = (max_reqs + 1, plan.max_context_len)
@@ -49,6 +64,16 @@ class FloorStep:
         self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=self.device)
         self._finished = (0, 0)
         self._new = (0, 0, 0)
+        rows = b"".join(_packed_row(rid) for rid, _ in plan.initial) if sampling else b""
+        self.params = self._upload_params(rows)
+        self._new_params = self.params
+
+    def _upload_params(self, rows: bytes) -> torch.Tensor:
+        # Rows of packed parameters, in one host-to-device copy.
+        if not rows:
+            return torch.empty((0, _ROW.size), dtype=torch.uint8, device=self.device)
+        host = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
+        return to_device(host, self.device).view(-1, _ROW.size)
 
     def _place(self, input_ids: tuple[int, ...]) -> tuple[int, int]:
         # Take a slot and the pages for `input_ids`, write the table, copy the ids.
@@ -102,6 +127,8 @@ class FloorStep:
         self.seq_lens = self.seq_lens[keep]
         self.orig_seq_lens = self.orig_seq_lens[keep]
         self.seq_lens_sum -= self._finished[1]
+        if self.sampling:
+            self.params = self.params[keep]
 
     def release(self) -> None:
         slot, seq_len = self._finished
@@ -114,6 +141,8 @@ class FloorStep:
     def extend(self, join: Join) -> None:
         slot, seq_len = self._place(join.input_ids)
         self._new = (join.rid, slot, seq_len)
+        if self.sampling:
+            self._new_params = self._upload_params(_packed_row(join.rid))
 
     def merge(self) -> None:
         rid, slot, seq_len = self._new
@@ -126,6 +155,8 @@ class FloorStep:
         self.seq_lens = torch.cat((self.seq_lens, new[1:]))
         self.orig_seq_lens = torch.cat((self.orig_seq_lens, new[1:].to(torch.int32)))
         self.seq_lens_sum += seq_len
+        if self.sampling:
+            self.params = torch.cat((self.params, self._new_params))
 
     def row_tensors(self) -> list[tuple[torch.Tensor | npt.NDArray[np.generic], bool]]:
         return [
@@ -135,6 +166,7 @@ class FloorStep:
             (self.seq_lens, True),
             (self.orig_seq_lens, True),
             (self.out_cache_loc, True),
+            *([(self.params, True)] if self.sampling else []),
         ]
 
     def row_objects(self) -> Sequence[object]:
@@ -157,4 +189,15 @@ class FloorStep:
             ],
             len(self.free_slots),
             self.free_pages.shape[0] * self.page_size,
+            self._sampling_values(),
         )
+
+    def _sampling_values(self) -> list[SamplingRow]:
+        # The packed rows read through their dtype views, in the other sides' order.
+        if not self.sampling:
+            return []
+        floats = self.params[:, :12].view(torch.float32)
+        temperature, top_p, min_p = (floats[:, i].tolist() for i in range(3))
+        top_k = self.params[:, 12:16].view(torch.int32).view(-1).tolist()
+        seed = self.params[:, 16:].view(torch.int64).view(-1).tolist()
+        return list(zip(temperature, top_p, top_k, min_p, seed, strict=True))

@@ -13,6 +13,9 @@ It is a fair baseline, not a straw man: it converts Python lists with the
 same `array` + `frombuffer` trick batchstate uses, and skips the checks an
 engine would not make, so the gap to batchstate measures immutability and
 validation, not list conversion.
+
+With `sampling`, every request carries its sampling parameters and the batch
+keeps them as SGLang's `SamplingBatchInfo` does (`benchmarks.mutable_sampling`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate import GREEDY, SamplingParams
 from benchmarks.mutable_batch import MutableAllocator, MutableBatch
+from benchmarks.sampling_values import request_sampling
 from benchmarks.scenario import Join, Outcome, Plan
 from benchmarks.torch_host import to_device
 
@@ -34,11 +39,14 @@ __all__ = ["MutableStep"]
 class _Req:
     """A request, as engines keep it: a mutable object."""
 
-    __slots__ = ("input_ids", "rid")
+    __slots__ = ("input_ids", "rid", "sampling_params")
 
-    def __init__(self, rid: int, input_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self, rid: int, input_ids: tuple[int, ...], sampling_params: SamplingParams
+    ) -> None:
         self.rid = rid
         self.input_ids = input_ids
+        self.sampling_params = sampling_params
 
 
 class _Allocator(MutableAllocator):
@@ -92,12 +100,17 @@ class MutableStep:
 
     name: Final = "mutable"
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, sampling: bool = False) -> None:
         self.allocator = _Allocator(plan)
-        self.batch = _Batch(self.allocator)
-        self.batch.prepare_for_extend([_Req(rid, ids) for rid, ids in plan.initial])
+        self.sampling = sampling
+        self.batch = _Batch(self.allocator, sampling=sampling)
+        self.batch.prepare_for_extend([self._req(rid, ids) for rid, ids in plan.initial])
         self._finished: tuple[int, int] = (0, 0)
         self._incoming = self.batch
+
+    def _req(self, rid: int, input_ids: tuple[int, ...]) -> _Req:
+        # What a scheduler pays per admission: the request's parameters, when it has them.
+        return _Req(rid, input_ids, request_sampling(rid) if self.sampling else GREEDY)
 
     def decode(self) -> None:
         self.batch.prepare_for_decode()
@@ -114,8 +127,8 @@ class MutableStep:
         self.allocator.free(*self._finished)
 
     def extend(self, join: Join) -> None:
-        self._incoming = _Batch(self.allocator)
-        self._incoming.prepare_for_extend([_Req(join.rid, join.input_ids)])
+        self._incoming = _Batch(self.allocator, sampling=self.sampling)
+        self._incoming.prepare_for_extend([self._req(join.rid, join.input_ids)])
 
     def merge(self) -> None:
         self.batch.merge_batch(self._incoming)
@@ -129,6 +142,7 @@ class MutableStep:
             (batch.seq_lens, True),
             (batch.orig_seq_lens, True),
             (batch.out_cache_loc, True),
+            *((tensor, True) for tensor in batch.sampling_info.row_tensors()),
         ]
 
     def row_objects(self) -> Sequence[object]:
@@ -150,4 +164,5 @@ class MutableStep:
             [table[slot, :length].tolist() for slot, length in zip(slots, seq_lens, strict=True)],
             len(self.allocator.free_slots),
             self.allocator.free_pages.shape[0] * self.allocator.page_size,
+            batch.sampling_info.values(),
         )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Final
+from typing import Final, Literal, TypeVar
 
 import attrs
 import torch
@@ -20,10 +21,13 @@ from benchmarks.scenario import PHASES, Config, Implementation, Join, Outcome, P
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "BaselineColumns",
     "Timings",
+    "by_role",
     "count_blocks",
     "count_work",
     "final_outcomes",
+    "implementations_carrying",
     "state_bytes",
     "time_config",
 ]
@@ -37,6 +41,29 @@ IMPLEMENTATIONS: Final[tuple[Callable[[Plan], Implementation], ...]] = (
 
 # implementation name -> phase name ("step" included) -> one duration per step, in ns.
 Timings = dict[str, dict[str, list[int]]]
+
+# The column set all three carry: none, or each request's sampling parameters
+# (batchstate's `Sampling` columns, the baseline's `SamplingBatchInfo`, the floor's packed rows).
+BaselineColumns = Literal["none", "sampling"]
+_T = TypeVar("_T")
+
+
+def implementations_carrying(
+    columns: BaselineColumns = "none",
+) -> tuple[Callable[[Plan], Implementation], ...]:
+    """(a), (b), (c), each carrying `columns` with the same values."""
+    if columns == "none":
+        return IMPLEMENTATIONS
+    return (
+        functools.partial(BatchstateStep, columns="sampling"),
+        functools.partial(MutableStep, sampling=True),
+        functools.partial(FloorStep, sampling=True),
+    )
+
+
+def by_role(results: Mapping[str, _T]) -> dict[str, _T]:
+    """Results keyed by role (batchstate, mutable, floor), a column set's suffix dropped."""
+    return {name.partition("+")[0]: value for name, value in results.items()}
 
 
 def run_step(impl: Implementation, join: Join) -> None:
@@ -105,11 +132,13 @@ def time_config(
     return timings
 
 
-def final_outcomes(config: Config, num_steps: int) -> list[Outcome]:
+def final_outcomes(
+    config: Config, num_steps: int, columns: BaselineColumns = "none"
+) -> list[Outcome]:
     """Each implementation's state after `num_steps` steps and one more decode."""
     plan = make_plan(config, num_steps)
     outcomes = []
-    for make in IMPLEMENTATIONS:
+    for make in implementations_carrying(columns):
         impl = make(plan)
         for join in plan.steps:
             run_step(impl, join)
@@ -156,7 +185,9 @@ def _run_phase(impl: Implementation, phase: str, join: Join) -> None:
         getattr(impl, phase)()
 
 
-def count_blocks(config: Config, steps: int = 8) -> dict[str, float]:
+def count_blocks(
+    config: Config, steps: int = 8, columns: BaselineColumns = "none"
+) -> dict[str, float]:
     """Python heap blocks allocated per step, per implementation (a lower bound).
 
     `sys.getallocatedblocks` is sampled at every Python and C call boundary
@@ -166,7 +197,7 @@ def count_blocks(config: Config, steps: int = 8) -> dict[str, float]:
     """
     plan = make_plan(config, steps)
     counts = {}
-    for make in IMPLEMENTATIONS:
+    for make in implementations_carrying(columns):
         impl = make(plan)
         run_step(impl, plan.steps[0])
 

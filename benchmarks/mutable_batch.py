@@ -9,6 +9,10 @@ cannot drift apart; each adds only what its step does differently (its
 extend, the device lengths in place or not, the last forward's output ids,
 eviction).
 
+With `sampling`, a batch also carries its requests' sampling parameters as
+SGLang's `SamplingBatchInfo` does (`benchmarks.mutable_sampling`): built at
+extend, filtered and merged with the other fields.
+
 Host mirrors are CPU tensors, converted with the same `array` + `frombuffer`
 trick as batchstate's (`benchmarks.torch_host`).
 """
@@ -19,11 +23,17 @@ from typing import Generic, TypeVar
 
 import torch
 
+from benchmarks.mutable_sampling import (
+    NO_SAMPLING_INFO,
+    SampledReq,
+    SamplingBatchInfo,
+    SamplingInfo,
+)
 from benchmarks.torch_host import host_int64, to_device
 
 __all__ = ["MutableAllocator", "MutableBatch"]
 
-R = TypeVar("R")  # the baseline's request object
+R = TypeVar("R", bound=SampledReq)  # the baseline's request object
 
 
 class MutableAllocator:
@@ -55,8 +65,11 @@ class MutableAllocator:
 class MutableBatch(Generic[R]):
     """The batch object: every field and its mirror, updated by hand in each method."""
 
-    def __init__(self, allocator: MutableAllocator) -> None:
+    def __init__(self, allocator: MutableAllocator, *, sampling: bool = False) -> None:
         self.allocator = allocator
+        self.sampling = sampling
+        # Built by the extend when `sampling` (as SGLang's `prepare_for_extend` does).
+        self.sampling_info: SamplingInfo = NO_SAMPLING_INFO
         device = self.device = allocator.device
         self.reqs: list[R] = []
         self.req_pool_indices = torch.empty(0, dtype=torch.int64, device=device)
@@ -99,6 +112,9 @@ class MutableBatch(Generic[R]):
         self.prefix_lens = prefix_lens
         self.extend_lens = extend_lens
         self._seq_lens_sum = sum(seq_lens)
+        if self.sampling:
+            params = [req.sampling_params for req in reqs]
+            self.sampling_info = SamplingBatchInfo(params, self.device)
 
     def _write_decode_locs(self) -> None:
         # Each row's next KV location (a new page where it crosses a page boundary),
@@ -130,10 +146,12 @@ class MutableBatch(Generic[R]):
         self.orig_seq_lens = self.orig_seq_lens[keep_device]
         self.out_cache_loc = torch.empty(0, dtype=torch.int64, device=self.device)
         self._seq_lens_sum = None
+        self.sampling_info.filter_batch(keep, keep_device)
         return keep_device
 
     def merge_batch(self, other: MutableBatch[R]) -> None:
         """Append `other`'s rows, every field and its mirror."""
+        self.sampling_info.merge_batch(other.sampling_info)
         self.reqs.extend(other.reqs)
         self.req_pool_indices = torch.cat((self.req_pool_indices, other.req_pool_indices))
         self.req_pool_indices_cpu = torch.cat(

@@ -4,7 +4,9 @@ Times (a) batchstate and (b) the SGLang-style mutable baseline on the
 production step (`benchmarks.production_plan`), interleaved step by step with
 (c) the plain step's floor (`benchmarks.impl_floor`: the tensor ops of one
 decode, filter, release, extend and merge, with no cache and no chunking)
-at the same batch and page size. Timed steps come in `--rounds` blocks; each
+at the same batch and page size. With `--columns sampling`, all three carry
+each request's sampling parameters, with the same values. Timed steps come in
+`--rounds` blocks; each
 implementation's figure is its best block's median (the machine is shared:
 the best block is the one least disturbed). Prints the table; `--docs`
 rewrites the production section of docs/performance.md.
@@ -13,6 +15,7 @@ rewrites the production section of docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import re
 import statistics
@@ -24,7 +27,7 @@ from typing import Any, Final, Protocol
 import torch
 
 from benchmarks.impl_floor import FloorStep
-from benchmarks.measure import timed_step
+from benchmarks.measure import BaselineColumns, by_role, timed_step
 from benchmarks.production_batchstate import BatchstateProduction
 from benchmarks.production_mutable import MutableProduction
 from benchmarks.production_plan import PHASES, ProductionPlan, Turn, make_production_plan
@@ -32,7 +35,14 @@ from benchmarks.production_state import ProductionOutcome
 from benchmarks.scenario import PHASES as PLAIN_PHASES
 from benchmarks.scenario import Config, make_plan
 
-__all__ = ["IMPLEMENTATIONS", "final_outcomes", "main", "run", "run_turn"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "final_outcomes",
+    "implementations_carrying",
+    "main",
+    "run",
+    "run_turn",
+]
 
 _ROOT: Final = Path(__file__).resolve().parent.parent
 _DOC: Final = _ROOT / "docs" / "performance.md"
@@ -66,6 +76,18 @@ IMPLEMENTATIONS: Final[tuple[Callable[[ProductionPlan], Production], ...]] = (
 )
 
 
+def implementations_carrying(
+    columns: BaselineColumns = "none",
+) -> tuple[Callable[[ProductionPlan], Production], ...]:
+    """(a) and (b), each carrying `columns` with the same values."""
+    if columns == "none":
+        return IMPLEMENTATIONS
+    return (
+        functools.partial(BatchstateProduction, sampling=True),
+        functools.partial(MutableProduction, sampling=True),
+    )
+
+
 def run_turn(impl: Production, turn: Turn) -> None:
     """One iteration, untimed."""
     impl.decode()
@@ -97,11 +119,13 @@ def _timed_turn(impl: Production, turn: Turn, out: dict[str, list[int]]) -> None
     out["step"].append(sum(spans))
 
 
-def final_outcomes(batch_size: int, page_size: int, num_turns: int) -> list[ProductionOutcome]:
+def final_outcomes(
+    batch_size: int, page_size: int, num_turns: int, columns: BaselineColumns = "none"
+) -> list[ProductionOutcome]:
     """Each implementation's state after `num_turns` iterations and one more decode."""
     plan = make_production_plan(batch_size, page_size, num_turns)
     outcomes = []
-    for make in IMPLEMENTATIONS:
+    for make in implementations_carrying(columns):
         impl = make(plan)
         for turn in plan.turns:
             run_turn(impl, turn)
@@ -110,15 +134,20 @@ def final_outcomes(batch_size: int, page_size: int, num_turns: int) -> list[Prod
     return outcomes
 
 
-def time_point(
-    batch_size: int, page_size: int, repeats: int, warmup: int, rounds: int
+def time_point(  # noqa: PLR0917  # a point and how long to time it
+    batch_size: int,
+    page_size: int,
+    repeats: int,
+    warmup: int,
+    rounds: int,
+    columns: BaselineColumns = "none",
 ) -> dict[str, Any]:
     """Best-of-`rounds` medians (µs) per implementation and phase, and the step ratios."""
     steps = warmup + rounds * repeats
     plan = make_production_plan(batch_size, page_size, steps)
     floor_plan = make_plan(Config(batch_size, page_size), steps)
-    impls: list[Production] = [make(plan) for make in IMPLEMENTATIONS]
-    floor = FloorStep(floor_plan)
+    impls: list[Production] = [make(plan) for make in implementations_carrying(columns)]
+    floor = FloorStep(floor_plan, sampling=columns == "sampling")
     names = [impl.name for impl in impls] + [floor.name]
     phases = {**{impl.name: PHASES for impl in impls}, floor.name: PLAIN_PHASES}
     blocks: list[dict[str, dict[str, list[int]]]] = []
@@ -136,14 +165,16 @@ def time_point(
     hits = impls[0].hits
     del impls, floor
     gc.collect()
-    best = {
-        name: {
-            phase: min(statistics.median(block[name][phase]) for block in blocks) / 1e3
-            for phase in blocks[0][name]
+    best = by_role(
+        {
+            name: {
+                phase: min(statistics.median(block[name][phase]) for block in blocks) / 1e3
+                for phase in blocks[0][name]
+            }
+            for name in names
         }
-        for name in names
-    }
-    step = {name: best[name]["step"] for name in names}
+    )
+    step = {name: times["step"] for name, times in best.items()}
     return {
         "batch_size": batch_size,
         "page_size": page_size,
@@ -162,12 +193,13 @@ def run(
     rounds: int,
     *,
     quiet: bool = False,
+    columns: BaselineColumns = "none",
 ) -> list[dict[str, Any]]:
     """Time every (page size, batch size) point."""
     points = []
     for page_size in pages:
         for batch_size in sizes:
-            points.append(time_point(batch_size, page_size, repeats, warmup, rounds))
+            points.append(time_point(batch_size, page_size, repeats, warmup, rounds, columns))
             if not quiet:
                 print(text_table(points[-1:]).splitlines()[-1], flush=True)
     return points
@@ -230,13 +262,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="blocks; the best one counts")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--columns",
+        choices=("none", "sampling"),
+        default="none",
+        help="the column set all three carry: none, or each request's sampling parameters",
+    )
     parser.add_argument("--docs", action="store_true", help="rewrite docs/performance.md")
     args = parser.parse_args(argv)
+    if args.columns != "none" and args.docs:
+        parser.error("--docs records the run without columns: drop --columns")
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    points = run(args.sizes, args.pages, args.repeats, args.warmup, args.rounds)
+    points = run(
+        args.sizes, args.pages, args.repeats, args.warmup, args.rounds, columns=args.columns
+    )
     wall = time.perf_counter() - started
     snippet = markdown(points)
+    if args.columns != "none":
+        snippet = f"All three carry `{args.columns}` columns.\n\n{snippet}"
     print()
     print(snippet)
     print(f"in {wall:.1f} s")

@@ -17,7 +17,6 @@ from batchstate import (
     Rows,
     Sampled,
     Sampling,
-    SamplingParams,
     decode_sampled,
     extend,
     follow,
@@ -32,6 +31,7 @@ from batchstate import (
 )
 from benchmarks.production_plan import FIRST_CHUNK, ProductionPlan, Turn, generated
 from benchmarks.production_state import ProductionOutcome
+from benchmarks.sampling_values import request_sampling, sampling_rows
 
 __all__ = ["BatchstateProduction"]
 
@@ -84,7 +84,7 @@ class BatchstateProduction:
         # What a scheduler pays per admission: its requests' parameters as columns.
         if not self._sampling:
             return ()
-        params = [SamplingParams(0.7, top_p=0.9, top_k=40, seed=req.rid) for req in reqs]
+        params = [request_sampling(req.rid) for req in reqs]
         return (Sampling.of(params, self._device),)
 
     def decode(self) -> None:
@@ -152,6 +152,7 @@ class BatchstateProduction:
             dict(cache.entries()),
             cache.num_evicted,
             self.hits,
+            sampling_rows(rows.columns),
         )
 
 

@@ -16,6 +16,11 @@ and eviction. Two facts differ from some SGLang versions and
 are chosen to match batchstate's bookkeeping: eviction frees the shortfall
 (newer SGLang; older ones evict a whole request's worth), and a held chunk
 keeps its request slot (older SGLang frees it and takes a new one).
+
+With `sampling`, every request carries its sampling parameters and each
+prefill batch builds SGLang's `SamplingBatchInfo` of its rows (the held chunk's
+included), which the settle's and release's filters and the merge carry
+(`benchmarks.mutable_sampling`).
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from typing import Final
 
 import torch
 
+from batchstate import GREEDY, SamplingParams
 from benchmarks.mutable_batch import MutableAllocator, MutableBatch
 from benchmarks.production_plan import FIRST_CHUNK, ProductionPlan, Turn, generated
 from benchmarks.production_state import ProductionOutcome
-from benchmarks.radix_tree import MutableReq, RadixCache
+from benchmarks.radix_tree import MutableReq, RadixCache, TreeNode
+from benchmarks.sampling_values import request_sampling
 from benchmarks.torch_host import to_device
 
 __all__ = ["MutableProduction"]
@@ -58,14 +65,26 @@ class _Pools(MutableAllocator):
         self.free_pages = torch.cat((self.free_pages, pages))
 
 
-class _Batch(MutableBatch[MutableReq]):
+class _Req(MutableReq):
+    """SGLang's request, with its sampling parameters."""
+
+    __slots__ = ("sampling_params",)
+
+    def __init__(
+        self, rid: int, origin_input_ids: list[int], root: TreeNode, params: SamplingParams
+    ) -> None:
+        super().__init__(rid, origin_input_ids, root)
+        self.sampling_params = params
+
+
+class _Batch(MutableBatch[_Req]):
     """A `ScheduleBatch`-like batch: the shared one, with the last forward's `output_ids`."""
 
-    def __init__(self, pools: _Pools) -> None:
-        super().__init__(pools)
+    def __init__(self, pools: _Pools, *, sampling: bool) -> None:
+        super().__init__(pools, sampling=sampling)
         self.output_ids: torch.Tensor | None = None
 
-    def prepare_for_extend(self, reqs: list[MutableReq]) -> None:
+    def prepare_for_extend(self, reqs: list[_Req]) -> None:
         pools, page_size = self.allocator, self.allocator.page_size
         slots: list[int] = []
         for req in reqs:
@@ -131,7 +150,7 @@ class _Batch(MutableBatch[MutableReq]):
             self.output_ids = self.output_ids[keep_device]
         return keep_device
 
-    def merge_batch(self, other: MutableBatch[MutableReq]) -> None:
+    def merge_batch(self, other: MutableBatch[_Req]) -> None:
         super().merge_batch(other)
         assert isinstance(other, _Batch)
         if self.output_ids is not None and other.output_ids is not None:
@@ -143,12 +162,13 @@ class MutableProduction:
 
     name: Final = "mutable"
 
-    def __init__(self, plan: ProductionPlan) -> None:
+    def __init__(self, plan: ProductionPlan, *, sampling: bool = False) -> None:
         self.pools = pools = _Pools(plan)
+        self.sampling = sampling
         tree = pools.tree
         running: _Batch | None = None
         for rid, ids in plan.initial:
-            req = MutableReq(rid, list(ids), tree.root)
+            req = self._req(rid, ids)
             batch = self._admit(req, len(ids))
             tree.cache_unfinished_req(req)
             if running is None:
@@ -159,20 +179,25 @@ class MutableProduction:
         self.running = running
         self.running.output_ids = _sample(running)
         rid, ids = plan.held
-        self.chunked_req = MutableReq(rid, list(ids), tree.root)
+        self.chunked_req = self._req(rid, ids)
         self._admit(self.chunked_req, FIRST_CHUNK)
         tree.cache_unfinished_req(self.chunked_req)
         self.hits = 0
         self._prefill = running
         self._done = self.chunked_req
 
-    def _admit(self, req: MutableReq, budget: int) -> _Batch:
+    def _req(self, rid: int, input_ids: tuple[int, ...]) -> _Req:
+        # What a scheduler pays per admission: the request's parameters, when it has them.
+        params = request_sampling(rid) if self.sampling else GREEDY
+        return _Req(rid, list(input_ids), self.pools.tree.root, params)
+
+    def _admit(self, req: _Req, budget: int) -> _Batch:
         # A new request: match and lock its cached prefix, truncate it to its chunk, prefill.
         tree = self.pools.tree
         req.init_next_round_input(tree)
         tree.inc_lock_ref(req.last_node)
         self._truncate(req, budget)
-        batch = _Batch(self.pools)
+        batch = _Batch(self.pools, sampling=self.sampling)
         batch.prepare_for_extend([req])
         return batch
 
@@ -191,11 +216,11 @@ class MutableProduction:
         chunked = self.chunked_req
         chunked.init_next_round_input()  # it reads its own prefix: no match
         left = self._truncate(chunked, chunked.extend_input_len + FIRST_CHUNK)
-        new = MutableReq(turn.rid, list(turn.input_ids), tree.root)
+        new = self._req(turn.rid, turn.input_ids)
         new.init_next_round_input(tree)
         tree.inc_lock_ref(new.last_node)
         self._truncate(new, left)
-        batch = _Batch(self.pools)
+        batch = _Batch(self.pools, sampling=self.sampling)
         batch.prepare_for_extend([chunked, new])
         self._prefill = batch
 
@@ -253,6 +278,7 @@ class MutableProduction:
             pools.tree.entries(),
             pools.tree.num_evicted,
             self.hits,
+            batch.sampling_info.values(),
         )
 
 

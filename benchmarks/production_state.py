@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from benchmarks.sampling_values import SamplingRow
+
 __all__ = ["ProductionOutcome"]
 
 
@@ -23,3 +25,4 @@ class ProductionOutcome(NamedTuple):
     cache: dict[tuple[int, ...], tuple[int, int]]  # every cached page: prefix -> (page, locks)
     num_evicted: int  # pages evicted from the cache so far
     hits: int  # new requests that read a cached prefix
+    sampling: list[SamplingRow]  # each running row's parameters, device side; none without columns

@@ -17,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from benchmarks.sampling_values import SamplingRow
+
 __all__ = ["DEVICE", "PHASES", "Config", "Implementation", "Join", "Outcome", "Plan", "make_plan"]
 
 # The "device" tensors live on the CPU here (see docs/performance.md).
@@ -68,6 +70,7 @@ class Outcome(NamedTuple):
     token_rows: list[list[int]]  # table[slot, :seq_len] per row: KV locations
     num_free_slots: int
     num_free_tokens: int
+    sampling: list[SamplingRow]  # each row's parameters, device side; none without columns
 
 
 class Implementation(Protocol):

@@ -18,9 +18,11 @@ from typing import Any, Final
 import torch
 
 from benchmarks.measure import (
-    IMPLEMENTATIONS,
+    BaselineColumns,
+    by_role,
     count_blocks,
     count_work,
+    implementations_carrying,
     run_step,
     state_bytes,
     time_config,
@@ -43,26 +45,35 @@ def run(
     *,
     quiet: bool = False,
     interleave: bool = True,
+    columns: BaselineColumns = "none",
 ) -> tuple[list[Point], dict[str, Any]]:
-    """Time every (page size, batch size) point, then count ops, allocations and bytes."""
+    """Time every (page size, batch size) point, then count ops, allocations and bytes.
+
+    With `columns`, all three carry that column set, with the same values.
+    """
+    impls = implementations_carrying(columns)
     points = []
     for page_size in pages:
         for batch_size in sizes:
             config = Config(batch_size, page_size)
-            timings = time_config(config, repeats, warmup, interleave=interleave)
-            points.append(summarise(config, timings))
+            timings = time_config(config, repeats, warmup, impls, interleave=interleave)
+            points.append(summarise(config, by_role(timings)))
             if not quiet:
                 print(text_table(points[-1:]).splitlines()[-1], flush=True)
     probe = Config(64 if 64 in sizes else sizes[0], pages[0])
     extras: dict[str, Any] = {
+        "columns": columns,
         "probe": probe._asdict(),
-        "work": {page: count_work(Config(probe.batch_size, page)) for page in pages},
+        "work": {
+            page: by_role(count_work(Config(probe.batch_size, page), implementations=impls))
+            for page in pages
+        },
         "work_batch_size": probe.batch_size,
-        "blocks": count_blocks(probe),
+        "blocks": by_role(count_blocks(probe, columns=columns)),
         "growth": _growth(points, sizes),
         "machine": _machine(),
     }
-    extras["host_bytes"], extras["device_bytes"] = _bytes_per_request(probe)
+    extras["host_bytes"], extras["device_bytes"] = _bytes_per_request(probe, columns)
     return points, extras
 
 
@@ -77,6 +88,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--docs", action="store_true", help="rewrite docs/performance.md results")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
+        "--columns",
+        choices=("none", "sampling"),
+        default="none",
+        help="the column set all three carry: none, or each request's sampling parameters"
+        " (batchstate's Sampling columns; SamplingBatchInfo's tensors in the baseline)",
+    )
+    parser.add_argument(
         "--alone",
         action="store_true",
         help="time each implementation's steps in one block, not interleaved (no --docs)",
@@ -84,22 +102,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.alone and args.docs:
         parser.error("--docs records the interleaved run: drop --alone")
+    if args.columns != "none" and args.docs:
+        parser.error("--docs records the run without columns: drop --columns")
     # Engines pin host threads; on a small machine torch's pool makes tiny host
     # ops erratic (a 64-element op taking milliseconds), for all three alike.
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     points, extras = run(
-        args.sizes, args.pages, args.repeats, args.warmup, interleave=not args.alone
+        args.sizes,
+        args.pages,
+        args.repeats,
+        args.warmup,
+        interleave=not args.alone,
+        columns=args.columns,
     )
     extras["wall_s"] = round(time.perf_counter() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "step.json").write_text(json.dumps({"points": points, **extras}, indent=1))
-    plot(points, args.out / "step.png")
+    stem = "step" if args.columns == "none" else f"step-{args.columns}"
+    (args.out / f"{stem}.json").write_text(json.dumps({"points": points, **extras}, indent=1))
+    plot(points, args.out / f"{stem}.png")
     snippet = markdown(points, extras)
-    (args.out / "step.md").write_text(snippet)
+    if args.columns != "none":
+        snippet = f"All three carry `{args.columns}` columns.\n\n{snippet}"
+    (args.out / f"{stem}.md").write_text(snippet)
     print()
     print(snippet)
-    print(f"wrote {args.out}/step.json, step.png, step.md in {extras['wall_s']} s")
+    print(f"wrote {args.out}/{stem}.json, {stem}.png, {stem}.md in {extras['wall_s']} s")
     if args.docs:
         plot(points, _ROOT / "docs" / "performance.png")
         _rewrite_doc(snippet, extras)
@@ -120,18 +148,20 @@ def _growth(points: Sequence[Point], sizes: Sequence[int]) -> dict[int, str]:
     return growth
 
 
-def _bytes_per_request(config: Config) -> tuple[dict[str, float], dict[str, float]]:
+def _bytes_per_request(
+    config: Config, columns: BaselineColumns
+) -> tuple[dict[str, float], dict[str, float]]:
     # Measured right after a decode, when the batch holds every per-row field.
     plan = make_plan(config, 2)
     host, device = {}, {}
-    for make in IMPLEMENTATIONS:
+    for make in implementations_carrying(columns):
         impl = make(plan)
         run_step(impl, plan.steps[0])
         impl.decode()
         host[impl.name], device[impl.name] = (
             value / config.batch_size for value in state_bytes(impl)
         )
-    return host, device
+    return by_role(host), by_role(device)
 
 
 def _machine() -> str:

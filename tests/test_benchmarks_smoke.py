@@ -6,6 +6,7 @@ mutable baseline and the floor honest: each must do the work batchstate does.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from benchmarks.check_cost import measure as measure_check_cost
 from benchmarks.columns import VARIANTS
@@ -14,10 +15,18 @@ from benchmarks.engine_feed import SIZES as FEED_SIZES
 from benchmarks.engine_feed import run_once as run_engine_feed
 from benchmarks.graph_buffers import count as count_graph_buffers
 from benchmarks.graph_buffers import measure as measure_graph_buffers
-from benchmarks.measure import count_blocks, count_work, final_outcomes, time_config
+from benchmarks.measure import (
+    by_role,
+    count_blocks,
+    count_work,
+    final_outcomes,
+    implementations_carrying,
+    time_config,
+)
 from benchmarks.production import final_outcomes as production_outcomes
 from benchmarks.production import run as run_production
 from benchmarks.profile import profile_point, profile_production
+from benchmarks.sampling_values import request_sampling
 from benchmarks.scenario import PHASES, Config
 from benchmarks.step import run
 
@@ -43,6 +52,52 @@ def test_implementations_agree(config: Config) -> None:
     assert batchstate.seq_lens_sum == sum(batchstate.seq_lens)
 
 
+def _expected_sampling(rids: list[int]) -> list[tuple[float, float, int, float, int]]:
+    # Each row's parameters as a float32 / int32 / int64 device column holds them.
+    params = [request_sampling(rid) for rid in rids]
+    as_f32 = {value: float(np.float32(value)) for value in (0.0, 0.7, 0.9)}
+    return [
+        (as_f32[p.temperature], as_f32[p.top_p], p.top_k, as_f32[p.min_p], p.seed) for p in params
+    ]
+
+
+@pytest.mark.parametrize("config", [Config(1, 1), Config(8, 16), Config(33, 4)])
+def test_implementations_agree_with_sampling_columns(config: Config) -> None:
+    """With `--columns sampling`, all three also hold each row's own parameters."""
+    batchstate, mutable, floor = final_outcomes(config, num_steps=12, columns="sampling")
+    assert mutable == batchstate
+    assert floor == batchstate
+    assert batchstate.sampling == _expected_sampling(batchstate.rids)
+
+
+def test_without_columns_no_side_carries_sampling_parameters() -> None:
+    assert all(outcome.sampling == [] for outcome in final_outcomes(Config(8, 1), 4))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sampling_columns_cost_batchstate_one_upload_and_the_baseline_one_op_per_tensor(
+    page_size: int,
+) -> None:
+    """On meta, with sampling columns: batchstate's counts stay, but for the joining
+    request's columns (one more copy in extend); SGLang's `SamplingBatchInfo` adds a
+    gather per tensor to filter, a concatenation per tensor to merge and an upload per
+    tensor to extend (five tensors); the floor's packed rows one of each."""
+    config = Config(8, page_size)
+    plain = by_role(count_work(config, steps=4))
+    sampled = by_role(count_work(config, 4, implementations_carrying("sampling")))
+    work = sampled["batchstate"]
+    copies = {phase: work[phase]["copies"] for phase in PHASES}
+    assert copies == {"decode": 1, "filter": 1, "release": 0, "extend": 2, "merge": 1}
+    kernels = {phase: work[phase]["kernels"] for phase in PHASES}
+    assert kernels == {"decode": 1, "filter": 0, "release": 0, "extend": 1, "merge": 0}
+    for name, tensors in (("mutable", 5), ("floor", 1)):
+        before, after = plain[name], sampled[name]
+        assert after["filter"]["kernels"] == before["filter"]["kernels"] + tensors
+        assert after["merge"]["kernels"] == before["merge"]["kernels"] + tensors
+        assert after["extend"]["copies"] == before["extend"]["copies"] + tensors
+        assert after["step"]["kernels"] == before["step"]["kernels"] + 2 * tensors
+
+
 def test_run_reports_every_point() -> None:
     """A tiny full run yields one summary per point, with ratios and the side counts."""
     points, extras = run([1, 4], [1, 16], repeats=4, warmup=1, quiet=True)
@@ -56,6 +111,19 @@ def test_run_reports_every_point() -> None:
         assert point["a_over_c"] == pytest.approx(medians["batchstate"] / medians["floor"])
     assert set(extras["work"]) == {1, 16}
     assert set(extras["work"][1]) == {"batchstate", "mutable", "floor"}
+
+
+def test_a_run_with_sampling_columns_reports_by_role() -> None:
+    """With columns, the points and counts are keyed as without, and the bytes per
+    request include every side's columns."""
+    points, extras = run([2], [1], repeats=3, warmup=1, quiet=True, columns="sampling")
+    _, plain = run([2], [1], repeats=3, warmup=1, quiet=True)
+    assert set(points[0]["stats"]) == {"batchstate", "mutable", "floor"}
+    assert extras["work"][1]["batchstate"]["step"]["copies"] == 5
+    # Per row: three float32, one int32, one int64 on the device (24 bytes) on every side.
+    for name in ("batchstate", "mutable", "floor"):
+        assert extras["device_bytes"][name] == plain["device_bytes"][name] + 24
+    assert extras["host_bytes"]["batchstate"] == plain["host_bytes"]["batchstate"] + 24
 
 
 @pytest.mark.parametrize("interleave", [True, False])
@@ -130,6 +198,28 @@ def test_production_step_implementations_agree(batch_size: int, page_size: int, 
     assert batchstate.num_evicted > 0
     assert batchstate.hits >= turns * 3 // 4  # new requests read a cached system prompt
     assert any(locks > 0 for _, locks in batchstate.cache.values())
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "page_size", "turns"), [(1, 16, 30), (8, 1, 30), (33, 4, 60)]
+)
+def test_production_step_implementations_agree_with_sampling_columns(
+    batch_size: int, page_size: int, turns: int
+) -> None:
+    """With sampling columns, the held chunk's parameters travel through the prefill, the
+    settle's filter and the merge on both sides."""
+    batchstate, mutable = production_outcomes(batch_size, page_size, turns, columns="sampling")
+    assert mutable == batchstate
+    assert batchstate.sampling == _expected_sampling(batchstate.rids)
+    assert batchstate.num_evicted > 0
+
+
+def test_the_production_benchmark_with_columns_reports_by_role() -> None:
+    points = run_production(
+        [2], [16], repeats=3, warmup=2, rounds=1, quiet=True, columns="sampling"
+    )
+    assert set(points[0]["best_us"]) == {"batchstate", "mutable", "floor"}
+    assert points[0]["a_over_b"] > 0
 
 
 def test_the_production_benchmark_reports_each_point() -> None:
