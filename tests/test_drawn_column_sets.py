@@ -63,6 +63,7 @@ from batchstate import (
     settle_ahead,
     split,
     sync,
+    transfer_targets,
     unwrap,
     verify,
     verify_ahead,
@@ -176,7 +177,7 @@ class Story:
 COVERED: Final = frozenset(
     {idle, extend, prebuilt, decode, filter_batch, split, merge, verify, sync, mix}
     | {decode_sampled, settle, forward_inputs, pad, release, follow, join_sampled}
-    | {fill, verify_ahead, settle_ahead, hybrid_inputs}
+    | {fill, verify_ahead, settle_ahead, hybrid_inputs, transfer_targets}
 )
 
 
@@ -226,6 +227,7 @@ def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any],
     pools = unwrap(release(gone, stay, pools))
     arrived = make_reqs([4, 6], first_rid=100)
     built, pools = unwrap(prebuilt(empty, arrived, pools, story.columns_of(arrived)))
+    assert len(transfer_targets(built, pools).kv_locs) == 4 + 6  # every prompt position
     merged = merge(stay, built)
     story.check(pools, merged)
     assert merged.rows.rids.tolist() == [0, 3, 100, 101]

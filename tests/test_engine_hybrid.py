@@ -82,7 +82,6 @@ def test_two_ranks_run_the_hybrid_model_exactly() -> None:
     ("options", "message"),
     [
         ([], "add --no-prefix-cache"),
-        (["--no-prefix-cache", "--prebuilt", "0.5"], "does not take --prebuilt"),
         (["--no-prefix-cache", "--window-tokens", "40"], "--window-tokens 40 must be"),
         (["--no-prefix-cache", "--window", "0"], "--window 0 must be"),
         (["--no-prefix-cache", "--window-tokens", "99999999999984"], "lower --window-tokens"),

@@ -88,6 +88,7 @@ if TYPE_CHECKING:
     from batchstate._state_copies import StateCopies, accepted_states
     from batchstate._state_slots import StateSlots
     from batchstate._token_table import TokenTable
+    from batchstate._transfer_targets import TransferTargets, transfer_targets
     from batchstate._transitions import TRANSITIONS, Transition
     from batchstate._unwrap import UnwrapError, unwrap
     from batchstate._upper_bound import UpperBound
@@ -182,6 +183,7 @@ __all__ = [
     "StillRunning",
     "TokenTable",
     "TooLargeToPad",
+    "TransferTargets",
     "Transition",
     "UnwrapError",
     "UpperBound",
@@ -223,6 +225,7 @@ __all__ = [
     "settle_ahead",
     "split",
     "sync",
+    "transfer_targets",
     "unpad",
     "unpad_tokens",
     "unwrap",

@@ -26,7 +26,7 @@ from batchstate._forward_inputs import ForwardInputs
 from batchstate._mirrored import HostArray, Mirrored, frozen, upload
 from batchstate._pools import Pools, expect_pools
 
-__all__ = ["HybridInputs", "StateInputs", "WindowInputs", "hybrid_inputs"]
+__all__ = ["HybridInputs", "StateInputs", "WindowInputs", "hybrid_inputs", "window_rows"]
 
 
 @final
@@ -143,11 +143,14 @@ def hybrid_inputs(inputs: ForwardInputs, pools: Pools) -> HybridInputs:
     return HybridInputs(inputs.num_rows, windows, states)
 
 
-def _window_hosts(
-    table: HostArray, starts: HostArray, page_size: int, inputs: ForwardInputs
-) -> list[HostArray]:
-    # kv_starts, kv_indptr, kv_indices and out_cache_loc of the window layers, on the host.
-    slots, seq = inputs.req_pool_indices.host, inputs.seq_lens.host.astype(np.int64)
+def window_rows(
+    table: HostArray, starts: HostArray, page_size: int, slots: HostArray, seq: HostArray
+) -> tuple[HostArray, HostArray, HostArray]:
+    """Each row's window start, and the window pages it holds in CSR form: starts, indptr, pages.
+
+    Row `i` (in slot `slots[i]`, holding `seq[i]` tokens) holds the pages of
+    positions `[starts[slots[i]], seq[i])`; int64 host arrays.
+    """
     kv_starts = starts[slots]
     first = kv_starts // page_size
     counts = np.maximum(-(-seq // page_size) - first, 0)
@@ -155,7 +158,16 @@ def _window_hosts(
     np.cumsum(counts, out=indptr[1:])
     rows = np.repeat(np.arange(counts.shape[0]), counts)
     pages = table[slots[rows], first[rows] + np.arange(rows.shape[0]) - indptr[:-1][rows]]
-    token_rows = np.repeat(np.arange(counts.shape[0]), inputs.extend_lens.host)
+    return kv_starts, indptr, pages
+
+
+def _window_hosts(
+    table: HostArray, starts: HostArray, page_size: int, inputs: ForwardInputs
+) -> list[HostArray]:
+    # kv_starts, kv_indptr, kv_indices and out_cache_loc of the window layers, on the host.
+    slots, seq = inputs.req_pool_indices.host, inputs.seq_lens.host.astype(np.int64)
+    kv_starts, indptr, pages = window_rows(table, starts, page_size, slots, seq)
+    token_rows = np.repeat(np.arange(slots.shape[0]), inputs.extend_lens.host)
     positions = inputs.positions.host[: token_rows.shape[0]]
     locs = table[slots[token_rows], positions // page_size] * page_size + positions % page_size
     # A padded forward's tokens past every row (a filled bucket's) write the padding page 0.

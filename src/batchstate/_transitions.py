@@ -35,6 +35,7 @@ from batchstate._mixed import Mixed, settle
 from batchstate._padding import Padded, PaddingError, TooLargeToPad, pad
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 from batchstate._speculative import sync, verify
+from batchstate._transfer_targets import TransferTargets, transfer_targets
 from batchstate._verifying import Verifying
 
 __all__ = ["TRANSITIONS", "Transition"]
@@ -84,6 +85,8 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     Transition(None, idle, Idle),
     Transition(Idle, extend, Extended, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
     Transition(Idle, prebuilt, Filtered, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
+    # Where a prebuilt batch's transferred memory goes (a window's tail, a state); no pools.
+    Transition(Filtered, transfer_targets, TransferTargets, raises=(StaleRecord, BatchConflict)),
     *(
         Transition(
             source,

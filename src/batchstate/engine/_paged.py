@@ -44,7 +44,6 @@ __all__ = [
     "sample_decode",
     "sample_extend",
     "sample_mixed",
-    "write_prefilled",
 ]
 
 
@@ -128,30 +127,6 @@ def sample_mixed(  # as above
     inputs = _inputs(feeder, batch, pools)
     hidden = _run(model, cache, inputs, pools, batch.input_ids.device, feed_forward, feeder)
     return model.sample(hidden, sampling, batch.rows.seq_lens.host)
-
-
-def write_prefilled(
-    cache: KVCache, batch: Filtered[Any], pools: Pools, k: torch.Tensor, v: torch.Tensor
-) -> None:
-    """Write K/V computed elsewhere at each row's locations, for positions 0 to `seq_lens[i]`.
-
-    Row `i`'s locations are `pools.table.device[req_pool_indices[i], :seq_lens[i]]`,
-    gathered on the device: nothing is read back.
-
-    Args:
-        batch: a `prebuilt` batch, its KV allocated but not yet written.
-        k, v: `[num_layers, seq_lens_sum, num_heads, head_dim]` on the cache's
-            device, each row's positions in order, the rows back to back.
-    """
-    rows = batch.rows
-    seq_lens = torch.tensor(rows.seq_lens.host, dtype=torch.int64)  # a host copy
-    row_of = torch.repeat_interleave(torch.arange(len(rows)), seq_lens)
-    col = torch.arange(row_of.shape[0]) - (torch.cumsum(seq_lens, 0) - seq_lens)[row_of]
-    # Host layout (from host seq_lens) copied once; the slots and the table stay on the device.
-    row, position = torch.stack((row_of, col)).to(cache.k.device).unbind()
-    locs = pools.table.device[rows.req_pool_indices.device[row], position].to(torch.int64)
-    cache.k[:, locs] = k
-    cache.v[:, locs] = v
 
 
 def _sampling(rows: Rows[Any]) -> Sampling | None:
