@@ -1,10 +1,11 @@
 """`--model hybrid` in the engine: window pressure, what the oracle catches, refused options.
 
 The mode matrix (`tests/test_mode_matrix.py`) runs the hybrid model in
-every mode; these check what it cannot show: that window pages alone
+every mode, prebuilt arrivals, padded forwards and two data-parallel
+ranks included; these check what it cannot show: that window pages alone
 retract requests, that the oracle depends on the window (so a page given
-back too early would fail it), two data-parallel ranks, and the options
-a hybrid run refuses as usage errors.
+back too early would fail it), and the options a hybrid run refuses as
+usage errors.
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ import pytest
 
 from batchstate.cli import main
 from batchstate.engine import (
-    DataParallelConfig,
     EngineConfig,
     SimulationConfig,
     WorkloadConfig,
     check_oracle,
-    launch,
     make_model,
     simulate,
 )
@@ -69,13 +68,6 @@ def test_padded_forwards_keep_the_oracle_exact(mixed: bool, drafts: int) -> None
     assert run.feeder is not None and run.feeder.padded_forwards > 0
     assert run.feeder.padded_tokens > 0
     assert run.pools_conserved
-
-
-@pytest.mark.slow
-def test_two_ranks_run_the_hybrid_model_exactly() -> None:
-    config = attrs.evolve(CONFIG, engine=attrs.evolve(CONFIG.engine, speculative=2, check_every=0))
-    run = launch(config, DataParallelConfig(2), show_progress=False)
-    assert run.oracle is not None and run.oracle.passed, run.oracle
 
 
 @pytest.mark.parametrize(
