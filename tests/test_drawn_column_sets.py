@@ -34,6 +34,7 @@ from batchstate import (
     Filtered,
     GraphBuffers,
     HostColumn,
+    HybridBuffers,
     Idle,
     Mirrored,
     Pools,
@@ -47,6 +48,7 @@ from batchstate import (
     decode_sampled,
     extend,
     fill,
+    fill_hybrid,
     filter_batch,
     find_leaks,
     follow,
@@ -177,7 +179,7 @@ class Story:
 COVERED: Final = frozenset(
     {idle, extend, prebuilt, decode, filter_batch, split, merge, verify, sync, mix}
     | {decode_sampled, settle, forward_inputs, pad, release, follow, join_sampled}
-    | {fill, verify_ahead, settle_ahead, hybrid_inputs, transfer_targets}
+    | {fill, verify_ahead, settle_ahead, hybrid_inputs, transfer_targets, fill_hybrid}
 )
 
 
@@ -214,7 +216,11 @@ def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any],
     hybrid = hybrid_inputs(inputs, pools)  # full-attention pools: no other kind of memory
     assert hybrid.windows == () and hybrid.states == ()
     buffers = GraphBuffers.allocate(CPU, pools.page_size, rows=8, tokens=64, max_pages=64)
-    assert unwrap(fill(buffers, extended, pools.table)).num_real_rows == 4
+    filled = unwrap(fill(buffers, extended, pools.table))
+    assert filled.num_real_rows == 4
+    kinds = pools.memory_kinds
+    other = HybridBuffers.allocate(CPU, kinds, rows=8, tokens=64, window_pages=512)
+    assert unwrap(fill_hybrid(other, filled.inputs, pools)).num_rows == 8
     decoding, pools = unwrap(decode(extended, pools))
     story.check(pools, decoding)
     kept, left = split(decoding, [0, 2, 3])

@@ -60,13 +60,16 @@ def test_the_oracle_depends_on_the_window() -> None:
 @pytest.mark.parametrize(("mixed", "drafts"), [(False, 0), (True, 2)])
 def test_padded_forwards_keep_the_oracle_exact(mixed: bool, drafts: int) -> None:
     """Padded to captured sizes, padding rows and tokens past every row write the padding
-    window page and state slot, and the real rows' tokens do not change."""
+    window page and state slot, and the real rows' tokens do not change. The window and state
+    inputs are written into each bucket's `HybridBuffers`, as its `GraphBuffers` are."""
     engine = attrs.evolve(CONFIG.engine, mixed=mixed, speculative=drafts, overlap=True)
     sizes = (1, 2, 4, 8, 16, 32, 64)
     run = simulate(attrs.evolve(CONFIG, engine=engine, cuda_graph_sizes=sizes))
     assert run.oracle is not None and run.oracle.passed, run.oracle
     assert run.feeder is not None and run.feeder.padded_forwards > 0
     assert run.feeder.padded_tokens > 0
+    buckets = run.feeder.buckets
+    assert buckets.hybrid and set(buckets.hybrid) <= set(buckets.buffers)
     assert run.pools_conserved
 
 

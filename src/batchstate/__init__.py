@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     )
     from batchstate._free_list import FreeList
     from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError
+    from batchstate._hybrid_buffers import HybridBuffers, fill_hybrid
     from batchstate._hybrid_inputs import HybridInputs, StateInputs, WindowInputs, hybrid_inputs
     from batchstate._hybrid_pools import HybridPools
     from batchstate._invariants import check_batch, check_pools
@@ -135,6 +136,7 @@ __all__ = [
     "GraphBuffersError",
     "Holder",
     "HostColumn",
+    "HybridBuffers",
     "HybridInputs",
     "HybridPools",
     "Idle",
@@ -203,6 +205,7 @@ __all__ = [
     "decode_sampled",
     "extend",
     "fill",
+    "fill_hybrid",
     "filter_batch",
     "find_leaks",
     "flush",

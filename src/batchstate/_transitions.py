@@ -28,6 +28,7 @@ from batchstate._fill import fill
 from batchstate._filter import filter_batch, split
 from batchstate._forward_inputs import ForwardInputs, ForwardInputsError, forward_inputs
 from batchstate._graph_buffers import DoesNotFit, GraphBuffersError
+from batchstate._hybrid_buffers import fill_hybrid
 from batchstate._hybrid_inputs import HybridInputs, hybrid_inputs
 from batchstate._merge import merge
 from batchstate._mix import decode_sampled, mix
@@ -177,4 +178,12 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     # A hybrid model's window and recurrent layers: their pages, window starts and state
     # slots, from the pools the forward's transition returned. Changes neither.
     Transition(ForwardInputs, hybrid_inputs, HybridInputs, raises=(ForwardInputsError,)),
+    # The same, written into a captured bucket's `HybridBuffers`.
+    Transition(
+        ForwardInputs,
+        fill_hybrid,
+        HybridInputs,
+        failures=(DoesNotFit,),
+        raises=(GraphBuffersError, ForwardInputsError),
+    ),
 )

@@ -24,6 +24,7 @@ from batchstate import (
     Extended,
     Filtered,
     ForwardInputs,
+    HybridInputs,
     Idle,
     Mixed,
     Padded,
@@ -156,8 +157,18 @@ def _run(  # noqa: PLR0917  # the forward, then who feeds it
     # The hidden state at each real row's last token: what sampling takes.
     if isinstance(inputs, Padded):  # the feeder's: its ids go to the bucket's buffer too
         ids = inputs.pad_tokens(input_ids) if feeder is None else feeder.pad_ids(inputs, input_ids)
+        # A hybrid model's window and state inputs go to the bucket's buffers as well.
+        hybrid = (
+            feeder.hybrid_inputs(inputs, pools)
+            if feeder is not None and model.config.is_hybrid
+            else None
+        )
         return unpad(
-            inputs.run(lambda padded: _forward(model, cache, padded, pools, ids, feed_forward))
+            inputs.run(
+                lambda padded: _forward(
+                    model, cache, padded, pools, ids, feed_forward, hybrid=hybrid
+                )
+            )
         )
     hidden = _forward(model, cache, inputs, pools, input_ids, feed_forward)
     return hidden.index_select(0, inputs.sample_index.device)
@@ -171,6 +182,8 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
     input_ids: torch.Tensor,
     feed_forward: FeedForward | None,
     checkpoints: torch.Tensor | None = None,
+    *,
+    hybrid: HybridInputs | None = None,  # a hybrid model's, filled into a bucket; None: built
 ) -> torch.Tensor:
     # Paged attention as a kernel consumes it: queries by `qo_indptr`, keys from the pages
     # `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`, the last holding `kv_last_page_len[b]`
@@ -219,7 +232,7 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
         return torch.cat((out, out.new_zeros(rowless, *out.shape[1:]))) if rowless else out
 
     if model.config.is_hybrid:
-        hybrid = hybrid_inputs(inputs, pools)
+        hybrid = hybrid_inputs(inputs, pools) if hybrid is None else hybrid
         attend = hybrid_attend(model, cache, inputs, hybrid, attend, checkpoints)
     return model.hidden(input_ids, inputs.positions.device, attend, feed_forward)
 
