@@ -79,6 +79,7 @@ def test_padded_forwards_keep_the_oracle_exact(mixed: bool, drafts: int) -> None
         ([], "add --no-prefix-cache"),
         (["--no-prefix-cache", "--window-tokens", "40"], "--window-tokens 40 must be"),
         (["--no-prefix-cache", "--window", "0"], "--window 0 must be"),
+        (["--no-prefix-cache", "--window", "100000"], "--window 100000 must be in [1,"),
         (["--no-prefix-cache", "--window-tokens", "99999999999984"], "lower --window-tokens"),
     ],
 )
