@@ -101,17 +101,20 @@ class WindowPages:
         dropping = np.flatnonzero(keep > start)  # a decode step: a row now and then
         round_up = page_size - 1
         held_end = (old_lens + round_up) // page_size
-        # New pages from the row's end, or from its window's first page when that lies
-        # past the end (a prebuilt row holds none before its window's tail).
-        first_new = np.maximum(held_end, keep // page_size)
-        num_new = np.maximum((new_lens + round_up) // page_size - first_new, 0)
-        total_new = int(num_new.sum())
+        first_new = held_end  # new pages from the row's end on
+        num_new = (new_lens + round_up) // page_size - held_end
         dropped = _NO_PAGES
         if dropping.shape[0]:
             first_dropped = start[dropping] // page_size
-            last_dropped = np.minimum(keep[dropping] // page_size, held_end[dropping])
-            num_dropped = last_dropped - first_dropped
-            dropped = self.table[_cells(slots[dropping], first_dropped, num_dropped)]
+            keep_page, ends = keep[dropping] // page_size, held_end[dropping]
+            past = keep_page > ends  # its window starts past its end: a prebuilt row
+            if past.any():  # it holds nothing to drop, and takes pages from its window's start
+                keep_page = np.minimum(keep_page, ends)
+                first_new = held_end.copy()
+                first_new[dropping[past]] = keep[dropping[past]] // page_size
+                num_new = np.maximum((new_lens + round_up) // page_size - first_new, 0)
+            dropped = self.table[_cells(slots[dropping], first_dropped, keep_page - first_dropped)]
+        total_new = int(num_new.sum())
         if total_new > len(self.page_list) + dropped.shape[0]:
             return total_new, len(self.page_list) + dropped.shape[0]
         page_list, starts = self.page_list, self.starts
