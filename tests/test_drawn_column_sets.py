@@ -34,11 +34,15 @@ from batchstate import (
     Filtered,
     GraphBuffers,
     HostColumn,
+    HybridBuffers,
     Idle,
+    MemoryKinds,
     Mirrored,
     Pools,
+    RecurrentState,
     Req,
     Sampled,
+    SlidingWindow,
     Verifying,
     build_columns,
     check_batch,
@@ -47,6 +51,7 @@ from batchstate import (
     decode_sampled,
     extend,
     fill,
+    fill_hybrid,
     filter_batch,
     find_leaks,
     follow,
@@ -54,6 +59,7 @@ from batchstate import (
     hybrid_inputs,
     idle,
     join_sampled,
+    make_pools,
     merge,
     mix,
     pad,
@@ -63,6 +69,7 @@ from batchstate import (
     settle_ahead,
     split,
     sync,
+    transfer_targets,
     unwrap,
     verify,
     verify_ahead,
@@ -176,7 +183,7 @@ class Story:
 COVERED: Final = frozenset(
     {idle, extend, prebuilt, decode, filter_batch, split, merge, verify, sync, mix}
     | {decode_sampled, settle, forward_inputs, pad, release, follow, join_sampled}
-    | {fill, verify_ahead, settle_ahead, hybrid_inputs}
+    | {fill, verify_ahead, settle_ahead, hybrid_inputs, transfer_targets, fill_hybrid}
 )
 
 
@@ -189,8 +196,25 @@ def test_the_story_covers_every_transition_of_the_table() -> None:
 def test_drawn_columns_follow_their_rows_through_every_transition(
     fields: tuple[Field, ...], cache: bool, page_size: int
 ) -> None:
-    story = Story(fields)
     pools = make_test_pools(page_size, max_reqs=16, num_kv_tokens=1024, prefix_cache=cache)
+    _tell(Story(fields), pools)
+
+
+# A sliding window shorter than the story's longer prompts, and a state per request slot.
+HYBRID: Final = MemoryKinds((SlidingWindow(8, 1024), RecurrentState(8, 16)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(fields=column_sets(), page_size=st.sampled_from([1, 16]))
+def test_drawn_columns_follow_their_rows_on_hybrid_pools(
+    fields: tuple[Field, ...], page_size: int
+) -> None:
+    """The same story on hybrid pools: window pages and states move with the rows too."""
+    pools = make_pools(16, 64, 1024, CPU, page_size, memory=HYBRID)
+    _tell(Story(fields), pools)
+
+
+def _tell(story: Story, pools: Pools) -> None:
     empty = idle(CPU, story.cls)
     story.check(pools, empty)
     running, pools = _admit(story, empty, pools)
@@ -201,6 +225,8 @@ def test_drawn_columns_follow_their_rows_through_every_transition(
     story.check(pools, empty)
     leaks = find_leaks(pools, [])
     assert not leaks.unheld and not leaks.held_twice and not leaks.wrong_length
+    assert all(state.num_free == state.kind.num_states for state in pools.memory.states)
+    assert all(len(window.page_list) == window.num_pages for window in pools.memory.windows)
 
 
 def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any], Pools]:
@@ -210,10 +236,15 @@ def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any],
     story.check(pools, extended)
     inputs = forward_inputs(extended, pools.table, pools.page_size)
     assert unwrap(pad(inputs, [64])).num_real_rows == 4
-    hybrid = hybrid_inputs(inputs, pools)  # full-attention pools: no other kind of memory
-    assert hybrid.windows == () and hybrid.states == ()
+    hybrid = hybrid_inputs(inputs, pools)  # per kind of memory the pools hold: none, or one
+    assert len(hybrid.windows) == len(pools.memory.windows)
+    assert len(hybrid.states) == len(pools.memory.states)
     buffers = GraphBuffers.allocate(CPU, pools.page_size, rows=8, tokens=64, max_pages=64)
-    assert unwrap(fill(buffers, extended, pools.table)).num_real_rows == 4
+    filled = unwrap(fill(buffers, extended, pools.table))
+    assert filled.num_real_rows == 4
+    kinds = pools.memory_kinds
+    other = HybridBuffers.allocate(CPU, kinds, rows=8, tokens=64, window_pages=512)
+    assert unwrap(fill_hybrid(other, filled.inputs, pools)).num_rows == 8
     decoding, pools = unwrap(decode(extended, pools))
     story.check(pools, decoding)
     kept, left = split(decoding, [0, 2, 3])
@@ -226,6 +257,7 @@ def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any],
     pools = unwrap(release(gone, stay, pools))
     arrived = make_reqs([4, 6], first_rid=100)
     built, pools = unwrap(prebuilt(empty, arrived, pools, story.columns_of(arrived)))
+    assert len(transfer_targets(built, pools).kv_locs) == 4 + 6  # every prompt position
     merged = merge(stay, built)
     story.check(pools, merged)
     assert merged.rows.rids.tolist() == [0, 3, 100, 101]

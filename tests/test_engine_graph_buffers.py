@@ -69,10 +69,10 @@ def test_the_model_reads_the_same_buffers_every_step(
     reads: list[tuple[int, int, tuple[int, ...]]] = []
     forward = paged._forward
 
-    def recording(*args: Any) -> torch.Tensor:
+    def recording(*args: Any, **kwargs: Any) -> torch.Tensor:
         inputs = args[2]
         reads.append((inputs.num_rows, inputs.num_tokens, _ptrs(inputs, args[4])))  # the ids
-        return forward(*args)
+        return forward(*args, **kwargs)
 
     monkeypatch.setattr(paged, "_forward", recording)
     made = _count_buffers(monkeypatch)

@@ -1,10 +1,11 @@
 """`--model hybrid` in the engine: window pressure, what the oracle catches, refused options.
 
 The mode matrix (`tests/test_mode_matrix.py`) runs the hybrid model in
-every mode; these check what it cannot show: that window pages alone
+every mode, prebuilt arrivals, padded forwards and two data-parallel
+ranks included; these check what it cannot show: that window pages alone
 retract requests, that the oracle depends on the window (so a page given
-back too early would fail it), two data-parallel ranks, and the options
-a hybrid run refuses as usage errors.
+back too early would fail it), and the options a hybrid run refuses as
+usage errors.
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ import pytest
 
 from batchstate.cli import main
 from batchstate.engine import (
-    DataParallelConfig,
     EngineConfig,
     SimulationConfig,
     WorkloadConfig,
     check_oracle,
-    launch,
     make_model,
     simulate,
 )
@@ -61,30 +60,26 @@ def test_the_oracle_depends_on_the_window() -> None:
 @pytest.mark.parametrize(("mixed", "drafts"), [(False, 0), (True, 2)])
 def test_padded_forwards_keep_the_oracle_exact(mixed: bool, drafts: int) -> None:
     """Padded to captured sizes, padding rows and tokens past every row write the padding
-    window page and state slot, and the real rows' tokens do not change."""
+    window page and state slot, and the real rows' tokens do not change. The window and state
+    inputs are written into each bucket's `HybridBuffers`, as its `GraphBuffers` are."""
     engine = attrs.evolve(CONFIG.engine, mixed=mixed, speculative=drafts, overlap=True)
     sizes = (1, 2, 4, 8, 16, 32, 64)
     run = simulate(attrs.evolve(CONFIG, engine=engine, cuda_graph_sizes=sizes))
     assert run.oracle is not None and run.oracle.passed, run.oracle
     assert run.feeder is not None and run.feeder.padded_forwards > 0
     assert run.feeder.padded_tokens > 0
+    buckets = run.feeder.buckets
+    assert buckets.hybrid and set(buckets.hybrid) <= set(buckets.buffers)
     assert run.pools_conserved
-
-
-@pytest.mark.slow
-def test_two_ranks_run_the_hybrid_model_exactly() -> None:
-    config = attrs.evolve(CONFIG, engine=attrs.evolve(CONFIG.engine, speculative=2, check_every=0))
-    run = launch(config, DataParallelConfig(2), show_progress=False)
-    assert run.oracle is not None and run.oracle.passed, run.oracle
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ([], "add --no-prefix-cache"),
-        (["--no-prefix-cache", "--prebuilt", "0.5"], "does not take --prebuilt"),
         (["--no-prefix-cache", "--window-tokens", "40"], "--window-tokens 40 must be"),
         (["--no-prefix-cache", "--window", "0"], "--window 0 must be"),
+        (["--no-prefix-cache", "--window", "100000"], "--window 100000 must be in [1,"),
         (["--no-prefix-cache", "--window-tokens", "99999999999984"], "lower --window-tokens"),
     ],
 )

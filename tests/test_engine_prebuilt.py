@@ -143,13 +143,15 @@ def test_the_oracle_catches_a_transfer_that_writes_no_kv() -> None:
 
 
 def test_the_prefill_server_samples_the_first_token_as_the_oracle_does() -> None:
-    """`prefill_alone` hands over the oracle's first token, and K/V for every prompt position."""
+    """`prefill_alone` hands over the oracle's first token, and K/V for every prompt position
+    (no state: this model has no state layer)."""
     for spec in make_workload(HALF)[:20]:
-        token, k, v = prefill_alone(tiny_model(), spec.prompt, spec.sampling)
+        token, k, v, states = prefill_alone(tiny_model(), spec.prompt, spec.sampling)
         assert token == alone_outputs(HALF)[spec.rid][0]
         config = tiny_model().config
         shape = (config.num_layers, len(spec.prompt), config.num_heads, config.head_dim)
         assert tuple(k.shape) == tuple(v.shape) == shape
+        assert states.shape[0] == 0
 
 
 def test_params_round_trip_through_the_columns() -> None:

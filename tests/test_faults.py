@@ -366,7 +366,7 @@ def test_allocator_failure_value(
     pools = make_test_pools(16)
     items = make_reqs([3, 20, 7])
 
-    def fail(*args: object) -> OutOfKVTokens | OutOfReqSlots:
+    def fail(*args: object, **kwargs: object) -> OutOfKVTokens | OutOfReqSlots:
         return failure  # what the transitions' internal allocators return
 
     before = snapshot(pools)

@@ -25,6 +25,7 @@ import batchstate
 from batchstate import (
     SGLANG_FILLS,
     GraphBuffers,
+    HybridBuffers,
     MemoryKinds,
     Pools,
     RecurrentState,
@@ -42,6 +43,7 @@ from batchstate import (
     decode_sampled,
     extend,
     fill,
+    fill_hybrid,
     filter_batch,
     find_leaks,
     flush,
@@ -64,6 +66,7 @@ from batchstate import (
     settle_ahead,
     split,
     sync,
+    transfer_targets,
     unpad,
     unpad_tokens,
     unwrap,
@@ -157,6 +160,24 @@ def _hybrid(cache: bool) -> Call:
     return hybrid_inputs, [forward_inputs(batch, pools.table, pools.page_size), pools]
 
 
+def _fill_hybrid(cache: bool) -> Call:
+    # A padded extend on hybrid pools, into its bucket's window and state buffers.
+    kinds = MemoryKinds((SlidingWindow(4, 64), RecurrentState(8, 4)))
+    pools = make_pools(8, 64, 256, CPU, 4, prefix_cache=cache, memory=kinds)
+    batch, pools = extend(idle(CPU), [Req(0, tuple(range(9))), Req(1, (4, 5))], pools).unwrap()
+    padded = pad(forward_inputs(batch, pools.table, pools.page_size), [16]).unwrap()
+    buffers = HybridBuffers.allocate(CPU, kinds, rows=2, tokens=16, window_pages=32)
+    return fill_hybrid, [buffers, padded.inputs, pools]
+
+
+def _transfer(cache: bool) -> Call:
+    # A prebuilt batch on hybrid pools: where its transferred memory goes.
+    kinds = MemoryKinds((SlidingWindow(4, 64), RecurrentState(8, 4)))
+    pools = make_pools(8, 64, 256, CPU, 4, prefix_cache=cache, memory=kinds)
+    batch, pools = prebuilt(idle(CPU), [Req(0, tuple(range(9))), Req(1, (4, 5))], pools).unwrap()
+    return transfer_targets, [batch, pools]
+
+
 def _accepted_states(cache: bool) -> Call:
     # A verify window's forward on hybrid pools.
     kinds = MemoryKinds((SlidingWindow(4, 64), RecurrentState(8, 4)))
@@ -236,6 +257,8 @@ LEGAL: Final[dict[str, Callable[[bool], Call]]] = {
     "follow": lambda c: (follow, [*_sampled(c)]),
     "forward_inputs": _forward,
     "hybrid_inputs": _hybrid,
+    "transfer_targets": _transfer,
+    "fill_hybrid": _fill_hybrid,
     "accepted_states": _accepted_states,
     "idle": lambda c: (idle, [CPU]),
     "join_sampled": lambda c: (join_sampled, [*_two_sampled(c)]),

@@ -12,7 +12,8 @@ is exact (each request equals its run alone, token for token) and, after
 The hybrid cells run the same workload on `--model hybrid` (a window
 layer of 8 positions, a recurrent-state layer and a full layer), in every
 mode hybrid pools take (no prefix cache), with window pages few enough
-that window pressure retracts requests too.
+that window pressure retracts requests too; a few more add prebuilt
+arrivals, forwards padded to captured sizes, and two ranks with both.
 """
 
 from __future__ import annotations
@@ -181,6 +182,60 @@ def test_every_mode_runs_the_hybrid_model_exactly_and_together(
     if drafts:
         assert run.trace.speculative_steps > 0
     _assert_requests_run_together(run.trace, chunk)
+
+
+# Hybrid cells the mode grid leaves out: prebuilt arrivals (their window tails and states
+# transferred), forwards padded to captured sizes, and two ranks with both. A few cells,
+# many modes on at once: measured at 0.7-1.0 s each, and 10-23 s for the two ranks (their
+# processes' start), on 2 shared cores at a load average of 5 to 7.5.
+GRAPH_SIZES: Final = (1, 2, 4, 8, 16, 32, 64)
+HYBRID_EXTRAS: Final = [
+    ((8, True, True, 2), 16, 0.5, ()),
+    ((0, False, False, 0), 1, 1.0, ()),
+    ((8, True, True, 2), 1, 0.0, GRAPH_SIZES),
+    ((0, False, True, 0), 16, 0.5, GRAPH_SIZES),
+]
+
+
+def _extra_config(
+    mode: tuple[int, bool, bool, int], page_size: int, prebuilt: float, sizes: tuple[int, ...]
+) -> SimulationConfig:
+    config = _hybrid_config(mode, page_size)
+    workload = attrs.evolve(WORKLOAD, prebuilt=prebuilt)
+    return attrs.evolve(config, workload=workload, cuda_graph_sizes=sizes)
+
+
+def _extra_name(extra: tuple[tuple[int, bool, bool, int], int, float, tuple[int, ...]]) -> str:
+    mode, page_size, prebuilt, sizes = extra
+    padded = "-graphs" if sizes else ""
+    return f"{_hybrid_name(mode)}-page{page_size}-prebuilt{prebuilt}{padded}"
+
+
+@pytest.mark.parametrize("extra", HYBRID_EXTRAS, ids=_extra_name)
+def test_prebuilt_arrivals_and_padded_forwards_run_the_hybrid_model_exactly(
+    extra: tuple[tuple[int, bool, bool, int], int, float, tuple[int, ...]],
+) -> None:
+    run = simulate(_extra_config(*extra))
+    assert run.oracle is not None and run.oracle.passed, run.oracle
+    assert run.oracle.num_checked == WORKLOAD.num_requests
+    assert run.trace.num_checks == len(run.trace) + 1
+    assert run.pools_conserved
+    mode, _, prebuilt, sizes = extra
+    if prebuilt:
+        assert run.trace.prebuilt_requests > 0
+    if sizes:
+        assert run.feeder is not None and run.feeder.padded_forwards > 0
+    _assert_requests_run_together(run.trace, mode[0])
+
+
+def test_two_ranks_run_the_hybrid_model_with_prebuilt_arrivals_and_padding() -> None:
+    config = _extra_config((8, False, True, 2), 16, 0.5, GRAPH_SIZES)
+    config = attrs.evolve(config, workload=attrs.evolve(config.workload, num_requests=16))
+    run = launch(config, DataParallelConfig(2), show_progress=False)
+    assert run.oracle is not None and run.oracle.passed, run.oracle
+    assert all(rank.pools_conserved for rank in run.ranks)
+    assert any(spec.prebuilt for spec in run.specs)  # the oracle checked their tokens too
+    assert sum(rank.padded_forwards for rank in run.ranks) > 0
 
 
 @pytest.mark.parametrize("seed", [0, 1])

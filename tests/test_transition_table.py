@@ -24,6 +24,7 @@ from batchstate import (
     ForwardInputs,
     GraphBuffers,
     Holder,
+    HybridBuffers,
     Idle,
     Mixed,
     Padded,
@@ -39,6 +40,7 @@ from batchstate import (
     decode_sampled,
     extend,
     fill,
+    fill_hybrid,
     filter_batch,
     find_leaks,
     forward_inputs,
@@ -53,6 +55,7 @@ from batchstate import (
     settle_ahead,
     split,
     sync,
+    transfer_targets,
     verify,
     verify_ahead,
 )
@@ -305,6 +308,35 @@ def _call_hybrid_inputs(
     return hybrid, pools, [source]
 
 
+def _call_transfer_targets(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    # Full-attention pools: each row's every position at its table cells, and nothing more
+    # (tests/test_hybrid_prebuilt.py covers hybrid pools).
+    assert isinstance(source, Filtered)
+    targets = transfer_targets(source, pools)
+    slots, lens = source.rows.req_pool_indices.host, source.rows.seq_lens.host
+    cells = [
+        pools.table.host[slot, :length].tolist() for slot, length in zip(slots, lens, strict=True)
+    ]
+    assert targets.kv_locs.host.tolist() == [loc for row in cells for loc in row]
+    assert (targets.num_rows, targets.hybrid.windows) == (len(source.rows), ())
+    return targets, pools, [source]
+
+
+def _call_fill_hybrid(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[Holder]]:
+    # Full-attention pools, a padded decode bucket: no window or state inputs, as
+    # `hybrid_inputs` (tests/test_hybrid_buffers.py covers hybrid pools).
+    assert isinstance(source, Decoding)
+    padded = pad(forward_inputs(source, pools.table, pools.page_size), [64]).unwrap()
+    buffers = HybridBuffers.allocate(CPU, pools.memory_kinds, rows=64, tokens=64, window_pages=64)
+    hybrid = fill_hybrid(buffers, padded.inputs, pools).unwrap()
+    assert (hybrid.num_rows, hybrid.windows, hybrid.states) == (64, (), ())
+    return hybrid, pools, [source]
+
+
 def _call_pad(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
     assert isinstance(source, Decoding)
     inputs = forward_inputs(source, pools.table, pools.page_size)
@@ -370,6 +402,8 @@ CALLERS: dict[Callable[..., object], Caller] = {
     forward_inputs: _call_forward_inputs,  # type: ignore[dict-item]  # as above
     pad: _call_pad,  # type: ignore[dict-item]  # as above
     hybrid_inputs: _call_hybrid_inputs,  # type: ignore[dict-item]  # as above
+    transfer_targets: _call_transfer_targets,  # type: ignore[dict-item]  # as above
+    fill_hybrid: _call_fill_hybrid,  # type: ignore[dict-item]  # as above
     fill: _call_fill,  # type: ignore[dict-item]  # as above
 }
 

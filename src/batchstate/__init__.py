@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     )
     from batchstate._free_list import FreeList
     from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError
+    from batchstate._hybrid_buffers import HybridBuffers, fill_hybrid
     from batchstate._hybrid_inputs import HybridInputs, StateInputs, WindowInputs, hybrid_inputs
     from batchstate._hybrid_pools import HybridPools
     from batchstate._invariants import check_batch, check_pools
@@ -88,6 +89,7 @@ if TYPE_CHECKING:
     from batchstate._state_copies import StateCopies, accepted_states
     from batchstate._state_slots import StateSlots
     from batchstate._token_table import TokenTable
+    from batchstate._transfer_targets import TransferTargets, transfer_targets
     from batchstate._transitions import TRANSITIONS, Transition
     from batchstate._unwrap import UnwrapError, unwrap
     from batchstate._upper_bound import UpperBound
@@ -134,6 +136,7 @@ __all__ = [
     "GraphBuffersError",
     "Holder",
     "HostColumn",
+    "HybridBuffers",
     "HybridInputs",
     "HybridPools",
     "Idle",
@@ -182,6 +185,7 @@ __all__ = [
     "StillRunning",
     "TokenTable",
     "TooLargeToPad",
+    "TransferTargets",
     "Transition",
     "UnwrapError",
     "UpperBound",
@@ -201,6 +205,7 @@ __all__ = [
     "decode_sampled",
     "extend",
     "fill",
+    "fill_hybrid",
     "filter_batch",
     "find_leaks",
     "flush",
@@ -223,6 +228,7 @@ __all__ = [
     "settle_ahead",
     "split",
     "sync",
+    "transfer_targets",
     "unpad",
     "unpad_tokens",
     "unwrap",

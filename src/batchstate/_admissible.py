@@ -63,7 +63,8 @@ def _allocates(inputs: Sequence[Req | Chunked[C]], pools: Pools, *, match: bool)
             slots.append(item.slot)
             prefix.append(item.cached)
             seq_lens.append(len(item.req.input_ids))
-    allocation = take_tokens(
-        with_slots, host_int64(slots), host_int64(prefix), host_int64(seq_lens)
-    )
+    lengths = host_int64(seq_lens)
+    # `prebuilt` (no match) takes window pages for each window's tail only, as it admits.
+    reads_from = None if match else lengths
+    allocation = take_tokens(with_slots, host_int64(slots), host_int64(prefix), lengths, reads_from)
     return not isinstance(allocation, OutOfKVTokens)

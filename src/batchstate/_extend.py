@@ -133,6 +133,9 @@ def prebuilt(  # the overloads above are the API; Any stands for their column se
     Allocates a slot and KV for every input id of each request and builds
     every mirror, like `extend`, but runs no forward: the caller fills the
     KV at `pools.table.device[slot, :seq_len]` for each row, then decodes.
+    On hybrid pools each row also takes a state slot, and window pages for
+    its window's tail only (the positions its next decode reads): where
+    the caller writes each kind is `transfer_targets(batch, pools)`.
     With the prefix cache on nothing is read from it (the KV arrives
     whole), and each row's whole pages are published as `extend` does.
 
@@ -183,7 +186,7 @@ def _admit_all(
         return EmptyExtend()
     fresh = all(type(item) is Req for item in inputs)
     if fresh and len(inputs) <= _MAX_ROW_WRITES and not pools.cache.enabled:
-        return _place_fresh(batch, inputs, pools, columns)  # type: ignore[arg-type]  # all Req
+        return _place_fresh(batch, inputs, pools, columns, transferred=not match)  # type: ignore[arg-type]  # all Req
     reqs = [item.req if isinstance(item, Chunked) else item for item in inputs]
     _expect_unique([req.rid for req in reqs], "rid")
     held = [item for item in inputs if isinstance(item, Chunked)]

@@ -49,7 +49,7 @@ class _Matched(NamedTuple):
 
 
 def _place_fresh(
-    batch: Idle[C], reqs: Sequence[Req], pools: Pools, columns: C
+    batch: Idle[C], reqs: Sequence[Req], pools: Pools, columns: C, *, transferred: bool
 ) -> _Admitted[C] | ExtendError:
     # A few new requests with the cache off, the common extend: every position from 0,
     # so rows take whole pages in order and the table is written one slice per row.
@@ -65,7 +65,7 @@ def _place_fresh(
     if isinstance(allocated, OutOfReqSlots):
         return allocated
     slots, with_slots = allocated
-    allocation = take_fresh(with_slots, slots, seq_lens)
+    allocation = take_fresh(with_slots, slots, seq_lens, transferred=transferred)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation
@@ -120,7 +120,10 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     slots_host = host_int64(slots)
     prefix_host = host_int64(prefix_lens)
     seq_lens_host = host_int64(seq_lens)
-    allocation = take_tokens(pools, slots_host, prefix_host, seq_lens_host)
+    # Rows no forward computes here (`prebuilt`) are first read by their next decode,
+    # at `seq_len`: they take window pages for their window's tail only.
+    reads_from = None if retire else seq_lens_host
+    allocation = take_tokens(pools, slots_host, prefix_host, seq_lens_host, reads_from)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation

@@ -19,6 +19,7 @@ from typing import Any, final
 
 import attrs
 import numpy as np
+import torch
 
 from batchstate._expect import expect_instance
 from batchstate._forward_checks import ForwardInputsError
@@ -26,7 +27,15 @@ from batchstate._forward_inputs import ForwardInputs
 from batchstate._mirrored import HostArray, Mirrored, frozen, upload
 from batchstate._pools import Pools, expect_pools
 
-__all__ = ["HybridInputs", "StateInputs", "WindowInputs", "hybrid_inputs"]
+__all__ = [
+    "HybridInputs",
+    "StateInputs",
+    "WindowInputs",
+    "hybrid_hosts",
+    "hybrid_inputs",
+    "hybrid_of",
+    "window_rows",
+]
 
 
 @final
@@ -114,24 +123,40 @@ def hybrid_inputs(inputs: ForwardInputs, pools: Pools) -> HybridInputs:
     >>> hybrid.windows[0].kv_indices.host.tolist(), hybrid.states[0].state_indices.host.tolist()
     ([1, 2, 3], [1])
     """
-    expect_instance(inputs, ForwardInputs, "hybrid_inputs: inputs")
+    hosts = hybrid_hosts(inputs, pools, "hybrid_inputs")
+    return hybrid_of(inputs.num_rows, pools, hosts, upload(hosts, inputs.device))
+
+
+def hybrid_hosts(inputs: ForwardInputs, pools: Pools, caller: str) -> list[HostArray]:
+    """`hybrid_inputs`' checks, then its host arrays, in `hybrid_of`'s order.
+
+    Per window kind `kv_starts`, `kv_indptr`, `kv_indices` (int32) and
+    `out_cache_loc` (int64), then per state kind `state_indices` (int64).
+    """
+    expect_instance(inputs, ForwardInputs, f"{caller}: inputs")
     expect_pools(pools)
     slots, seq = inputs.req_pool_indices.host, inputs.seq_lens.host
     if inputs.kv_cache_size != pools.kv_cache_size or inputs.table_rows != pools.max_reqs + 1:
-        raise ForwardInputsError("hybrid_inputs: the inputs were built against other pools")
+        raise ForwardInputsError(f"{caller}: the inputs were built against other pools")
     real = slots != 0  # a padded forward's padding rows sit at slot 0, which no row owns
     if inputs.num_rows and not np.array_equal(pools.slot_tokens[slots[real]], seq[real]):
         raise ForwardInputsError(
-            "hybrid_inputs: the pools hold other lengths than the forward's rows: pass the"
+            f"{caller}: the pools hold other lengths than the forward's rows: pass the"
             " pools the forward's transition returned"
         )
     hosts: list[HostArray] = []
     for window in pools.memory.windows:
         hosts += _window_hosts(window.table, window.starts, window.page_size, inputs)
     hosts += [state.of_slot[slots] for state in pools.memory.states]
+    return hosts
+
+
+def hybrid_of(
+    num_rows: int, pools: Pools, hosts: list[HostArray], sides: list[torch.Tensor]
+) -> HybridInputs:
+    """The `HybridInputs` of `hybrid_hosts`' arrays and their device sides, in that order."""
     pairs: list[Mirrored[Any]] = [
-        Mirrored._pair(frozen(host), side)
-        for host, side in zip(hosts, upload(hosts, inputs.device), strict=True)
+        Mirrored._pair(frozen(host), side) for host, side in zip(hosts, sides, strict=True)
     ]
     windows = tuple(
         WindowInputs(window.window, window.page_size, *pairs[:4]) for window in pools.memory.windows
@@ -140,14 +165,17 @@ def hybrid_inputs(inputs: ForwardInputs, pools: Pools) -> HybridInputs:
         StateInputs(state.kind.state_size, pair)
         for state, pair in zip(pools.memory.states, pairs[len(windows) * 4 :], strict=True)
     )
-    return HybridInputs(inputs.num_rows, windows, states)
+    return HybridInputs(num_rows, windows, states)
 
 
-def _window_hosts(
-    table: HostArray, starts: HostArray, page_size: int, inputs: ForwardInputs
-) -> list[HostArray]:
-    # kv_starts, kv_indptr, kv_indices and out_cache_loc of the window layers, on the host.
-    slots, seq = inputs.req_pool_indices.host, inputs.seq_lens.host.astype(np.int64)
+def window_rows(
+    table: HostArray, starts: HostArray, page_size: int, slots: HostArray, seq: HostArray
+) -> tuple[HostArray, HostArray, HostArray]:
+    """Each row's window start, and the window pages it holds in CSR form: starts, indptr, pages.
+
+    Row `i` (in slot `slots[i]`, holding `seq[i]` tokens) holds the pages of
+    positions `[starts[slots[i]], seq[i])`; int64 host arrays.
+    """
     kv_starts = starts[slots]
     first = kv_starts // page_size
     counts = np.maximum(-(-seq // page_size) - first, 0)
@@ -155,7 +183,16 @@ def _window_hosts(
     np.cumsum(counts, out=indptr[1:])
     rows = np.repeat(np.arange(counts.shape[0]), counts)
     pages = table[slots[rows], first[rows] + np.arange(rows.shape[0]) - indptr[:-1][rows]]
-    token_rows = np.repeat(np.arange(counts.shape[0]), inputs.extend_lens.host)
+    return kv_starts, indptr, pages
+
+
+def _window_hosts(
+    table: HostArray, starts: HostArray, page_size: int, inputs: ForwardInputs
+) -> list[HostArray]:
+    # kv_starts, kv_indptr, kv_indices and out_cache_loc of the window layers, on the host.
+    slots, seq = inputs.req_pool_indices.host, inputs.seq_lens.host.astype(np.int64)
+    kv_starts, indptr, pages = window_rows(table, starts, page_size, slots, seq)
+    token_rows = np.repeat(np.arange(slots.shape[0]), inputs.extend_lens.host)
     positions = inputs.positions.host[: token_rows.shape[0]]
     locs = table[slots[token_rows], positions // page_size] * page_size + positions % page_size
     # A padded forward's tokens past every row (a filled bucket's) write the padding page 0.

@@ -75,8 +75,9 @@ def take_tokens(
     """Locations for positions `[old_lens[i], new_lens[i])` of each slot `slots[i]`.
 
     `reads_from`: the first position each row's forward queries, where it
-    is before `old_lens` (a verify window queries its decode token again);
-    window pages are given back only before what that position reads.
+    is not `old_lens`: before it (a verify window queries its decode token
+    again), or `new_lens` for rows no forward computes here (`prebuilt`);
+    window pages are held only from what that position reads on.
     """
     page_size = pools.page_size
     num_tokens = new_lens - old_lens
@@ -106,16 +107,18 @@ def take_tokens(
 
 
 def take_fresh(
-    pools: Pools, slots: HostArray, seq_lens: Sequence[int]
+    pools: Pools, slots: HostArray, seq_lens: Sequence[int], *, transferred: bool = False
 ) -> Allocation | OutOfKVTokens:
     """Locations for positions `[0, seq_lens[i])` of each newly owned slot (the extend path).
 
     Pages are counted in Python and each row's locations are its whole
-    pages laid out in order.
+    pages laid out in order. `transferred`: no forward computes the rows
+    here (`prebuilt`), so window pages are taken for each window's tail only.
     """
     page_size = pools.page_size
     pages_per_row = [-(-length // page_size) for length in seq_lens]
-    taken = _take_pages(pools, slots, host_int64(seq_lens), sum(pages_per_row))
+    lengths = host_int64(seq_lens)
+    taken = _take_pages(pools, slots, lengths, sum(pages_per_row), lengths if transferred else None)
     if isinstance(taken, OutOfKVTokens):
         return taken
     new_pages, after = taken

@@ -28,6 +28,7 @@ from batchstate._fill import fill
 from batchstate._filter import filter_batch, split
 from batchstate._forward_inputs import ForwardInputs, ForwardInputsError, forward_inputs
 from batchstate._graph_buffers import DoesNotFit, GraphBuffersError
+from batchstate._hybrid_buffers import fill_hybrid
 from batchstate._hybrid_inputs import HybridInputs, hybrid_inputs
 from batchstate._merge import merge
 from batchstate._mix import decode_sampled, mix
@@ -35,6 +36,7 @@ from batchstate._mixed import Mixed, settle
 from batchstate._padding import Padded, PaddingError, TooLargeToPad, pad
 from batchstate._phases import Decoding, Extended, Filtered, Idle
 from batchstate._speculative import sync, verify
+from batchstate._transfer_targets import TransferTargets, transfer_targets
 from batchstate._verifying import Verifying
 
 __all__ = ["TRANSITIONS", "Transition"]
@@ -84,6 +86,8 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     Transition(None, idle, Idle),
     Transition(Idle, extend, Extended, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
     Transition(Idle, prebuilt, Filtered, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
+    # Where a prebuilt batch's transferred memory goes (a window's tail, a state); no pools.
+    Transition(Filtered, transfer_targets, TransferTargets, raises=(StaleRecord, BatchConflict)),
     *(
         Transition(
             source,
@@ -174,4 +178,12 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     # A hybrid model's window and recurrent layers: their pages, window starts and state
     # slots, from the pools the forward's transition returned. Changes neither.
     Transition(ForwardInputs, hybrid_inputs, HybridInputs, raises=(ForwardInputsError,)),
+    # The same, written into a captured bucket's `HybridBuffers`.
+    Transition(
+        ForwardInputs,
+        fill_hybrid,
+        HybridInputs,
+        failures=(DoesNotFit,),
+        raises=(GraphBuffersError, ForwardInputsError),
+    ),
 )

@@ -87,9 +87,11 @@ class WindowPages:
 
         `reads_from` is the first position each row's forward queries:
         `old_lens`, or less for a forward that queries tokens again (a
-        verify window its decode token). Returns the new value, or `(pages
-        needed, pages available)` when the window pages fall short (nothing
-        changed then).
+        verify window its decode token), or more for rows whose memory
+        arrives from elsewhere (`prebuilt`: `new_lens`, what the next decode
+        queries), which take window pages for their window's tail only.
+        Returns the new value, or `(pages needed, pages available)` when
+        the window pages fall short (nothing changed then).
         """
         page_size = self.page_size
         start = self.starts[slots]
@@ -98,26 +100,34 @@ class WindowPages:
         keep -= keep % page_size
         dropping = np.flatnonzero(keep > start)  # a decode step: a row now and then
         round_up = page_size - 1
-        num_new = (new_lens + round_up) // page_size - (old_lens + round_up) // page_size
-        total_new = int(num_new.sum())
+        held_end = (old_lens + round_up) // page_size
+        first_new = held_end  # new pages from the row's end on
+        num_new = (new_lens + round_up) // page_size - held_end
         dropped = _NO_PAGES
         if dropping.shape[0]:
             first_dropped = start[dropping] // page_size
-            num_dropped = keep[dropping] // page_size - first_dropped
-            dropped = self.table[_cells(slots[dropping], first_dropped, num_dropped)]
+            keep_page, ends = keep[dropping] // page_size, held_end[dropping]
+            past = keep_page > ends  # its window starts past its end: a prebuilt row
+            if past.any():  # it holds nothing to drop, and takes pages from its window's start
+                keep_page = np.minimum(keep_page, ends)
+                first_new = held_end.copy()
+                first_new[dropping[past]] = keep[dropping[past]] // page_size
+                num_new = np.maximum((new_lens + round_up) // page_size - first_new, 0)
+            dropped = self.table[_cells(slots[dropping], first_dropped, keep_page - first_dropped)]
+        total_new = int(num_new.sum())
         if total_new > len(self.page_list) + dropped.shape[0]:
             return total_new, len(self.page_list) + dropped.shape[0]
         page_list, starts = self.page_list, self.starts
         if dropped.shape[0]:
             page_list = page_list.give(dropped)
+        if dropping.shape[0]:  # a prebuilt row's start moves with nothing dropped
             moved = starts.copy()
             moved[slots[dropping]] = keep[dropping]
             starts = frozen(moved)
         if total_new:
             pages, page_list = page_list.take(total_new)
             opening = np.flatnonzero(num_new)  # a decode step: rows whose token opens a page
-            first_new = (old_lens[opening] + round_up) // page_size
-            cells = _cells(slots[opening], first_new, num_new[opening])
+            cells = _cells(slots[opening], first_new[opening], num_new[opening])
             with writing(self.table):  # cells past each row's end: unused by every value
                 self.table[cells] = pages
         return WindowPages(self.kind, page_size, page_list, starts, self.table)

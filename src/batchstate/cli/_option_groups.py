@@ -80,7 +80,8 @@ def add_workload_options(add: Add) -> None:
         default=0.0,
         metavar="F",
         help="share of first turns prefilled elsewhere (disaggregated prefill): they arrive"
-        " with their prompt's KV and first token, and this engine decodes them",
+        " with their prompt's KV and first token (--model hybrid: a window layer's tail and"
+        " the recurrent state too), and this engine decodes them",
     )
 
 
@@ -140,7 +141,7 @@ def add_engine_options(add: Add) -> None:
         help="full: every layer attends over all earlier tokens; hybrid: a sliding-window"
         " layer (its own window pages, given back as rows grow), a recurrent-state layer (a"
         " state slot per request) and a full-attention layer. hybrid runs without the prefix"
-        " cache for now: it needs --no-prefix-cache, and takes no --prebuilt",
+        " cache for now: it needs --no-prefix-cache",
     )
     add(
         "--window",

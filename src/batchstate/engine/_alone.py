@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import final
+from typing import NamedTuple, final
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from batchstate import GREEDY, Sampling, SamplingParams
 from batchstate.engine._model import TinyModel
 from batchstate.engine._recurrence import recur
 
-__all__ = ["AloneRun", "prefill_alone"]
+__all__ = ["AloneRun", "Prefilled", "prefill_alone"]
 
 
 @final
@@ -58,11 +58,26 @@ class AloneRun:
         return int(self.model.sample(hidden, self._columns, at)[0])
 
     def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of every computed position: `[num_layers, length, num_heads, head_dim]` each."""
+        """K and V of every computed position, of each layer that keeps K/V (full and window
+        layers, in layer order): `[kv layers, length, num_heads, head_dim]` each."""
+        kinds = [self.model.config.kind(layer) for layer in range(self.model.config.num_layers)]
+        kept = [layer for layer, kind in enumerate(kinds) if kind != "state"]
         return (
-            torch.stack([torch.cat(layer) for layer in self._keys]),
-            torch.stack([torch.cat(layer) for layer in self._values]),
+            torch.stack([torch.cat(self._keys[layer]) for layer in kept]),
+            torch.stack([torch.cat(self._values[layer]) for layer in kept]),
         )
+
+    def states(self) -> torch.Tensor:
+        """Each state layer's state after the tokens computed so far.
+
+        `[state layers, num_heads, head_dim, head_dim]`; no rows for a model without any.
+        """
+        config = self.model.config
+        layers = [layer for layer in range(config.num_layers) if config.kind(layer) == "state"]
+        if not layers:
+            heads = (config.num_heads, config.head_dim, config.head_dim)
+            return torch.zeros((0, *heads), dtype=config.torch_dtype, device=self.model.device)
+        return torch.stack([self._states[layer] for layer in layers])
 
     def _attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -89,20 +104,30 @@ class AloneRun:
         return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), all_v)
 
 
+class Prefilled(NamedTuple):
+    """What a prefill server hands over for one prompt (see `prefill_alone`)."""
+
+    token: int  # the token after the prompt
+    k: torch.Tensor  # [kv layers (full and window, in layer order), len(prompt), heads, head_dim]
+    v: torch.Tensor  # the same
+    states: torch.Tensor  # [state layers, heads, head_dim, head_dim]: after the last token
+
+
 def prefill_alone(
     model: TinyModel, prompt: Sequence[int], sampling: SamplingParams = GREEDY
-) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """What a prefill server hands over: the token after `prompt`, and the prompt's K and V.
+) -> Prefilled:
+    """What a prefill server hands over: the token after `prompt`, its K and V, and its states.
 
     The token is sampled as the oracle samples its first (at position
-    `len(prompt)`, with `sampling`); K and V are `[num_layers, len(prompt),
-    num_heads, head_dim]`.
+    `len(prompt)`, with `sampling`); K and V are those of every prompt
+    position, for each layer that keeps K/V. Which of them a decode server
+    keeps (a window layer's tail only) is its own business (`transfer_targets`).
 
     >>> from batchstate.engine._model import ModelConfig, make_model
-    >>> token, k, v = prefill_alone(make_model(ModelConfig()), (5, 6, 7))
-    >>> tuple(k.shape) == tuple(v.shape) == (2, 3, 4, 8)
-    True
+    >>> token, k, v, states = prefill_alone(make_model(ModelConfig()), (5, 6, 7))
+    >>> tuple(k.shape) == tuple(v.shape) == (2, 3, 4, 8), tuple(states.shape)
+    (True, (0, 4, 8, 8))
     """
     run = AloneRun(model, sampling)
     token = run.next_token(prompt)
-    return (token, *run.kv())
+    return Prefilled(token, *run.kv(), run.states())

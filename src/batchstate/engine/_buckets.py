@@ -12,8 +12,10 @@ forward is padded by tokens in no row, its rows unchanged, which a
 bucket's fixed row count can match only exactly: its bucket is
 `for_extend(rows, size)`, one per row count the run brings to a size.
 Beside each, the bucket's input ids (int64 `[size]`), as a graph runner
-keeps them. (`fill` pads an extend bucket's missing rows with fill rows, which `pad`
-does not; keyed by rows, the model reads exactly what `pad` gave it.)
+keeps them, and on hybrid pools its `HybridBuffers`, which `fill_hybrid`
+writes the window and state layers' inputs into. (`fill` pads an extend
+bucket's missing rows with fill rows, which `pad` does not; keyed by
+rows, the model reads exactly what `pad` gave it.)
 """
 
 from __future__ import annotations
@@ -23,7 +25,18 @@ from typing import Any, final
 import numpy as np
 import torch
 
-from batchstate import Decoding, Extended, GraphBuffers, Mixed, Padded, Pools, fill
+from batchstate import (
+    Decoding,
+    Extended,
+    GraphBuffers,
+    HybridBuffers,
+    HybridInputs,
+    Mixed,
+    Padded,
+    Pools,
+    fill,
+    fill_hybrid,
+)
 from batchstate.engine._config import EngineError
 
 __all__ = ["Buckets", "forward_shape"]
@@ -48,6 +61,7 @@ class Buckets:
     def __init__(self) -> None:
         self.buffers: dict[tuple[int, int], GraphBuffers] = {}
         self.input_ids: dict[tuple[int, int], torch.Tensor] = {}  # int64 [tokens] each
+        self.hybrid: dict[tuple[int, int], HybridBuffers] = {}  # hybrid pools' buckets
 
     def fill(
         self, batch: Extended[Any] | Decoding[Any] | Mixed[Any], pools: Pools, size: int
@@ -68,6 +82,26 @@ class Buckets:
         if padded is None:
             raise EngineError(f"a forward does not fit its bucket {key}: {filled.failure()}")
         return padded
+
+    def hybrid_inputs(self, padded: Padded, pools: Pools) -> HybridInputs:
+        """`padded`'s window and state inputs, written into its bucket's `HybridBuffers`.
+
+        Raises:
+            EngineError: they do not fit the bucket (a bug).
+        """
+        inputs = padded.inputs
+        key = (inputs.num_rows, inputs.num_tokens)
+        buffers = self.hybrid.get(key)
+        if buffers is None:
+            capacity = self.buffers[key].kv_capacity  # every row's longest context, as there
+            buffers = self.hybrid[key] = HybridBuffers.allocate(
+                inputs.device, pools.memory_kinds, rows=key[0], tokens=key[1], window_pages=capacity
+            )
+        filled = fill_hybrid(buffers, inputs, pools)
+        hybrid = filled.value_or(None)
+        if hybrid is None:
+            raise EngineError(f"a forward's hybrid inputs do not fit {key}: {filled.failure()}")
+        return hybrid
 
     def pad_ids(self, padded: Padded, input_ids: torch.Tensor) -> torch.Tensor:
         """`padded`'s real input ids written into its bucket's ids buffer, padded with 0.

@@ -12,6 +12,7 @@ from batchstate import (
     Decoding,
     Extended,
     ForwardInputs,
+    HybridInputs,
     Mixed,
     Padded,
     Pools,
@@ -72,6 +73,10 @@ class Feeder:
         self.padded_rows += padded.padded_rows
         self.padded_tokens += padded.padded_tokens
         return padded
+
+    def hybrid_inputs(self, padded: Padded, pools: Pools) -> HybridInputs:
+        """A padded forward's window and state inputs, in its bucket's `HybridBuffers`."""
+        return self.buckets.hybrid_inputs(padded, pools)
 
     def pad_ids(self, padded: Padded, input_ids: torch.Tensor) -> torch.Tensor:
         """A padded forward's input ids, in its bucket's ids buffer (padded with 0)."""

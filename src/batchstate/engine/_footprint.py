@@ -164,6 +164,12 @@ def _buckets(config: SimulationConfig, *, on_device: bool, runs_model: bool) -> 
         count = 1 + extend_rows
         device += rows * (44 + 12 * max_pages) + count * (24 * tokens + 12)
         staging += rows * (44 + 4 * max_pages) + count * (8 * tokens + 12)
+        if config.model.is_hybrid:
+            # Its HybridBuffers, and staging as large: window starts, offsets and pages (int32)
+            # and new locations (int64 [t]), and state slots (int64).
+            hybrid = rows * (16 + 4 * max_pages) + count * (4 + 8 * tokens)
+            device += hybrid
+            staging += hybrid
     option = "--cuda-graph-sizes"
     parts = [Part("the captured buckets' staging bytes", staging, option)]
     if runs_model:  # meta tensors allocate nothing

@@ -24,6 +24,7 @@ from batchstate import (
     Extended,
     Filtered,
     ForwardInputs,
+    HybridInputs,
     Idle,
     Mixed,
     Padded,
@@ -44,7 +45,6 @@ __all__ = [
     "sample_decode",
     "sample_extend",
     "sample_mixed",
-    "write_prefilled",
 ]
 
 
@@ -130,30 +130,6 @@ def sample_mixed(  # as above
     return model.sample(hidden, sampling, batch.rows.seq_lens.host)
 
 
-def write_prefilled(
-    cache: KVCache, batch: Filtered[Any], pools: Pools, k: torch.Tensor, v: torch.Tensor
-) -> None:
-    """Write K/V computed elsewhere at each row's locations, for positions 0 to `seq_lens[i]`.
-
-    Row `i`'s locations are `pools.table.device[req_pool_indices[i], :seq_lens[i]]`,
-    gathered on the device: nothing is read back.
-
-    Args:
-        batch: a `prebuilt` batch, its KV allocated but not yet written.
-        k, v: `[num_layers, seq_lens_sum, num_heads, head_dim]` on the cache's
-            device, each row's positions in order, the rows back to back.
-    """
-    rows = batch.rows
-    seq_lens = torch.tensor(rows.seq_lens.host, dtype=torch.int64)  # a host copy
-    row_of = torch.repeat_interleave(torch.arange(len(rows)), seq_lens)
-    col = torch.arange(row_of.shape[0]) - (torch.cumsum(seq_lens, 0) - seq_lens)[row_of]
-    # Host layout (from host seq_lens) copied once; the slots and the table stay on the device.
-    row, position = torch.stack((row_of, col)).to(cache.k.device).unbind()
-    locs = pools.table.device[rows.req_pool_indices.device[row], position].to(torch.int64)
-    cache.k[:, locs] = k
-    cache.v[:, locs] = v
-
-
 def _sampling(rows: Rows[Any]) -> Sampling | None:
     columns = rows.columns
     return columns if isinstance(columns, Sampling) else None
@@ -181,8 +157,18 @@ def _run(  # noqa: PLR0917  # the forward, then who feeds it
     # The hidden state at each real row's last token: what sampling takes.
     if isinstance(inputs, Padded):  # the feeder's: its ids go to the bucket's buffer too
         ids = inputs.pad_tokens(input_ids) if feeder is None else feeder.pad_ids(inputs, input_ids)
+        # A hybrid model's window and state inputs go to the bucket's buffers as well.
+        hybrid = (
+            feeder.hybrid_inputs(inputs, pools)
+            if feeder is not None and model.config.is_hybrid
+            else None
+        )
         return unpad(
-            inputs.run(lambda padded: _forward(model, cache, padded, pools, ids, feed_forward))
+            inputs.run(
+                lambda padded: _forward(
+                    model, cache, padded, pools, ids, feed_forward, hybrid=hybrid
+                )
+            )
         )
     hidden = _forward(model, cache, inputs, pools, input_ids, feed_forward)
     return hidden.index_select(0, inputs.sample_index.device)
@@ -196,6 +182,8 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
     input_ids: torch.Tensor,
     feed_forward: FeedForward | None,
     checkpoints: torch.Tensor | None = None,
+    *,
+    hybrid: HybridInputs | None = None,  # a hybrid model's, filled into a bucket; None: built
 ) -> torch.Tensor:
     # Paged attention as a kernel consumes it: queries by `qo_indptr`, keys from the pages
     # `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`, the last holding `kv_last_page_len[b]`
@@ -244,7 +232,7 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
         return torch.cat((out, out.new_zeros(rowless, *out.shape[1:]))) if rowless else out
 
     if model.config.is_hybrid:
-        hybrid = hybrid_inputs(inputs, pools)
+        hybrid = hybrid_inputs(inputs, pools) if hybrid is None else hybrid
         attend = hybrid_attend(model, cache, inputs, hybrid, attend, checkpoints)
     return model.hidden(input_ids, inputs.positions.device, attend, feed_forward)
 

@@ -21,6 +21,7 @@ from batchstate import (
     Sampling,
     Verified,
     Verifying,
+    transfer_targets,
 )
 from batchstate.engine._feeder import Feeder
 from batchstate.engine._verify import Acceptance, UnreadAcceptance
@@ -69,7 +70,12 @@ class RandomTokens:
     def transfer(
         self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
     ) -> list[int]:
-        """One random first token per row: meta holds no KV to fill."""
+        """One random first token per row: meta holds no KV to fill.
+
+        The targets are named all the same (`transfer_targets`), as a real
+        transfer names them: on meta, proof that naming them reads nothing.
+        """
+        transfer_targets(batch, pools)
         return self._draw(len(batch.rows))
 
     def draft(self, histories: Sequence[Sequence[int]], counts: Sequence[int]) -> list[list[int]]:

@@ -168,11 +168,6 @@ class SimulationConfig:
                 "--model hybrid runs without the prefix cache for now (the cache keeps"
                 " full-attention pages only): add --no-prefix-cache"
             )
-        if self.workload.prebuilt:
-            raise ValueError(
-                "--model hybrid does not take --prebuilt: a prefill server would hand over"
-                " window KV and recurrent states, which this engine does not transfer"
-            )
         if not 1 <= model.window <= self.context_len:
             raise ValueError(
                 f"--window {model.window} must be in [1, {self.context_len}], the context"

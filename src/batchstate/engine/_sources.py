@@ -36,9 +36,9 @@ from batchstate.engine._paged import (
     sample_decode,
     sample_extend,
     sample_mixed,
-    write_prefilled,
 )
 from batchstate.engine._random_tokens import RandomTokens
+from batchstate.engine._transfer import write_prefilled
 from batchstate.engine._verify import (
     Acceptance,
     UnreadAcceptance,
@@ -90,8 +90,8 @@ class TokenSource(Protocol):
     ) -> list[int]:
         """Fill a `prebuilt` batch's KV from a prefill server; each row's first token.
 
-        `prompts[row]`: the row's input ids, whose K/V go to
-        `pools.table.device[slot, :seq_len]`. No forward runs on the batch.
+        `prompts[row]`: the row's input ids, whose memory goes where
+        `transfer_targets(batch, pools)` names. No forward runs on the batch.
         """
         ...
 
@@ -202,23 +202,19 @@ class ModelTokens:
     def transfer(
         self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
     ) -> list[int]:
-        """Prefill each prompt alone (the prefill server), then copy its K/V into the cache.
+        """Prefill each prompt alone (the prefill server), then copy its memory into the cache.
 
         Each row's first token is sampled with the row's own parameters at
-        position `len(prompt)`, as the oracle samples it. The K/V land at the
-        rows' table locations, gathered on the device.
+        position `len(prompt)`, as the oracle samples it. The K/V (a window
+        layer's tail only) and states land where `transfer_targets` names.
         """
         columns = batch.rows.columns
-        firsts: list[int] = []
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
-        for row, prompt in enumerate(prompts):
-            token, k, v = prefill_alone(self.model, prompt, _params(columns, row))
-            firsts.append(token)
-            keys.append(k)
-            values.append(v)
-        write_prefilled(self.cache, batch, pools, torch.cat(keys, 1), torch.cat(values, 1))
-        return firsts
+        prefilled = [
+            prefill_alone(self.model, prompt, _params(columns, row))
+            for row, prompt in enumerate(prompts)
+        ]
+        write_prefilled(self.model, self.cache, batch, pools, prefilled)
+        return [row.token for row in prefilled]
 
     def draft(self, histories: Sequence[Sequence[int]], counts: Sequence[int]) -> list[list[int]]:
         """Greedy drafts from the draft model, each request alone over its history."""
