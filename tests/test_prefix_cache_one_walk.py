@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,9 +58,10 @@ def test_a_release_is_unlock_then_insert_in_one_walk(data: st.DataObject) -> Non
     read = data.draw(st.sampled_from(reads)) if reads else ()
     tokens = read + (data.draw(_pages(page_size, 3)) if data.draw(st.booleans()) else ())
     pages = list(range(500, 500 + len(tokens) // page_size))
-    released, present = cache._release(read, tokens, pages)
+    released, present = cache._release(read, tokens, np.array(pages, dtype=np.int64))
     stepwise = cache._unlock(read, len(read)) if read else cache
     stepwise, present_stepwise = stepwise._insert(tokens, pages)
     assert present == present_stepwise
     assert _value(released) == _value(stepwise)
     assert released._leaves == released._unlocked_leaves()
+    assert {type(page) for _, node in released._nodes() for page in node.pages} <= {int}

@@ -171,14 +171,12 @@ class PrefixCache:
         )  # fmt: skip
         return cache, present
 
-    def _release(
-        self, read: Tokens, tokens: Tokens, pages: Sequence[int]
-    ) -> tuple[PrefixCache, int]:
+    def _release(self, read: Tokens, tokens: Tokens, pages: HostArray) -> tuple[PrefixCache, int]:
         # A row that read `read` leaves and its `tokens` (whole pages, starting with
         # `read`) go in at `pages`: the value of `_unlock` then `_insert`, in one walk.
         if not read or len(tokens) < len(read):
             cache = self._unlock(read, len(read)) if read else self
-            return cache._insert(tokens, pages)
+            return cache._insert(tokens, pages.tolist())
         clock = self.clock + 1
         root, present, unlocked, bare = release_tokens(
             self._root, len(read), tokens, pages, self.page_size, clock

@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 from immutables import Map
 
+from batchstate._mirrored import HostArray
+
 __all__ = [
     "NO_CHILDREN",
     "ROOT",
@@ -153,12 +155,13 @@ def insert_tokens(
 
 
 def release_tokens(  # noqa: PLR0917  # a private helper, called once
-    root: Node, read: int, tokens: Tokens, pages: Sequence[int], page_size: int, clock: int
+    root: Node, read: int, tokens: Tokens, pages: HostArray, page_size: int, clock: int
 ) -> tuple[Node, int, int, bool]:
     # A row that read (locked) the cached tokens[:read] (0 < read <= len(tokens)) leaves,
     # and tokens (whole pages) go in at `pages`: `update_locks` of -1 then `insert_tokens`
     # in one walk. Returns the root, the cached length before, the pages unlocked, and
-    # whether the unlock left the node ending at `read` an unlocked leaf.
+    # whether the unlock left the node ending at `read` an unlocked leaf. Only the
+    # pages the tree did not hold become ints: most of a row's tokens were published.
     node, at, unlocked, bare = root, 0, 0, False
     path: list[tuple[Tokens, Node]] = []
     while at < len(tokens):
@@ -188,7 +191,7 @@ def release_tokens(  # noqa: PLR0917  # a private helper, called once
             break
     present = at
     if at < len(tokens):
-        leaf = Node(tokens[at:], tuple(pages[at // page_size :]), NO_CHILDREN, 0, clock)
+        leaf = Node(tokens[at:], tuple(pages[at // page_size :].tolist()), NO_CHILDREN, 0, clock)
         key = tokens[at : at + page_size]
         if not path:
             return with_children(root, root.children.set(key, leaf)), present, unlocked, bare

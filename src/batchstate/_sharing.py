@@ -99,7 +99,7 @@ def give_back(
         if prefix:
             del prefixes[slot]
         full = min(len(tokens), num_tokens) // page_size * page_size
-        cache, present = cache._release(prefix, tokens[:full], pages[: full // page_size].tolist())
+        cache, present = cache._release(prefix, tokens[:full], pages[: full // page_size])
         # Pages the cache holds already past the row's own prefix: computed twice, free one.
         freed += [
             pages[len(prefix) // page_size : present // page_size],
