@@ -82,32 +82,39 @@ def publish_computed(
             continue
         ids = tuple(tokens[:full])
         row = _RowLocs(table[slot], locs32, start, first)
-        cached, pages = cache._cached(ids)  # full-attention pages: hybrid rows dedup too
-        if cached > len(old) and not retire:
+        # Most rows find nothing cached past their prefix: the walk that publishes their
+        # pages finds that out (None: the cache holds the next page, another row's).
+        own_pages = row.at(np.arange(len(old), full, page_size)) // page_size
+        published = cache._publish(ids, len(old), own_pages.tolist())
+        if published is not None:
+            cache = published
+            prefixes[slot] = ids
+            continue
+        if not retire:
             continue  # cached past its prefix already: its own copy stays private
-        if cached > len(old):
-            cache = _read_cached(cache, old, ids[:cached])
-            prefixes[slot] = ids[:cached]
-            positions = np.arange(len(old), cached)
-            retired.append(row.at(positions[::page_size]) // page_size)
-            shared = pages[positions // page_size] * page_size + positions % page_size
-            later = positions >= start
-            if later.any():
-                if locs32 is cells[2]:
-                    locs32 = locs32.copy()  # the caller's stays as it was
-                locs32[first + positions[later] - start] = shared[later]
-            if not later.all():
-                before = positions[~later]
-                extra.append(
-                    (
-                        np.full(before.shape[0], slot, dtype=np.int64),
-                        before,
-                        shared[~later].astype(np.int32),
-                    )
+        cached, pages = cache._cached(ids)  # full-attention pages: hybrid rows dedup too
+        cache = _read_cached(cache, old, ids[:cached])
+        prefixes[slot] = ids[:cached]
+        positions = np.arange(len(old), cached)
+        retired.append(row.at(positions[::page_size]) // page_size)
+        shared = pages[positions // page_size] * page_size + positions % page_size
+        later = positions >= start
+        if later.any():
+            if locs32 is cells[2]:
+                locs32 = locs32.copy()  # the caller's stays as it was
+            locs32[first + positions[later] - start] = shared[later]
+        if not later.all():
+            before = positions[~later]
+            extra.append(
+                (
+                    np.full(before.shape[0], slot, dtype=np.int64),
+                    before,
+                    shared[~later].astype(np.int32),
                 )
+            )
         if cached < full:
-            own_pages = row.at(np.arange(cached, full, page_size)) // page_size
-            published = cache._publish(ids, cached, own_pages.tolist())
+            rest = own_pages[(cached - len(old)) // page_size :]
+            published = cache._publish(ids, cached, rest.tolist())
             assert published is not None, "the match stopped at `cached`: no page past it is cached"
             cache = published
             prefixes[slot] = ids

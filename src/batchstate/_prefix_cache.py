@@ -19,6 +19,7 @@ from batchstate._radix_nodes import (
     descend,
     insert_tokens,
     rebuild,
+    release_tokens,
     remove_leaf,
     update_locks,
     with_children,
@@ -170,6 +171,29 @@ class PrefixCache:
         )  # fmt: skip
         return cache, present
 
+    def _release(self, read: Tokens, tokens: Tokens, pages: HostArray) -> tuple[PrefixCache, int]:
+        # A row that read `read` leaves and its `tokens` (whole pages, starting with
+        # `read`) go in at `pages`: the value of `_unlock` then `_insert`, in one walk.
+        if not read or len(tokens) < len(read):
+            cache = self._unlock(read, len(read)) if read else self
+            return cache._insert(tokens, pages.tolist())
+        clock = self.clock + 1
+        root, present, unlocked, bare = release_tokens(
+            self._root, len(read), tokens, pages, self.page_size, clock
+        )
+        added = (len(tokens) - present) // self.page_size
+        leaves = self._leaves
+        # A leaf the unlock left bare is `tokens`' end, or their new leaf's parent.
+        if bare or added or tokens in leaves:
+            leaves = dict(leaves)
+            leaves.pop(tokens[:present], None)
+            leaves[tokens] = clock
+        cache = PrefixCache(
+            self.page_size, self.enabled, root, clock, self.num_pages + added,
+            self.num_locked - unlocked, self.num_evicted, leaves, self.reuses,
+        )  # fmt: skip
+        return cache, present
+
     def _publish(self, tokens: Tokens, start: int, pages: Sequence[int]) -> PrefixCache | None:
         # A row that reads (locks) the cached `tokens[:start]` computed the rest (whole
         # pages, at `pages`): cache them and move its lock to their end, in one walk. The
@@ -202,15 +226,17 @@ class PrefixCache:
         # Drop unlocked leaves, least recently used first, until `num_pages` pages are
         # out (or none is left); returns the cache and the pages dropped, whole leaves.
         # Heaps the unlocked leaves it keeps: O(leaves + evicted * log leaves), no scan.
-        heap = [(used, prefix) for prefix, used in self._leaves.items()]
+        if num_pages <= 0 or not self._leaves:
+            return self, []
+        heap = list(zip(self._leaves.values(), self._leaves, strict=True))  # ties: by prefix
         heapq.heapify(heap)
         leaves = dict(self._leaves)
-        root, freed = self._root, list[int]()
+        root, freed, page_size = self._root, list[int](), self.page_size
         while heap and len(freed) < num_pages:
             _, prefix = heapq.heappop(heap)
             del leaves[prefix]
-            root, leaf, parent = remove_leaf(root, prefix, self.page_size)
-            freed.extend(leaf.pages)
+            root, leaf, parent = remove_leaf(root, prefix, page_size)
+            freed += leaf.pages
             if parent.tokens and not parent.children and not parent.locks:
                 above = prefix[: -len(leaf.tokens)]
                 leaves[above] = parent.used

@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 from immutables import Map
 
+from batchstate._mirrored import HostArray
+
 __all__ = [
     "NO_CHILDREN",
     "ROOT",
@@ -23,6 +25,7 @@ __all__ = [
     "descend",
     "insert_tokens",
     "rebuild",
+    "release_tokens",
     "remove_leaf",
     "split_node",
     "update_locks",
@@ -149,6 +152,52 @@ def insert_tokens(
         last_key, last = path[-1]
         path[-1] = (last_key, with_children(last, last.children.set(key, leaf)))
     return rebuild(root, path), present
+
+
+def release_tokens(  # noqa: PLR0917  # a private helper, called once
+    root: Node, read: int, tokens: Tokens, pages: HostArray, page_size: int, clock: int
+) -> tuple[Node, int, int, bool]:
+    # A row that read (locked) the cached tokens[:read] (0 < read <= len(tokens)) leaves,
+    # and tokens (whole pages) go in at `pages`: `update_locks` of -1 then `insert_tokens`
+    # in one walk. Returns the root, the cached length before, the pages unlocked, and
+    # whether the unlock left the node ending at `read` an unlocked leaf. Only the
+    # pages the tree did not hold become ints: most of a row's tokens were published.
+    node, at, unlocked, bare = root, 0, 0, False
+    path: list[tuple[Tokens, Node]] = []
+    while at < len(tokens):
+        key = tokens[at : at + page_size]
+        child = node.children.get(key)
+        if child is None:
+            break
+        split = False
+        if at < read:  # on the read prefix: cached, so no compare; cut where it ends
+            if at + len(child.tokens) > read:
+                child = split_node(child, read - at, page_size)
+            common, locks = len(child.tokens), child.locks - 1
+            if not locks:
+                unlocked += len(child.pages)
+            bare = at + common == read and not child.children and not locks
+        else:
+            common, locks = (
+                common_pages(child.tokens, tokens, at, len(tokens), page_size),
+                child.locks,
+            )
+            split = common < len(child.tokens)
+            if split:
+                child = split_node(child, common, page_size)
+        path.append((key, Node(child.tokens, child.pages, child.children, locks, clock)))
+        node, at = child, at + common
+        if split:
+            break
+    present = at
+    if at < len(tokens):
+        leaf = Node(tokens[at:], tuple(pages[at // page_size :].tolist()), NO_CHILDREN, 0, clock)
+        key = tokens[at : at + page_size]
+        if not path:
+            return with_children(root, root.children.set(key, leaf)), present, unlocked, bare
+        last_key, last = path[-1]
+        path[-1] = (last_key, with_children(last, last.children.set(key, leaf)))
+    return rebuild(root, path), present, unlocked, bare
 
 
 def remove_leaf(root: Node, prefix: Tokens, page_size: int) -> tuple[Node, Node, Node]:

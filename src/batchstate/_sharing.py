@@ -97,10 +97,9 @@ def give_back(
     for (slot, num_tokens), (prefix, tokens) in zip(owned, rows, strict=True):
         pages = table[slot, :num_tokens:page_size].astype(np.int64) // page_size
         if prefix:
-            cache = cache._unlock(prefix, len(prefix))
             del prefixes[slot]
         full = min(len(tokens), num_tokens) // page_size * page_size
-        cache, present = cache._insert(tokens[:full], pages[: full // page_size].tolist())
+        cache, present = cache._release(prefix, tokens[:full], pages[: full // page_size])
         # Pages the cache holds already past the row's own prefix: computed twice, free one.
         freed += [
             pages[len(prefix) // page_size : present // page_size],
