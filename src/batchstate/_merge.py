@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from batchstate._columns import C
 from batchstate._errors import BatchConflict, ColumnError, PhaseError
 from batchstate._mirrored import HostArray
 from batchstate._overlap import overlap
 from batchstate._phases import Decoding, Extended, Filtered, Idle
+from batchstate._rows import RIDS, SLOTS
 
 __all__ = ["merge"]
 
@@ -44,9 +47,14 @@ def merge(
         return Filtered(left)
     if not len(left):
         return Filtered(right)
-    _expect_disjoint(left.rids, right.rids, "request ids")
-    _expect_disjoint(left.req_pool_indices.host, right.req_pool_indices.host, "request slots")
+    if len(right) != 1 or (left.ints[_SLOTS_AND_RIDS] == right.ints[_SLOTS_AND_RIDS]).any():
+        _expect_disjoint(left.rids, right.rids, "request ids")
+        _expect_disjoint(left.req_pool_indices.host, right.req_pool_indices.host, "request slots")
     return Filtered(left.cat(right))
+
+
+# The rows of `Rows.ints` that must not meet: one compare checks both for one joining row.
+_SLOTS_AND_RIDS: Final = slice(SLOTS, RIDS + 1)
 
 
 def _expect_disjoint(left: HostArray, right: HostArray, what: str) -> None:
