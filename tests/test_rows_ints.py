@@ -142,4 +142,5 @@ def test_a_joining_row_that_shares_a_request_id_or_slot_is_refused(
     with pytest.raises(BatchConflict, match=message):
         merge(running, joining)
     assert (running.rows.ints.tolist(), joining.rows.ints.tolist()) == before
-    assert merge(running, Filtered(Rows.from_host(CPU, [Req(9, (3,))], [9], [1], NO_COLUMNS)))
+    apart = Filtered(Rows.from_host(CPU, [Req(9, (3,))], [9], [1], NO_COLUMNS))
+    assert merge(running, apart).rows.rids.tolist() == [1, 2, 9]

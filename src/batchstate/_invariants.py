@@ -162,10 +162,7 @@ def _expect_packed(rows: Rows[C]) -> None:
     ints = rows.ints
     shape = (NUM_INTS, len(rows.reqs))
     _expect(
-        isinstance(ints, np.ndarray)
-        and ints.shape == shape
-        and ints.dtype == np.int64
-        and not ints.flags.writeable,
+        ints.shape == shape and ints.dtype == np.int64 and not ints.flags.writeable,
         f"Rows.ints: expected a read-only int64 array {list(shape)}",
     )
     columns = (
