@@ -47,7 +47,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
         StaleRecord: a row's slot does not own exactly that row's tokens in
             `pools` (one of the two is from an earlier step).
     """
-    if not isinstance(batch, Extended | Decoding | Filtered):
+    if not isinstance(batch, _RUNNING):
         raise PhaseError(f"decode takes Extended, Decoding or Filtered, got {type(batch).__name__}")
     expect_pools(pools)
     rows = batch.rows
@@ -131,3 +131,7 @@ def _too_long(batch: Running[C], max_context_len: int) -> ContextTooLong:
     return ContextTooLong(
         batch.rows.reqs[row].rid, int(batch.rows.seq_lens.host[row]) + 1, max_context_len
     )
+
+
+# isinstance against a tuple: a third of the cost of building a union at every call.
+_RUNNING: Final = (Extended, Decoding, Filtered)

@@ -143,7 +143,7 @@ def keep_indices(keep: Keep, num_rows: int) -> HostArray:
 
 
 def _split(batch: Running[C], keep: Keep, transition: str) -> Split[C]:
-    if not isinstance(batch, Extended | Decoding | Filtered):
+    if not isinstance(batch, _RUNNING):
         raise PhaseError(
             f"{transition} takes Extended, Decoding or Filtered, got {type(batch).__name__}"
         )
@@ -212,3 +212,7 @@ def _as_host_int64(keep: Keep) -> HostArray:
 _INT64_MAX: Final = int(np.iinfo(np.int64).max)
 _MAX_PYTHON_CHECK: Final = 128
 _NOBODY: Final = Departed((), NO_INTS, NO_INTS, gens=NO_INTS)
+
+
+# isinstance against a tuple: a third of the cost of building a union at every call.
+_RUNNING: Final = (Extended, Decoding, Filtered)
