@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 import numpy as np
 from returns.result import Failure, Result, Success
@@ -18,11 +18,14 @@ from batchstate._mirrored import DeviceOnly, Mirrored, frozen, same
 from batchstate._phases import Decoding, Extended, Filtered, Running, Step
 from batchstate._pool_allocation import take_next
 from batchstate._pools import Pools, expect_pools
-from batchstate._rows import Rows, build_rows
+from batchstate._rows import NUM_INTS, SEQ_LENS, Rows, build_rows
 
 __all__ = ["DecodeError", "decode", "grow"]
 
 DecodeError: TypeAlias = OutOfKVTokens | ContextTooLong
+
+# Added to `Rows.ints`: one more token on the lengths' row, every other row as it is.
+_ONE_MORE_TOKEN: Final = frozen(np.eye(1, NUM_INTS, SEQ_LENS, dtype=np.int64).T)
 
 
 def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeError]:
@@ -44,7 +47,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
         StaleRecord: a row's slot does not own exactly that row's tokens in
             `pools` (one of the two is from an earlier step).
     """
-    if not isinstance(batch, Extended | Decoding | Filtered):
+    if not isinstance(batch, _RUNNING):
         raise PhaseError(f"decode takes Extended, Decoding or Filtered, got {type(batch).__name__}")
     expect_pools(pools)
     rows = batch.rows
@@ -66,7 +69,8 @@ def grow(rows: Rows[C], pools: Pools) -> tuple[Rows[C], DeviceOnly, Pools] | Out
     Writes the table after the allocation has succeeded.
     """
     slots = rows.req_pool_indices
-    seq_lens = rows.seq_lens.host + 1
+    ints = rows.ints + _ONE_MORE_TOKEN  # a fresh array, its lengths one longer
+    seq_lens = ints[SEQ_LENS]
     allocation = take_next(pools, slots.host, seq_lens)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
@@ -76,10 +80,8 @@ def grow(rows: Rows[C], pools: Pools) -> tuple[Rows[C], DeviceOnly, Pools] | Out
     grown, (out_cache_loc, table_locs) = build_rows(
         rows.device,
         rows.reqs,
-        rows.rids,
-        rows.gens,
+        ints,
         slots,
-        seq_lens,
         rows.seq_lens_sum + len(rows.reqs),
         rows.max_seq_len + 1 if rows.reqs else 0,
         rows.columns,  # unchanged by a decode
@@ -129,3 +131,7 @@ def _too_long(batch: Running[C], max_context_len: int) -> ContextTooLong:
     return ContextTooLong(
         batch.rows.reqs[row].rid, int(batch.rows.seq_lens.host[row]) + 1, max_context_len
     )
+
+
+# isinstance against a tuple: a third of the cost of building a union at every call.
+_RUNNING: Final = (Extended, Decoding, Filtered)

@@ -25,7 +25,7 @@ from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_i
 from batchstate._phases import Idle
 from batchstate._pool_allocation import take_fresh, take_slots, take_tokens
 from batchstate._pools import Pools
-from batchstate._rows import Req, Rows, build_rows
+from batchstate._rows import Req, Rows, build_rows, pack_ints
 from batchstate._sharing import prefix_cells
 
 if TYPE_CHECKING:
@@ -74,10 +74,8 @@ def _place_fresh(
     rows, (input_ids, out_cache_loc, table_locs) = build_rows(
         batch.device,
         tuple(reqs),
-        host_int64(rids),
-        frozen(with_slots.slot_gens[slots]),
-        slots,
-        host_int64(seq_lens),
+        pack_ints(host_int64(seq_lens), slots, host_int64(rids), with_slots.slot_gens[slots]),
+        None,
         total,
         longest,
         columns,
@@ -157,10 +155,13 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     rows, (input_ids, out_cache_loc, *cells) = build_rows(
         batch.device,
         tuple(reqs),
-        host_int64([req.rid for req in reqs]),
-        frozen(pools.slot_gens[slots_host]),  # the chunks' own, checked equal, and the new
-        slots_host,
-        seq_lens_host,
+        pack_ints(
+            seq_lens_host,
+            slots_host,
+            host_int64([req.rid for req in reqs]),
+            pools.slot_gens[slots_host],  # the chunks' own, checked equal, and the new
+        ),
+        None,
         sum(seq_lens),
         max(seq_lens),
         join_pending(columns_in_order(inputs, columns) or [columns]),

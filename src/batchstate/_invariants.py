@@ -13,7 +13,7 @@ from batchstate._mirrored import torch_dtype
 from batchstate._phases import Batch, Decoding, Extended
 from batchstate._pools import Pools, expect_pools
 from batchstate._row_checks import check_columns
-from batchstate._rows import Rows
+from batchstate._rows import GENS, NUM_INTS, RIDS, SEQ_LENS, SLOTS, Rows
 from batchstate._shared_invariants import (
     check_shared_pools,
     expect_generations,
@@ -43,6 +43,7 @@ def check_batch(batch: Batch[C], *, compare_device: bool = False) -> None:
     except RecordShapeError as error:
         raise InvariantViolation(str(error)) from error
     _expect(rows.rids.tolist() == [req.rid for req in rows.reqs], "rids differ from the reqs' rids")
+    _expect_packed(rows)
     seq_lens = rows.seq_lens.host
     _expect(
         rows.seq_lens_sum == int(seq_lens.sum()),
@@ -154,6 +155,24 @@ def check_pools(
     if compare_device:
         device_table = pools.table.device.cpu().numpy()
         _expect(np.array_equal(pools.table.host, device_table), "table: host != device")
+
+
+def _expect_packed(rows: Rows[C]) -> None:
+    # `ints` holds the four int64 host columns that the fields show, one row each.
+    ints = rows.ints
+    shape = (NUM_INTS, len(rows.reqs))
+    _expect(
+        ints.shape == shape and ints.dtype == np.int64 and not ints.flags.writeable,
+        f"Rows.ints: expected a read-only int64 array {list(shape)}",
+    )
+    columns = (
+        (SEQ_LENS, "seq_lens.host", rows.seq_lens.host),
+        (SLOTS, "req_pool_indices.host", rows.req_pool_indices.host),
+        (RIDS, "rids", rows.rids),
+        (GENS, "gens", rows.gens),
+    )
+    for row, name, host in columns:
+        _expect(np.array_equal(ints[row], host), f"Rows.ints row {row} differs from {name}")
 
 
 def _expect(condition: bool, message: str) -> None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Final
+
+import numpy as np
+
 from batchstate._columns import C
 from batchstate._errors import BatchConflict, ColumnError, PhaseError
 from batchstate._mirrored import HostArray
 from batchstate._overlap import overlap
 from batchstate._phases import Decoding, Extended, Filtered, Idle
+from batchstate._rows import RIDS, SLOTS
 
 __all__ = ["merge"]
 
@@ -26,11 +31,11 @@ def merge(
         ColumnError: the sides carry different column sets (mypy rejects
             that too).
     """
-    if not isinstance(running, Decoding | Filtered | Idle):
+    if not isinstance(running, _RUNNING):
         raise PhaseError(
             f"merge appends to Decoding, Filtered or Idle, got {type(running).__name__}"
         )
-    if not isinstance(incoming, Extended | Filtered):
+    if not isinstance(incoming, _INCOMING):
         raise PhaseError(f"merge appends Extended or Filtered, got {type(incoming).__name__}")
     left, right = running.rows, incoming.rows
     if left.device != right.device:
@@ -44,12 +49,28 @@ def merge(
         return Filtered(left)
     if not len(left):
         return Filtered(right)
-    _expect_disjoint(left.rids, right.rids, "request ids")
-    _expect_disjoint(left.req_pool_indices.host, right.req_pool_indices.host, "request slots")
+    # One joining row (the usual case): one compare of its id and slot against every
+    # row's; `count_nonzero`, a C call, costs a third less than `.any()` here. Several
+    # rows, or a match: each column is checked on its own and what is shared is named.
+    check_each = len(right) != 1 or np.count_nonzero(
+        left.ints[_SLOTS_AND_RIDS] == right.ints[_SLOTS_AND_RIDS]
+    )
+    if check_each:
+        _expect_disjoint(left.rids, right.rids, "request ids")
+        _expect_disjoint(left.req_pool_indices.host, right.req_pool_indices.host, "request slots")
     return Filtered(left.cat(right))
+
+
+# The rows of `Rows.ints` that must not meet: one compare checks both for one joining row.
+_SLOTS_AND_RIDS: Final = slice(SLOTS, RIDS + 1)
 
 
 def _expect_disjoint(left: HostArray, right: HostArray, what: str) -> None:
     shared = overlap(right, left)
     if shared.shape[0]:
         raise BatchConflict(f"{what} {shared.tolist()} are in both batches")
+
+
+# isinstance against a tuple: a third of the cost of building a union at every call.
+_RUNNING: Final = (Decoding, Filtered, Idle)
+_INCOMING: Final = (Extended, Filtered)

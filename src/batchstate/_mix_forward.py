@@ -28,7 +28,7 @@ from batchstate._mixed import Mixed, MixStep
 from batchstate._pool_allocation import take_slots, take_tokens
 from batchstate._pool_prefixes import lock_matched_prefixes
 from batchstate._pools import Pools
-from batchstate._rows import Req, Rows, build_rows
+from batchstate._rows import Req, Rows, build_rows, pack_ints
 from batchstate._sampled import Sampled
 from batchstate._sharing import match_prefix, prefix_cells
 
@@ -134,14 +134,16 @@ def _build(
     # were added (cached prefixes read, earlier chunks' cells moved onto the cache's pages).
     shared = cells[1] is positions
     seq_lens_sum = rows.seq_lens_sum + len(rows) + sum(chunks.prefix_lens) + sum(chunks.extend_lens)
-    keep_slots: Mirrored | HostArray = rows.req_pool_indices if not num_extend else slots
     built, (ids_side, locs_side, positions_side, *cell_sides) = build_rows(
         rows.device,
         chunks.reqs + rows.reqs,
-        frozen(np.concatenate((host_int64([req.rid for req in chunks.reqs]), rows.rids))),
-        rows.gens if not num_extend else frozen(after.slot_gens[slots]),
-        keep_slots,
-        seq_lens,
+        pack_ints(
+            seq_lens,
+            slots,
+            np.concatenate((host_int64([req.rid for req in chunks.reqs]), rows.rids)),
+            rows.gens if not num_extend else after.slot_gens[slots],
+        ),
+        rows.req_pool_indices if not num_extend else None,
         seq_lens_sum,
         int(seq_lens.max()) if seq_lens.shape[0] else 0,
         join_pending([*extend_columns, rows.columns]),  # the running rows' columns last

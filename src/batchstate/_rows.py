@@ -26,10 +26,27 @@ from batchstate._mirrored import (
 )
 from batchstate._row_checks import check_columns
 
-__all__ = ["Req", "Rows", "build_rows"]
+__all__ = [
+    "GENS",
+    "NUM_INTS",
+    "RIDS",
+    "SEQ_LENS",
+    "SLOTS",
+    "Req",
+    "Rows",
+    "build_rows",
+    "pack_ints",
+]
 
 # Up to this many rows, picking them one by one beats `operator.itemgetter`.
 _MAX_ONE_BY_ONE: Final = 8
+# The rows of `Rows.ints`: the lengths and slots first, the two columns a
+# forward reads, then the host-only request ids and slot generations.
+SEQ_LENS: Final = 0
+SLOTS: Final = 1
+RIDS: Final = 2
+GENS: Final = 3
+NUM_INTS: Final = 4
 
 
 @final
@@ -57,6 +74,13 @@ class Rows(Generic[C]):
     merge and decode compute every new host column first and upload them
     together (`build_rows`), so a transition costs one host-to-device copy
     however many columns change.
+
+    The four int64 host columns live in one read-only array, `ints`
+    `[4, num_reqs]` (rows `SEQ_LENS`, `SLOTS`, `RIDS`, `GENS`): filter and
+    split take its columns once, merge joins it once, decode adds one to a
+    row; `seq_lens.host`, `req_pool_indices.host`, `rids` and `gens` are
+    views of its rows, or hold the same values where a transition kept a
+    column's pair (decode keeps the slots').
     """
 
     device: torch.device
@@ -70,9 +94,13 @@ class Rows(Generic[C]):
     seq_lens_sum: int  # host only: equals seq_lens.host.sum()
     max_seq_len: int  # host only: equals seq_lens.host.max(), 0 when empty
     columns: C = NO_COLUMNS  # type: ignore[assignment]  # the default C is NoColumns
+    # read-only int64 [4, num_reqs]: seq_lens, slots, rids, gens (host sides), one row each
+    ints: HostArray = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         check_columns(self)
+        host = (self.seq_lens.host, self.req_pool_indices.host, self.rids, self.gens)
+        object.__setattr__(self, "ints", frozen(pack_ints(*host)))
 
     @staticmethod
     def empty(device: torch.device, columns: type[C]) -> Rows[C]:
@@ -109,10 +137,13 @@ class Rows(Generic[C]):
         rows, _ = build_rows(
             device,
             tuple(reqs),
-            host_int64([req.rid for req in reqs]),
-            host_int64([0] * len(reqs) if gens is None else gens),
-            host_int64(slots),
-            host_int64(seq_lens),
+            pack_ints(
+                host_int64(seq_lens),
+                host_int64(slots),
+                host_int64([req.rid for req in reqs]),
+                host_int64([0] * len(reqs) if gens is None else gens),
+            ),
+            None,
             sum(seq_lens),
             max(seq_lens, default=0),
             columns,
@@ -131,14 +162,13 @@ class Rows(Generic[C]):
 
     def gather(self, index: HostArray) -> Rows[C]:
         """The rows at host positions `index`, in that order (any order), on both sides."""
-        seq_lens = self.seq_lens.host.take(index)
+        ints = self.ints.take(index, axis=1)
+        seq_lens = ints[SEQ_LENS]
         rows, _ = build_rows(
             self.device,
             _take_tuple(self.reqs, index),
-            frozen(self.rids.take(index)),
-            frozen(self.gens.take(index)),
-            self.req_pool_indices.host.take(index),
-            seq_lens,
+            ints,
+            None,
             int(seq_lens.sum()),
             int(seq_lens.max()) if index.shape[0] else 0,
             take_pending(self.columns, index),
@@ -160,17 +190,15 @@ class Rows(Generic[C]):
             reqs += self.reqs[start:stop]
             start = stop + 1
         reqs += self.reqs[start:]
-        seq_lens = self.seq_lens.host.take(kept)
+        ints = self.ints.take(kept, axis=1)
         longest = self.max_seq_len
         if max(dropped_lens, default=0) >= longest:
-            longest = int(seq_lens.max()) if reqs else 0  # the longest row may have left
+            longest = int(ints[SEQ_LENS].max()) if reqs else 0  # the longest row may have left
         rows, _ = build_rows(
             self.device,
             reqs,
-            frozen(self.rids.take(kept)),
-            frozen(self.gens.take(kept)),
-            self.req_pool_indices.host.take(kept),
-            seq_lens,
+            ints,
+            None,
             self.seq_lens_sum - sum(dropped_lens),
             longest,
             take_pending(self.columns, kept),
@@ -182,10 +210,8 @@ class Rows(Generic[C]):
         rows, _ = build_rows(
             self.device,
             self.reqs + other.reqs,
-            frozen(np.concatenate((self.rids, other.rids))),
-            frozen(np.concatenate((self.gens, other.gens))),
-            np.concatenate((self.req_pool_indices.host, other.req_pool_indices.host)),
-            np.concatenate((self.seq_lens.host, other.seq_lens.host)),
+            np.concatenate((self.ints, other.ints), axis=1),
+            None,
             self.seq_lens_sum + other.seq_lens_sum,
             max(self.max_seq_len, other.max_seq_len),
             cat_pending(self.columns, other.columns),
@@ -202,18 +228,18 @@ class Rows(Generic[C]):
 def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is positional too
     device: torch.device,
     reqs: tuple[Req, ...],
-    rids: HostArray,
-    gens: HostArray,
-    slots: Mirrored | HostArray,
-    seq_lens: HostArray,
+    ints: HostArray,
+    slots: Mirrored | None,
     seq_lens_sum: int,
     max_seq_len: int,
     columns: C | Pending,
     extra: Sequence[npt.NDArray[np.generic]] = (),
 ) -> tuple[Rows[C], list[torch.Tensor]]:
-    """Rows from new host columns, uploaded with `extra` host arrays in one copy.
+    """Rows from a new `ints` array, uploaded with `extra` host arrays in one copy.
 
-    `slots` is a pair when the rows keep their slots (nothing to upload).
+    `ints` is `[4, num_reqs]`, laid out as `Rows.ints` (`pack_ints` builds
+    one from its columns). `slots` is the rows' pair when they keep their
+    slots (equal to `ints[SLOTS]`: nothing to upload), `None` to upload them.
     `columns` is the rows' column set, or a `Pending` one whose host sides
     join the same upload.
     Host arrays must be fresh (no one else holds them): they are frozen, not
@@ -223,9 +249,11 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     derived from checked ones, row for row. The table tests check every
     such result.
     """
+    ints.setflags(write=False)  # its rows, the host sides below, are read-only views
+    seq_lens = ints[SEQ_LENS]
     hosts: list[npt.NDArray[np.generic]] = [seq_lens, seq_lens.astype(np.int32), *extra]
-    if not isinstance(slots, Mirrored):
-        hosts.append(slots)
+    if slots is None:
+        hosts.append(ints[SLOTS])
     if isinstance(columns, Pending):
         hosts.extend(columns.hosts)
     sides = upload(hosts, device)
@@ -233,21 +261,28 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
         pending = len(columns.hosts)
         columns = columns.finish(sides[len(sides) - pending :])  # type: ignore[assignment]  # finish rebuilds the same set
         del sides[len(sides) - pending :]
-    if not isinstance(slots, Mirrored):
-        slots = Mirrored._pair(frozen(slots), sides.pop())
+    if slots is None:
+        slots = Mirrored._pair(ints[SLOTS], sides.pop())
     rows = object.__new__(Rows)
     put = object.__setattr__  # what attrs' frozen __init__ does, unrolled
     put(rows, "device", device)
     put(rows, "reqs", reqs)
-    put(rows, "rids", rids)
-    put(rows, "gens", gens)
+    put(rows, "rids", ints[RIDS])
+    put(rows, "gens", ints[GENS])
     put(rows, "req_pool_indices", slots)
-    put(rows, "seq_lens", Mirrored._pair(frozen(seq_lens), sides[0]))
+    put(rows, "seq_lens", Mirrored._pair(seq_lens, sides[0]))
     put(rows, "orig_seq_lens", DeviceOnly(sides[1]))
     put(rows, "seq_lens_sum", seq_lens_sum)
     put(rows, "max_seq_len", max_seq_len)
     put(rows, "columns", columns)
+    put(rows, "ints", ints)
     return rows, sides[2:]
+
+
+def pack_ints(seq_lens: HostArray, slots: HostArray, rids: HostArray, gens: HostArray) -> HostArray:
+    """A fresh `[4, num_reqs]` int64 array of four int64 host columns, laid out as `Rows.ints`."""
+    packed = np.concatenate((seq_lens, slots, rids, gens), dtype=np.int64)
+    return packed.reshape(NUM_INTS, seq_lens.shape[0])
 
 
 def _take_tuple(items: tuple[Req, ...], index: HostArray) -> tuple[Req, ...]:

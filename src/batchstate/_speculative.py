@@ -31,7 +31,7 @@ from batchstate._pool_allocation import reissue, take_tokens
 from batchstate._pool_release import shrink_slots
 from batchstate._pools import Pools, expect_pools
 from batchstate._row_checks import check_columns
-from batchstate._rows import build_rows
+from batchstate._rows import build_rows, pack_ints
 from batchstate._verifying import Verifying, VerifyStep, _window_layout, window_lens
 from batchstate.audit import permitted_reads
 
@@ -211,10 +211,8 @@ def sync(
     rows, _ = build_rows(
         batch.device,
         batch.reqs,
-        batch.rids,
-        gens,
+        pack_ints(seq_lens, batch.req_pool_indices.host, batch.rids, gens),
         batch.req_pool_indices,
-        seq_lens,
         int(seq_lens.sum()),
         int(seq_lens.max()) if num_reqs else 0,
         batch.columns,
