@@ -20,6 +20,7 @@ from typing import Any, final
 import attrs
 import numpy as np
 
+from batchstate._cached_copies import CachedCopies, cached_copies
 from batchstate._expect import expect_instance
 from batchstate._forward_checks import ForwardInputsError
 from batchstate._forward_inputs import ForwardInputs
@@ -78,12 +79,15 @@ class HybridInputs:
     """A forward's inputs for a hybrid model's window and recurrent layers, per kind.
 
     `windows` and `states` hold one entry each for the kinds the pools were
-    made with, none for a full-attention model.
+    made with, none for a full-attention model; `cached` one when rows of
+    the forward resume from or publish prefix-cache anchors (docs/hybrid.md).
     """
 
     num_rows: int
     windows: tuple[WindowInputs, ...]
     states: tuple[StateInputs, ...]
+    # The prefix cache's anchor copies this forward performs (one entry), () for none.
+    cached: tuple[CachedCopies, ...] = ()
 
     def __repr__(self) -> str:
         kinds = ", ".join(map(repr, (*self.windows, *self.states)))
@@ -140,7 +144,14 @@ def hybrid_inputs(inputs: ForwardInputs, pools: Pools) -> HybridInputs:
         StateInputs(state.kind.state_size, pair)
         for state, pair in zip(pools.memory.states, pairs[len(windows) * 4 :], strict=True)
     )
-    return HybridInputs(inputs.num_rows, windows, states)
+    memory = pools.memory
+    cached = cached_copies(
+        inputs,
+        memory.cached,
+        next(((w.window, w.page_size, w.table) for w in memory.windows), None),
+        memory.states[0].of_slot if memory.states else None,
+    )
+    return HybridInputs(inputs.num_rows, windows, states, cached)
 
 
 def _window_hosts(
