@@ -71,6 +71,31 @@ def test_padded_forwards_keep_the_oracle_exact(mixed: bool, drafts: int) -> None
     assert run.pools_conserved
 
 
+def test_the_prefix_cache_saves_hybrid_prefills_and_the_oracle_stays_exact() -> None:
+    """Follow-up turns and shared headers resume from the cache's anchors: fewer tokens
+    computed than with the cache off, every token exact, the anchors' memory evictable."""
+    workload = attrs.evolve(
+        CONFIG.workload,
+        num_requests=24,
+        shared_prefixes=2,
+        shared_prefix_len=16,
+        shared_fraction=0.5,
+        follow_ups=0.4,
+    )
+    roomy = attrs.evolve(CONFIG, workload=workload, num_window_tokens=None)  # no window pressure
+    off = simulate(roomy)
+    on = simulate(attrs.evolve(roomy, prefix_cache=True))
+    for run in (off, on):
+        assert run.oracle is not None and run.oracle.passed, run.oracle
+        assert run.pools_conserved
+    assert off.trace.cache_hits == 0
+    assert on.trace.cache_hits >= 5
+    assert on.trace.prefill_computed < off.trace.prefill_computed
+    anchors = on.pools.memory.cached
+    assert anchors.anchors  # finished with anchors cached: window tails and states
+    assert anchors.num_states == len(anchors.anchors)
+
+
 @pytest.mark.slow
 def test_two_ranks_run_the_hybrid_model_exactly() -> None:
     config = attrs.evolve(CONFIG, engine=attrs.evolve(CONFIG.engine, speculative=2, check_every=0))
@@ -81,8 +106,7 @@ def test_two_ranks_run_the_hybrid_model_exactly() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ([], "add --no-prefix-cache"),
-        (["--no-prefix-cache", "--prebuilt", "0.5"], "does not take --prebuilt"),
+        (["--prebuilt", "0.5"], "does not take --prebuilt"),
         (["--no-prefix-cache", "--window-tokens", "40"], "--window-tokens 40 must be"),
         (["--no-prefix-cache", "--window", "0"], "--window 0 must be"),
         (["--no-prefix-cache", "--window-tokens", "99999999999984"], "lower --window-tokens"),
