@@ -104,20 +104,20 @@ class HybridCache:
                 return length
         return 0
 
-    def hold(self, prefix: Tokens) -> HybridCache:
+    def _hold(self, prefix: Tokens) -> HybridCache:
         """One more new row reads the anchor `prefix`: locked, from its match to its copies."""
         clock = self.clock + 1
         anchor = self.anchors[prefix]
         anchors = self.anchors.set(prefix, anchor._replace(used=clock, locks=anchor.locks + 1))
         return HybridCache(anchors, self.lengths, self.pending, clock, self.num_evicted)
 
-    def resume(self, slot: int, prefix: Tokens) -> HybridCache:
+    def _resume(self, slot: int, prefix: Tokens) -> HybridCache:
         """The row in `slot` resumes from the anchor `prefix` (held): its copies are pending."""
         before = self.pending.get(slot, _NO_COPIES)
         pending = self.pending.set(slot, before._replace(resume=prefix))
         return HybridCache(self.anchors, self.lengths, pending, self.clock, self.num_evicted)
 
-    def add(
+    def _add(
         self, slot: int, prefix: Tokens, window_pages: tuple[int, ...], state: int
     ) -> HybridCache:
         """A new anchor `prefix`, which the forward of the row in `slot` fills.
@@ -132,7 +132,7 @@ class HybridCache:
         pending = self.pending.set(slot, before._replace(publish=prefix))
         return HybridCache(anchors, lengths, pending, clock, self.num_evicted)
 
-    def settle(self, slots: Iterable[int]) -> HybridCache:
+    def _settle(self, slots: Iterable[int]) -> HybridCache:
         """The pending copies of `slots` ran (their rows grew again, or left): anchors unlocked."""
         pending, anchors = self.pending.mutate(), self.anchors.mutate()
         for slot in slots:
@@ -147,7 +147,7 @@ class HybridCache:
             anchors.finish(), self.lengths, pending.finish(), self.clock, self.num_evicted
         )
 
-    def evict(
+    def _evict(
         self, num_pages: int, num_states: int, *, keep: Callable[[Tokens], bool] | None = None
     ) -> tuple[HybridCache, list[int], list[int]]:
         """Drop unlocked anchors, least recently used first, until enough pages and states are out.

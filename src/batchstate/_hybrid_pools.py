@@ -85,13 +85,13 @@ class HybridPools:
         """The copies `slots` had pending ran: the anchors they name are unlocked."""
         if not any(slot in self.cached.pending for slot in slots):
             return self
-        return HybridPools(self.kinds, self.windows, self.states, self.cached.settle(slots))
+        return HybridPools(self.kinds, self.windows, self.states, self.cached._settle(slots))
 
     def hold(self, prefixes: list[Tokens]) -> HybridPools:
         """Anchors matched by new rows, locked before their slots are taken: none is evicted."""
         cached = self.cached
         for prefix in prefixes:
-            cached = cached.hold(prefix)
+            cached = cached._hold(prefix)
         return HybridPools(self.kinds, self.windows, self.states, cached)
 
     def resume(self, slots: list[int], prefixes: list[Tokens], page_size: int) -> HybridPools:
@@ -103,7 +103,7 @@ class HybridPools:
         """
         cached = self.cached
         for slot, prefix in zip(slots, prefixes, strict=True):
-            cached = cached.resume(slot, prefix)
+            cached = cached._resume(slot, prefix)
         windows = self.windows
         if windows:
             window = windows[0]
@@ -142,17 +142,17 @@ class HybridPools:
             state_taken, left = states_out[0].free.take(1)
             state = int(state_taken[0])
             states_out = (states_out[0].with_free(left),)
-        cached = pools.cached.add(slot, prefix, taken, state)
+        cached = pools.cached._add(slot, prefix, taken, state)
         return HybridPools(self.kinds, windows, states_out, cached)
 
     def drop_uncached(self, keep: Callable[[Tokens], bool]) -> HybridPools:
         """Anchors whose prefix `keep` refuses (its pages evicted), dropped with their tails."""
-        cached, pages, states = self.cached.evict(0, 0, keep=keep)
+        cached, pages, states = self.cached._evict(0, 0, keep=keep)
         return self._given(cached, pages, states)
 
     def _evicted(self, num_pages: int, num_states: int) -> HybridPools:
         # Unlocked anchors dropped, least recently used first, until enough are out.
-        cached, pages, states = self.cached.evict(num_pages, num_states)
+        cached, pages, states = self.cached._evict(num_pages, num_states)
         return self._given(cached, pages, states)
 
     def _given(self, cached: HybridCache, pages: list[int], states: list[int]) -> HybridPools:
@@ -205,7 +205,7 @@ class HybridPools:
         states = tuple(state.give_back(slots) for state in self.states)
         cached = self.cached
         if cached.pending:  # rows that leave have run their forwards: their copies are done
-            cached = cached.settle(slots.tolist())
+            cached = cached._settle(slots.tolist())
         return HybridPools(self.kinds, windows, states, cached)
 
     def __repr__(self) -> str:

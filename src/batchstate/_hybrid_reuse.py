@@ -24,18 +24,24 @@ if TYPE_CHECKING:
 __all__ = ["hold_anchors", "publish_tails", "resume_rows", "usable_prefix"]
 
 
-def usable_prefix(pools: Pools, tokens: Sequence[int]) -> tuple[int, HostArray]:
+def usable_prefix(
+    pools: Pools, tokens: Sequence[int], cap: int | None = None
+) -> tuple[int, HostArray]:
     """A prompt's longest cached prefix it may read, leaving a token to compute: length, pages.
 
-    On hybrid pools the full-attention match is cut back to the longest
-    anchor at or before it: a prefix whose window tail or state the cache
-    does not keep is never read (docs/hybrid.md).
+    At most `cap` tokens, whole pages, if given. On hybrid pools the
+    full-attention match is cut back to the longest anchor at or before
+    it: a prefix whose window tail or state the cache does not keep is
+    never read (docs/hybrid.md).
     """
     cache = pools.cache
     ids = tuple(tokens)
+    page_size = cache.page_size
+    usable = (len(ids) - 1) // page_size * page_size
+    if cap is not None:
+        usable = min(usable, cap // page_size * page_size)
     if not pools.memory.kinds.is_hybrid:
-        return match_prefix(cache, ids)
-    usable = (len(ids) - 1) // cache.page_size * cache.page_size
+        return match_prefix(cache, ids) if cap is None else cache.match(ids[:usable])
     matched, pages = cache._cached(ids[:usable])
     anchors = pools.memory.cached
     length = anchors.longest(ids, matched) if matched and anchors.anchors else 0

@@ -61,10 +61,12 @@ def _fill(
             req, slot, cached = item.req, item.slot, item.cached
         else:
             req, slot = item, 0
-            cached, pages = usable_prefix(pools, req.input_ids) if cache.enabled else (0, NO_INTS)
-            if req.rid in caps:  # whole pages only: a page is read from the cache or not at all
-                cached = min(cached, caps[req.rid] // pools.page_size * pools.page_size)
-                pages = pages[: cached // pools.page_size]
+            # A cap keeps whole pages (a page is read from the cache or not at all) and, on
+            # hybrid pools, an anchor: a prefix is never read where its tail is not kept.
+            cap = caps.get(req.rid)
+            cached, pages = (
+                usable_prefix(pools, req.input_ids, cap) if cache.enabled else (0, NO_INTS)
+            )
             prefix_pages.append(pages)
         take = min(len(req.input_ids) - cached, left)
         left -= take
