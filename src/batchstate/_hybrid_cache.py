@@ -7,7 +7,9 @@ layers' state after token `n - 1`. The cache keeps both only at some
 prefix ends, its *anchors*: an extend row that computes past a page
 boundary `c` publishes one at `c` (its last), the window tail copied into
 window pages of the cache's own and the state written into a state slot
-of the cache's own by the forward itself (a checkpoint). A match is
+of the cache's own by the forward itself (a checkpoint); a finished row
+whose tokens end on a page boundary keeps its own tail and state as one
+at its end (`HybridPools.give_back`). A match is
 usable only up to the longest anchor at or before the full-attention
 match: a prefix whose tail is gone is never read as if it were whole.
 
@@ -131,6 +133,13 @@ class HybridCache:
         before = self.pending.get(slot, _NO_COPIES)
         pending = self.pending.set(slot, before._replace(publish=prefix))
         return HybridCache(anchors, lengths, pending, clock, self.num_evicted)
+
+    def _keep(self, prefix: Tokens, window_pages: tuple[int, ...], state: int) -> HybridCache:
+        """A new anchor `prefix` from a finished row's own window tail and state (no copy)."""
+        clock = self.clock + 1
+        anchors = self.anchors.set(prefix, Anchor(window_pages, state, clock, 0))
+        lengths = self.lengths.set(len(prefix), self.lengths.get(len(prefix), 0) + 1)
+        return HybridCache(anchors, lengths, self.pending, clock, self.num_evicted)
 
     def _settle(self, slots: Iterable[int]) -> HybridCache:
         """The pending copies of `slots` ran (their rows grew again, or left): anchors unlocked."""

@@ -10,7 +10,7 @@ commit the pools that hold the result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final, final
 
@@ -199,13 +199,43 @@ class HybridPools:
             self.kinds, (self.windows[0].shrink(slots, held, new_lens),), self.states, self.cached
         )
 
-    def give_back(self, slots: HostArray, held: HostArray) -> HybridPools:
-        """Released request slots holding `held` tokens: their window pages and states freed."""
-        windows = tuple(window.give_back(slots, held) for window in self.windows)
-        states = tuple(state.give_back(slots) for state in self.states)
+    def give_back(
+        self, slots: HostArray, held: HostArray, kept: Sequence[tuple[int, Tokens]] = ()
+    ) -> HybridPools:
+        """Released request slots holding `held` tokens: their window pages and states freed.
+
+        `kept`: (slot, prefix) of released rows whose tokens end at the end of
+        `prefix` (whole pages, cached): their window tail and their state,
+        after exactly those tokens, become an anchor there instead of being
+        freed (SGLang keeps a finished request's window and state at its node).
+        """
         cached = self.cached
         if cached.pending:  # rows that leave have run their forwards: their copies are done
             cached = cached._settle(slots.tolist())
+        windows, states = self.windows, self.states
+        handed = [slot for slot, _ in kept]
+        if kept:
+            held = held.copy()
+            at = {slot: index for index, slot in enumerate(slots.tolist())}
+            for slot, prefix in kept:
+                end, pages = len(prefix), ()
+                if windows:  # the tail's pages stay the anchor's: free only those before it
+                    window = windows[0]
+                    tail = tail_start(end, window.window, window.page_size)
+                    pages = tuple(
+                        window.table[
+                            slot, tail // window.page_size : end // window.page_size
+                        ].tolist()
+                    )
+                    held[at[slot]] = tail
+                state = int(states[0].of_slot[slot]) if states else 0
+                cached = cached._keep(prefix, pages, state)
+        windows = tuple(window.give_back(slots, held) for window in windows)
+        if handed:
+            freed = np.setdiff1d(slots, handed)
+            states = tuple(s.give_back(freed).handed_over(np.array(handed)) for s in states)
+        else:
+            states = tuple(state.give_back(slots) for state in states)
         return HybridPools(self.kinds, windows, states, cached)
 
     def __repr__(self) -> str:
