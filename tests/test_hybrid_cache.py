@@ -1,4 +1,5 @@
-"""The prefix cache's anchors on hybrid pools: kept at release, evicted per kind, conserved."""
+"""The prefix cache's anchors on hybrid pools: kept at release, evicted per kind, conserved,
+and copied by padded engine forwards with the oracle exact."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from batchstate import (
     split,
     unwrap,
 )
+from batchstate.engine import EngineConfig, SimulationConfig, WorkloadConfig, simulate
+from batchstate.engine._model_config import HYBRID_LAYERS, ModelConfig
 
 CPU: Final = torch.device("cpu")
 PROMPT: Final = tuple(range(100, 140))  # 40 tokens: 10 pages of 4
@@ -79,3 +82,32 @@ def test_window_pressure_evicts_unlocked_anchors_but_never_a_locked_one() -> Non
     assert anchors[0] not in cached.anchors  # the least recently used went first
     assert cached.num_evicted >= 1
     check_pools(pools, [batch])
+
+
+def test_padded_forwards_perform_the_anchor_copies_of_their_real_rows() -> None:
+    """Padded to captured sizes, with mixed steps and drafts: the copies and checkpoints
+    name the real rows' tokens, and every token stays exact."""
+    workload = WorkloadConfig(
+        num_requests=16,
+        arrival="all",
+        prompt_len=(8, 40),
+        output_len=(8, 16),
+        shared_prefixes=2,
+        shared_prefix_len=16,
+        shared_fraction=0.6,
+        follow_ups=0.3,
+    )
+    engine = EngineConfig(max_running=8, chunk_size=8, mixed=True, speculative=2, check_every=1)
+    config = SimulationConfig(
+        workload=workload,
+        engine=engine,
+        model=ModelConfig(num_layers=len(HYBRID_LAYERS), layer_kinds=HYBRID_LAYERS, window=8),
+        num_kv_tokens=2048,
+        page_size=4,
+        cuda_graph_sizes=(1, 2, 4, 8, 16, 32, 64),
+    )
+    run = simulate(config)
+    assert run.oracle is not None and run.oracle.passed, run.oracle
+    assert run.trace.cache_hits > 0
+    assert run.feeder is not None and run.feeder.padded_tokens > 0
+    assert run.pools_conserved
