@@ -79,6 +79,7 @@ def test_window_pressure_evicts_unlocked_anchors_but_never_a_locked_one() -> Non
     assert batch.prefix_lens.tolist() == [16, 0]
     cached = pools.memory.cached
     assert anchors[2] in cached.anchors and cached.anchors[anchors[2]].locks == 1
+    assert cached.protected() == (2, 1)  # its two window pages and its state
     assert anchors[0] not in cached.anchors  # the least recently used went first
     assert cached.num_evicted >= 1
     check_pools(pools, [batch])

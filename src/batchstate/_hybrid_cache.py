@@ -99,6 +99,11 @@ class HybridCache:
                 states += 1 if anchor.state else 0
         return pages, states
 
+    def protected(self) -> tuple[int, int]:
+        """(window pages, state slots) of anchors a new row resumes from: what eviction keeps."""
+        pages, states = self.evictable()
+        return self.num_window_pages - pages, self.num_states - states
+
     def longest(self, tokens: Tokens, limit: int) -> int:
         """The longest anchor that is a prefix of `tokens`, at most `limit` long (0: none)."""
         for length in sorted(self.lengths.keys(), reverse=True):

@@ -239,7 +239,8 @@ class HybridPools:
         return HybridPools(self.kinds, windows, states, cached)
 
     def __repr__(self) -> str:
-        return f"HybridPools({', '.join(map(repr, (*self.windows, *self.states)))})"
+        cached = (self.cached,) if self.cached.anchors else ()
+        return f"HybridPools({', '.join(map(repr, (*self.windows, *self.states, *cached)))})"
 
 
 NO_HYBRID: Final = HybridPools(FULL_ATTENTION, (), ())
