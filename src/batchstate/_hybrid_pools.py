@@ -114,9 +114,10 @@ class HybridPools:
         return HybridPools(self.kinds, windows, self.states, cached)
 
     def publish(self, slot: int, prefix: Tokens, page_size: int) -> HybridPools:
-        """A new anchor at `prefix`, filled by the forward of the row in `slot`; unchanged if
+        """A new anchor at `prefix`, filled by the forward of the row in `slot`.
 
-        there is no room for it (free, or evicting unlocked anchors).
+        Unchanged if there is no room for it, free or held by unlocked
+        anchors (evicted then, least recently used first).
         """
         num_pages = 0
         if self.windows:
@@ -126,11 +127,12 @@ class HybridPools:
         num_states = 1 if self.states else 0
         free_pages = len(self.windows[0].page_list) if self.windows else 0
         short_pages, short_states = num_pages - free_pages, num_states - self.free_states()
+        pools = self
         if short_pages > 0 or short_states > 0:
             pages, states = self.cached.evictable()
             if short_pages > pages or short_states > states:
                 return self
-        pools = self._evicted(max(short_pages, 0), max(short_states, 0))
+            pools = self._evicted(max(short_pages, 0), max(short_states, 0))
         windows, states_out = pools.windows, pools.states
         taken: tuple[int, ...] = ()
         state = 0
