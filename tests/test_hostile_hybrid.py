@@ -5,7 +5,11 @@ runs with `make_pools` giving the table's pools a sliding window and a
 state per request slot:
 every bad argument to every public function is still refused with a typed
 error, and every input, the window pages and state slots included, is
-unchanged bit for bit after it.
+unchanged bit for bit after it. Then the doors a cached prefix comes
+through on hybrid pools: a prefix whose anchor (window tail and state) is
+gone is refused by `hybrid_inputs`, a `read_at_most` cap between anchors
+reads nothing rather than a partial tail, and an evicted anchor is never
+matched.
 """
 
 from __future__ import annotations
@@ -13,12 +17,34 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final
 
+import attrs
 import pytest
 import torch
 
 import tests.test_hostile_generated as table
-from batchstate import FULL_ATTENTION, MemoryKinds, Pools, RecurrentState, SlidingWindow
+from batchstate import (
+    FULL_ATTENTION,
+    ForwardInputsError,
+    MemoryKinds,
+    Pools,
+    RecurrentState,
+    Req,
+    SlidingWindow,
+    check_pools,
+    extend,
+    forward_inputs,
+    hybrid_inputs,
+    idle,
+    mix,
+    release,
+    settle,
+    split,
+    unwrap,
+)
 from batchstate import make_pools as plain_make_pools
+from batchstate._pool_versions import next_version
+
+CPU: Final = torch.device("cpu")
 
 KINDS: Final = MemoryKinds((SlidingWindow(4, 64), RecurrentState(8, 8)))
 
@@ -73,3 +99,61 @@ def test_a_bad_argument_is_refused_on_hybrid_pools(
     name: str, position: int, kind: str, cache: bool
 ) -> None:
     table.test_a_bad_argument_is_refused_typed_and_changes_nothing(name, position, kind, cache)
+
+
+HEADER: Final = tuple(range(100, 140))  # 40 tokens: an anchor at 40 with pages of 4
+
+
+def _anchored(num_states: int = 8) -> Pools:
+    # Pools whose cache keeps an anchor at the header's end (a finished row published it).
+    kinds = MemoryKinds((SlidingWindow(8, 512), RecurrentState(16, num_states)))
+    pools = plain_make_pools(4, 128, 256, CPU, 4, prefix_cache=True, memory=kinds)
+    first, pools = unwrap(extend(idle(CPU), [Req(0, (*HEADER, 1))], pools))
+    kept, left = split(first, [])
+    pools = unwrap(release(left, kept, pools))
+    assert tuple(pools.memory.cached.anchors) == (HEADER,)
+    return pools
+
+
+def test_hybrid_inputs_refuse_a_prefix_whose_anchor_is_gone() -> None:
+    """A resuming row whose anchor the pools no longer keep (forged here: eviction never
+    drops a locked anchor) is refused, typed, rather than read as if it were whole."""
+    resumed, pools = unwrap(extend(idle(CPU), [Req(1, (*HEADER, 2))], _anchored()))
+    assert resumed.prefix_lens.tolist() == [40]
+    inputs = forward_inputs(resumed, pools.table, pools.page_size)
+    assert hybrid_inputs(inputs, pools).cached  # the copies, named while the anchor is kept
+    memory = pools.memory
+    cached = memory.cached
+    forged = attrs.evolve(cached, anchors=cached.anchors.delete(HEADER))
+    gone = next_version(pools, memory=attrs.evolve(memory, cached=forged))._commit()
+    before = gone.memory.cached
+    with pytest.raises(ForwardInputsError, match="no longer keeps"):
+        hybrid_inputs(inputs, gone)
+    assert gone.memory.cached is before and gone.is_newest
+
+
+def test_a_cap_between_anchors_reads_nothing_rather_than_a_partial_tail() -> None:
+    """`mix`'s `read_at_most` below an anchor cuts the match back to an earlier anchor (none
+    here), never to a cached prefix whose window tail and state are not kept."""
+    pools = _anchored()
+    capped, pools = unwrap(
+        mix(idle(CPU), [Req(1, (*HEADER, 2))], 64, pools, [], read_at_most={1: 36})
+    )
+    assert capped.prefix_lens.tolist() == [0]
+    running = settle(capped)[0]
+    check_pools(pools, [running])
+    again, pools = unwrap(mix(running, [Req(2, (*HEADER, 3))], 64, pools, [0]))
+    assert again.prefix_lens.tolist()[0] == 40  # uncapped: it resumes at the anchor
+
+
+def test_an_evicted_anchor_is_never_matched() -> None:
+    """State pressure evicts the (unlocked) anchor: its pages stay cached, no match ends there."""
+    pools = _anchored(num_states=2)
+    both, pools = unwrap(extend(idle(CPU), [Req(1, (5, 6)), Req(2, (7, 8))], pools))
+    assert not pools.memory.cached.anchors and pools.cache.num_pages == 10
+    check_pools(pools, [both])
+    kept, left = split(both, [])
+    pools = unwrap(release(left, kept, pools))
+    again, pools = unwrap(extend(idle(CPU), [Req(3, (*HEADER, 2))], pools))
+    assert again.prefix_lens.tolist() == [0]
+    check_pools(pools, [again])

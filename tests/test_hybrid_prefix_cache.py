@@ -1,11 +1,12 @@
-"""Hybrid pools with the prefix cache on: full pages cached, windows and states never.
+"""Hybrid pools with the prefix cache on: full pages cached, window tails and states at anchors.
 
-The cache keeps full-attention pages only. A request that read a cached
-prefix would also need the window pages of its last `window` positions and
-the state after it, which nothing keeps, so hybrid pools read no cached
-prefix: every match is 0, each prompt is computed from position 0, and a
-row's whole pages still go into the cache (and rows of one step share
-them). Releasing into the cache frees every window page and state.
+A request that reads a cached prefix also needs the window pages of its
+last `window` positions and the state after it: the pools keep both at
+anchors (each extend row's last page boundary), and a match is cut back to
+the longest anchor, where the request resumes. A row's whole pages go into
+the cache (and rows of one step share them); releasing a row that ends
+within a page frees its window pages and state, the anchors' stay, and
+eviction of the full-attention pages an anchor ends drops it.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _finish_one(pools: Pools, tail: tuple[int, ...], device: torch.device = CPU)
         KINDS,
         MemoryKinds((SlidingWindow(8, 512),)),
         MemoryKinds((RecurrentState(16, 8),)),
-        MemoryKinds((SlidingWindow(1, 512),)),  # reads no earlier position, still no state kept
+        MemoryKinds((SlidingWindow(1, 512),)),  # reads no earlier position: an empty tail
     ],
 )
 def test_a_release_caches_full_pages_and_frees_window_pages_and_states(
@@ -73,37 +74,45 @@ def test_a_release_caches_full_pages_and_frees_window_pages_and_states(
     pools = _finish_one(_pools(kinds=kinds), (1, 2, 3))
     assert pools.cache.num_pages == 10  # the prompt's 43 tokens: 10 whole pages cached
     assert pools.num_free_tokens == 160 - 40
-    for windows in pools.memory.windows:
-        assert len(windows.page_list) == windows.num_pages  # every window page free
+    anchor = pools.memory.cached.anchors[HEADER]  # published by the prefill at 40
+    for windows in pools.memory.windows:  # the tail of a window of w: positions 41 - w on
+        tail = -(-min(windows.window - 1, 40) // 4) if windows.window > 1 else 0
+        assert len(anchor.window_pages) == tail
+        assert len(windows.page_list) + tail == windows.num_pages  # every other page free
     for states in pools.memory.states:
-        assert states.num_free == 8  # the cache holds no state
+        assert anchor.state and states.num_free == 7  # the anchor's state, the rest free
     check_pools(pools, [])
     assert not find_leaks(pools, [])
-    assert pools.cache.match((*HEADER, 1, 2, 3))[0] == 0  # nothing a request may read
+    assert pools.cache.match((*HEADER, 1, 2, 3))[0] == 0  # the cache alone: never read
 
 
-def test_a_repeated_prompt_is_computed_again_and_shares_the_cached_full_pages() -> None:
+def test_a_repeated_prompt_resumes_from_the_anchor_and_reads_the_cached_full_pages() -> None:
     pools = _finish_one(_pools(), (1, 2, 3))
     cached_pages = pools.cache._cached(HEADER)[1].tolist()
     assert len(cached_pages) == 10
     batch, pools = unwrap(extend(idle(CPU), [Req(1, (*HEADER, 7))], pools))
-    assert batch.prefix_lens.tolist() == [0]  # the whole prompt is computed
-    assert batch.extend_lens.tolist() == [41]
+    assert batch.prefix_lens.tolist() == [40]  # only the last token is computed
+    assert batch.extend_lens.tolist() == [1]
     slot = int(batch.rows.req_pool_indices.host[0])
-    # Its full-attention pages are the cache's (its own copies retired), its window
-    # pages and state its own: the window of its last positions and a fresh state.
+    # Its full-attention pages are the cache's; its window pages and state its own: the
+    # anchor's tail (positions 32..39) copied into new pages, and its state copied.
     assert pools.prefixes[slot] == HEADER
-    assert pools.num_retired == 10
+    assert pools.num_retired == 0
     table_pages = pools.table.host[slot, :40:4] // 4
     assert table_pages.tolist() == cached_pages
     windows = pools.memory.windows[0]
-    assert int(windows.starts[slot]) == 0 and windows.row_pages(slot, 41).shape[0] == 11
-    assert pools.memory.states[0].num_free == 7
+    assert int(windows.starts[slot]) == 32 and windows.row_pages(slot, 41).shape[0] == 3
+    assert pools.memory.states[0].num_free == 6  # the row's and the anchor's taken
+    anchor = pools.memory.cached.anchors[HEADER]
+    assert anchor.locks == 1  # until the row's forward copied it
+    copies = hybrid_inputs(forward_inputs(batch, pools.table, pools.page_size), pools).cached
+    assert copies[0].window_from.host.tolist() == list(anchor.window_pages)
+    assert copies[0].window_to.host.tolist() == windows.row_pages(slot, 41)[:2].tolist()
     check_pools(pools, [batch])
 
-    # `mix` admits the same way: from position 0.
+    # `mix` admits the same way: from the anchor.
     mixed, _ = unwrap(mix(idle(CPU), [Req(2, (*HEADER, 8, 9))], 64, pools, []))
-    assert mixed.prefix_lens.tolist() == [0]
+    assert mixed.prefix_lens.tolist() == [40]
 
 
 def test_eviction_frees_full_pages_only_and_every_kind_stays_conserved() -> None:
@@ -116,11 +125,15 @@ def test_eviction_frees_full_pages_only_and_every_kind_stays_conserved() -> None
         pools = unwrap(release(left, kept, pools))
         check_pools(pools, [])
     assert pools.cache.num_evicted == 30 and pools.cache.num_pages == 30  # whole prompts out
-    assert pools.memory.states[0].num_free == 8
-    assert len(pools.memory.windows[0].page_list) == pools.memory.windows[0].num_pages
+    # Each prompt published an anchor at 60; the two evicted prompts' anchors went with them.
+    cached = pools.memory.cached
+    assert sorted(len(prefix) for prefix in cached.anchors) == [60, 60]
+    assert cached.num_evicted == 2
+    assert pools.memory.states[0].num_free == 8 - 2
+    assert len(pools.memory.windows[0].page_list) == pools.memory.windows[0].num_pages - 4
 
 
-def test_a_released_row_cannot_be_released_again_nor_keep_its_state() -> None:
+def test_a_released_row_cannot_be_released_again_nor_keep_its_own_state() -> None:
     pools = _pools()
     batch, pools = unwrap(extend(idle(CPU), [Req(0, (*HEADER, 1))], pools))
     state = int(pools.memory.states[0].of_slot[int(batch.rows.req_pool_indices.host[0])])
@@ -129,12 +142,13 @@ def test_a_released_row_cannot_be_released_again_nor_keep_its_state() -> None:
     before = snapshot([left, kept, after])
     assert release(left, kept, after) == Failure(NotOwned((1,)))
     assert_unchanged(before, [left, kept, after])
-    # The state slot went back free, held by no slot and not by the cache; a request
-    # with the same prompt computes it from position 0 (from the zero state).
-    assert after.memory.states[0].num_free == 8
+    # The row's state slot went back free (its 41 tokens end within a page); the anchor the
+    # prefill published at 40 keeps a state of its own, and the same prompt resumes there.
+    assert after.memory.states[0].num_free == 7
     assert state not in after.memory.states[0].of_slot.tolist()
+    assert after.memory.cached.anchors[HEADER].state != state
     again, after = unwrap(extend(idle(CPU), [Req(1, (*HEADER, 1))], after))
-    assert again.prefix_lens.tolist() == [0]
+    assert again.prefix_lens.tolist() == [40]
     check_pools(after, [again])
 
 

@@ -11,8 +11,10 @@ is exact (each request equals its run alone, token for token) and, after
 
 The hybrid cells run the same workload on `--model hybrid` (a window
 layer of 8 positions, a recurrent-state layer and a full layer), in every
-mode hybrid pools take (no prefix cache), with window pages few enough
-that window pressure retracts requests too; a few more add prebuilt
+mode, with window pages few enough that window pressure retracts requests
+too: without the prefix cache at page sizes 1 and 16, with it (rows
+resuming from the cache's anchors: window tails and states copied) in
+every mode at page size 1 and in a subset at 16; a few more add prebuilt
 arrivals, forwards padded to captured sizes, and two ranks with both.
 """
 
@@ -150,16 +152,25 @@ HYBRID: Final = ModelConfig(num_layers=len(HYBRID_LAYERS), layer_kinds=HYBRID_LA
 # Window token slots: the longest whole prompt's pages (72 tokens, a follow-up's history
 # included) and one more; a decoding row holds one or two pages of them.
 WINDOW_TOKENS: Final = {1: 80, 16: 96}
-# Knobs: (chunk size, mixed, overlap, draft tokens); hybrid pools take no prefix cache.
+# Knobs: (chunk size, mixed, overlap, draft tokens).
 HYBRID_MODES: Final = list(itertools.product((0, 8), (False, True), (False, True), (0, 2)))
+# With the prefix cache: every mode at page size 1, these four at 16.
+HYBRID_CACHE_CELLS: Final = [(mode, 1) for mode in HYBRID_MODES] + [
+    ((8, True, True, 2), 16),
+    ((0, False, False, 0), 16),
+    ((8, False, True, 0), 16),
+    ((0, True, False, 2), 16),
+]
 
 
 def _hybrid_name(mode: tuple[int, bool, bool, int]) -> str:
     return _name((False, *mode)).removeprefix("no-cache-")
 
 
-def _hybrid_config(mode: tuple[int, bool, bool, int], page_size: int) -> SimulationConfig:
-    config = _config((False, *mode), page_size)
+def _hybrid_config(
+    mode: tuple[int, bool, bool, int], page_size: int, *, cache: bool = False
+) -> SimulationConfig:
+    config = _config((cache, *mode), page_size)
     return attrs.evolve(config, model=HYBRID, num_window_tokens=WINDOW_TOKENS[page_size])
 
 
@@ -236,6 +247,28 @@ def test_two_ranks_run_the_hybrid_model_with_prebuilt_arrivals_and_padding() -> 
     assert all(rank.pools_conserved for rank in run.ranks)
     assert any(spec.prebuilt for spec in run.specs)  # the oracle checked their tokens too
     assert sum(rank.padded_forwards for rank in run.ranks) > 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "page_size"),
+    HYBRID_CACHE_CELLS,
+    ids=[f"{_hybrid_name(mode)}-page{page}" for mode, page in HYBRID_CACHE_CELLS],
+)
+def test_hybrid_cells_with_the_prefix_cache_resume_rows_exactly(
+    mode: tuple[int, bool, bool, int], page_size: int
+) -> None:
+    """Rows resume from anchors (a window tail and a state copied), and every token is exact."""
+    run = simulate(_hybrid_config(mode, page_size, cache=True))
+    assert run.oracle is not None and run.oracle.passed, run.oracle
+    assert run.oracle.num_checked == WORKLOAD.num_requests
+    assert run.trace.num_checks == len(run.trace) + 1
+    assert run.trace.cache_hits > 0  # new rows read cached prefixes: resumed from anchors
+    assert run.trace.prefill_cached > 0
+    assert run.pools_conserved  # window tokens and states free, or the anchors' (evictable)
+    chunk, _, _, drafts = mode
+    if drafts:
+        assert run.trace.speculative_steps > 0
+    _assert_requests_run_together(run.trace, chunk)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from batchstate._ahead import Ahead, AheadStep, settle_ahead, verify_ahead
+    from batchstate._cached_copies import CachedCopies
     from batchstate._captured_sizes import PaddingError
     from batchstate._chunked import Chunked
     from batchstate._column_building import build_columns
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from batchstate._free_list import FreeList
     from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError
     from batchstate._hybrid_buffers import HybridBuffers, fill_hybrid
+    from batchstate._hybrid_cache import Anchor, HybridCache
     from batchstate._hybrid_inputs import HybridInputs, StateInputs, WindowInputs, hybrid_inputs
     from batchstate._hybrid_pools import HybridPools
     from batchstate._invariants import check_batch, check_pools
@@ -110,8 +112,10 @@ __all__ = [
     "AheadStep",
     "AllocError",
     "Allocation",
+    "Anchor",
     "Batch",
     "BatchConflict",
+    "CachedCopies",
     "Chunked",
     "ColumnError",
     "Columns",
@@ -137,6 +141,7 @@ __all__ = [
     "Holder",
     "HostColumn",
     "HybridBuffers",
+    "HybridCache",
     "HybridInputs",
     "HybridPools",
     "Idle",

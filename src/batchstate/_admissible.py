@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from batchstate._chunked import Chunked
 from batchstate._columns import C
 from batchstate._errors import OutOfKVTokens, OutOfReqSlots
+from batchstate._hybrid_reuse import resume_rows
 from batchstate._mirrored import host_int64
 from batchstate._pool_allocation import take_slots, take_tokens
 from batchstate._pool_prefixes import lock_cached_prefixes
@@ -50,6 +51,8 @@ def _allocates(inputs: Sequence[Req | Chunked[C]], pools: Pools, *, match: bool)
     if isinstance(taken, OutOfReqSlots):
         return False
     new_slots, with_slots = taken
+    if match and any(matched):  # hybrid pools: window starts at the anchors' tails
+        with_slots = resume_rows(with_slots, new_slots.tolist(), new_ids, matched)
     next_slot, next_match = iter(new_slots.tolist()), iter(matched)
     slots: list[int] = []
     prefix: list[int] = []

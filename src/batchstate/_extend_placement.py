@@ -21,6 +21,7 @@ from batchstate._columns import C
 from batchstate._dedup import ExtendRows, publish_computed
 from batchstate._errors import OutOfKVTokens, OutOfReqSlots
 from batchstate._extend_checks import _expect_unique, _first_problem
+from batchstate._hybrid_reuse import publish_tails, resume_rows
 from batchstate._mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
 from batchstate._phases import Idle
 from batchstate._pool_allocation import take_fresh, take_slots, take_tokens
@@ -115,9 +116,17 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         for item, held in zip(inputs, cached, strict=True)
     ]
     seq_lens = [len(req.input_ids) for req in reqs]
+    new_rows = [row for row, item in enumerate(inputs) if not isinstance(item, Chunked)]
     slots_host = host_int64(slots)
     prefix_host = host_int64(prefix_lens)
     seq_lens_host = host_int64(seq_lens)
+    if retire and any(matched.lengths):  # hybrid pools: new rows resume from anchors
+        pools = resume_rows(
+            pools,
+            [slots[row] for row in new_rows],
+            [reqs[row].input_ids for row in new_rows],
+            matched.lengths,
+        )
     # Rows no forward computes here (`prebuilt`) are first read by their next decode,
     # at `seq_len`: they take window pages for their window's tail only.
     reads_from = None if retire else seq_lens_host
@@ -131,7 +140,6 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     positions = prefix_host[rows_of_tokens] + np.arange(locs.shape[0]) - first_token[rows_of_tokens]
     token_slots = slots_host[rows_of_tokens]
     locs32 = locs.astype(np.int32)
-    new_rows = [row for row, item in enumerate(inputs) if not isinstance(item, Chunked)]
     # Each row's whole pages go into the cache, or its cells move onto the cache's copy.
     after, (token_slots, positions, locs32) = publish_computed(
         after,
@@ -143,6 +151,8 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         (token_slots, positions, locs32),
         retire=retire,
     )
+    if retire:  # hybrid pools: an anchor at each row's last page boundary, where there is room
+        after = publish_tails(after, slots, [req.input_ids for req in reqs], prefix_lens)
     if any(matched.lengths):
         # Rows that read a cached prefix: their table cells there are the cache's pages.
         prefix_rows = [

@@ -176,7 +176,7 @@ def fill_hybrid(
         buffers.block[offset : offset + host.nbytes].view(torch_dtype(host.dtype))
         for host, offset in zip(hosts, offsets, strict=True)
     ]
-    return Success(hybrid_of(inputs.num_rows, pools, hosts, sides))
+    return Success(hybrid_of(inputs, pools, hosts, sides))
 
 
 def _layout(

@@ -21,6 +21,7 @@ import attrs
 import numpy as np
 import torch
 
+from batchstate._cached_copies import CachedCopies, cached_copies
 from batchstate._expect import expect_instance
 from batchstate._forward_checks import ForwardInputsError
 from batchstate._forward_inputs import ForwardInputs
@@ -87,12 +88,15 @@ class HybridInputs:
     """A forward's inputs for a hybrid model's window and recurrent layers, per kind.
 
     `windows` and `states` hold one entry each for the kinds the pools were
-    made with, none for a full-attention model.
+    made with, none for a full-attention model; `cached` one when rows of
+    the forward resume from or publish prefix-cache anchors (docs/hybrid.md).
     """
 
     num_rows: int
     windows: tuple[WindowInputs, ...]
     states: tuple[StateInputs, ...]
+    # The prefix cache's anchor copies this forward performs (one entry), () for none.
+    cached: tuple[CachedCopies, ...] = ()
 
     def __repr__(self) -> str:
         kinds = ", ".join(map(repr, (*self.windows, *self.states)))
@@ -124,7 +128,7 @@ def hybrid_inputs(inputs: ForwardInputs, pools: Pools) -> HybridInputs:
     ([1, 2, 3], [1])
     """
     hosts = hybrid_hosts(inputs, pools, "hybrid_inputs")
-    return hybrid_of(inputs.num_rows, pools, hosts, upload(hosts, inputs.device))
+    return hybrid_of(inputs, pools, hosts, upload(hosts, inputs.device))
 
 
 def hybrid_hosts(inputs: ForwardInputs, pools: Pools, caller: str) -> list[HostArray]:
@@ -152,7 +156,7 @@ def hybrid_hosts(inputs: ForwardInputs, pools: Pools, caller: str) -> list[HostA
 
 
 def hybrid_of(
-    num_rows: int, pools: Pools, hosts: list[HostArray], sides: list[torch.Tensor]
+    inputs: ForwardInputs, pools: Pools, hosts: list[HostArray], sides: list[torch.Tensor]
 ) -> HybridInputs:
     """The `HybridInputs` of `hybrid_hosts`' arrays and their device sides, in that order."""
     pairs: list[Mirrored[Any]] = [
@@ -165,7 +169,14 @@ def hybrid_of(
         StateInputs(state.kind.state_size, pair)
         for state, pair in zip(pools.memory.states, pairs[len(windows) * 4 :], strict=True)
     )
-    return HybridInputs(num_rows, windows, states)
+    memory = pools.memory
+    cached = cached_copies(
+        inputs,
+        memory.cached,
+        next(((w.window, w.page_size, w.table) for w in memory.windows), None),
+        memory.states[0].of_slot if memory.states else None,
+    )
+    return HybridInputs(inputs.num_rows, windows, states, cached)
 
 
 def window_rows(

@@ -107,7 +107,7 @@ def check_kinds(memory: object, max_context_len: int, page_size: int) -> None:
     A window must be in `[1, max_context_len]` and its token slots whole
     pages, enough for one row's window; a state must have a positive size
     and count, and every slot must fit `MAX_STATE_ELEMENTS`. Hybrid pools
-    may have the prefix cache on (`reads_cached_prefixes`).
+    may have the prefix cache on (see `reads_cached_prefixes`).
     """
     if not isinstance(memory, MemoryKinds):
         raise MemoryKindError(f"memory must be a MemoryKinds, got {type(memory).__name__}")
@@ -144,11 +144,12 @@ def check_kinds(memory: object, max_context_len: int, page_size: int) -> None:
 
 
 def reads_cached_prefixes(memory: MemoryKinds) -> bool:
-    """Whether a request may read a cached prefix instead of computing it.
+    """Whether a match on the prefix cache alone may be read instead of computed.
 
-    The prefix cache keeps full-attention pages only. A request that reads
-    a cached prefix of `n` tokens would also need the window pages of
-    positions `[n - window + 1, n)` and the state after token `n - 1`,
-    which it does not keep: hybrid pools compute every prompt from 0.
+    The prefix cache's tree holds full-attention pages. A request that
+    reads a cached prefix of `n` tokens on hybrid pools also needs the
+    window pages of positions `[n - window + 1, n)` and the state after
+    token `n - 1`, which the pools keep beside the tree at anchors
+    (`HybridPools.cached`): there, only a match cut back to an anchor is read.
     """
     return not memory.is_hybrid

@@ -23,6 +23,7 @@ from batchstate._column_rows import join_pending
 from batchstate._columns import C
 from batchstate._dedup import ExtendRows, publish_computed
 from batchstate._errors import OutOfKVTokens, OutOfReqSlots
+from batchstate._hybrid_reuse import publish_tails, resume_rows, usable_prefix
 from batchstate._mirrored import NO_INTS, DeviceOnly, HostArray, Mirrored, frozen, host_int64
 from batchstate._mixed import Mixed, MixStep
 from batchstate._pool_allocation import take_slots, take_tokens
@@ -30,7 +31,7 @@ from batchstate._pool_prefixes import lock_matched_prefixes
 from batchstate._pools import Pools
 from batchstate._rows import Req, Rows, build_rows, pack_ints
 from batchstate._sampled import Sampled
-from batchstate._sharing import match_prefix, prefix_cells
+from batchstate._sharing import prefix_cells
 
 # The running rows' input tokens: host ints, or the last forward's tokens left on the device.
 Tokens: TypeAlias = Sequence[int] | Sampled
@@ -60,10 +61,12 @@ def _fill(
             req, slot, cached = item.req, item.slot, item.cached
         else:
             req, slot = item, 0
-            cached, pages = match_prefix(cache, req.input_ids) if cache.enabled else (0, NO_INTS)
-            if req.rid in caps:  # whole pages only: a page is read from the cache or not at all
-                cached = min(cached, caps[req.rid] // pools.page_size * pools.page_size)
-                pages = pages[: cached // pools.page_size]
+            # A cap keeps whole pages (a page is read from the cache or not at all) and, on
+            # hybrid pools, an anchor: a prefix is never read where its tail is not kept.
+            cap = caps.get(req.rid)
+            cached, pages = (
+                usable_prefix(pools, req.input_ids, cap) if cache.enabled else (0, NO_INTS)
+            )
             prefix_pages.append(pages)
         take = min(len(req.input_ids) - cached, left)
         left -= take
@@ -112,13 +115,17 @@ def _build(
             ],
             ExtendRows(
                 extend_slots,
-                [req.input_ids[:end] for req, end in zip(chunks.reqs, ends, strict=True)],
+                chunk_tokens := [
+                    req.input_ids[:end] for req, end in zip(chunks.reqs, ends, strict=True)
+                ],
                 chunks.prefix_lens,
                 first[:num_extend].tolist(),
             ),
             cells,
             retire=True,
         )
+        # Hybrid pools: an anchor at each chunk's last page boundary, where there is room.
+        after = publish_tails(after, extend_slots, chunk_tokens, chunks.prefix_lens)
     if any(matched):  # new rows read a cached prefix: their cells there are the cache's pages
         cells = prefix_cells(
             list(zip(new_slots, prefix_pages, strict=True)), pools.page_size, cells
@@ -212,6 +219,7 @@ def _allocate(
             return allocated
         taken, pools = allocated
         new_slots = taken.tolist()
+        pools = resume_rows(pools, new_slots, new_ids, matched)  # hybrid pools: from anchors
     next_new = iter(new_slots)
     extend_slots = [slot or next(next_new) for slot in chunks.slots]
     slots = np.concatenate((host_int64(extend_slots), rows.req_pool_indices.host))

@@ -19,7 +19,9 @@ from batchstate._pool_versions import next_version
 from batchstate._sharing import lanes
 
 if TYPE_CHECKING:
+    from batchstate._hybrid_pools import HybridPools
     from batchstate._pools import Pools
+    from batchstate._prefix_cache import PrefixCache
 
 __all__ = ["Allocation", "reissue", "take_fresh", "take_next", "take_slots", "take_tokens"]
 
@@ -36,8 +38,10 @@ def take_slots(pools: Pools, num_slots: int) -> tuple[HostArray, Pools] | OutOfR
     if num_slots > pools.num_free_slots:
         return OutOfReqSlots(num_slots, pools.num_free_slots)
     memory = pools.memory
-    if memory.states and num_slots > memory.free_states():
-        return OutOfReqSlots(num_slots, memory.free_states())  # a state slot per request
+    if memory.states and num_slots > memory.free_states():  # a state slot per request
+        available = memory.free_or_evictable_states()  # anchors' states may be evicted
+        if num_slots > available:
+            return OutOfReqSlots(num_slots, available)
     slots, rest = pools.slot_list.take(num_slots)
     slot_gens = pools.slot_gens.copy()
     slot_gens[slots] = pools.next_gen  # one generation per allocation call
@@ -177,13 +181,11 @@ def _take_pages(
         cache, evicted = cache._evict(shortage)
         page_list = page_list.give(np.array(evicted, dtype=np.int64))
     memory = None
-    if pools.memory.windows:  # the window layers' pages: taken, and out-of-window ones freed
-        old_lens = pools.slot_tokens[slots]
-        first_read = old_lens if reads_from is None else reads_from
-        grown = pools.memory.grow(slots, old_lens, new_lens, first_read, pools.page_size)
-        if isinstance(grown, OutOfKVTokens):
-            return grown
-        memory = grown
+    if pools.memory.kinds.is_hybrid:
+        hybrid = _hybrid_taken(pools, cache, slots, new_lens, reads_from)
+        if isinstance(hybrid, OutOfKVTokens):
+            return hybrid
+        memory = hybrid
     pages, rest = page_list.take(num_pages)
     slot_tokens = pools.slot_tokens.copy()
     slot_tokens[slots] = new_lens
@@ -195,6 +197,28 @@ def _take_pages(
         cache=cache,
         memory=memory,
     )
+
+
+def _hybrid_taken(
+    pools: Pools,
+    cache: PrefixCache,
+    slots: HostArray,
+    new_lens: HostArray,
+    reads_from: HostArray | None,
+) -> HybridPools | OutOfKVTokens:
+    # The window pages rows grown to `new_lens` take and give back, after settling the
+    # copies rows that grow again had pending and dropping anchors whose full-attention
+    # prefix `cache` (after its evictions) no longer holds.
+    memory = pools.memory
+    old_lens = pools.slot_tokens[slots]
+    if memory.cached.pending:  # a row that held tokens ran its forward: its copies are done
+        memory = memory.settle(slots[old_lens > 0].tolist())
+    if cache is not pools.cache and memory.cached.anchors:
+        memory = memory.drop_uncached(lambda prefix: cache._cached(prefix)[0] == len(prefix))
+    if not memory.windows:  # the window layers' pages: taken, and out-of-window ones freed
+        return memory
+    first_read = old_lens if reads_from is None else reads_from
+    return memory.grow(slots, old_lens, new_lens, first_read, pools.page_size)
 
 
 _ONE: Final = np.int64(1)

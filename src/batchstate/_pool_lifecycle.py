@@ -52,8 +52,8 @@ def make_pools(
         ValueError: a size is not positive, or `num_kv_tokens % page_size`.
         MemoryKindError: `memory` describes memory these pools cannot hold
             (a window of 0 or past `max_context_len`, a state that does not
-            fit). With the prefix cache on, hybrid pools cache full-attention
-            pages but read no cached prefix (docs/hybrid.md).
+            fit). With the prefix cache on, hybrid pools read a cached prefix
+            up to an anchor that keeps its window tail and state (docs/hybrid.md).
 
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"), page_size=16)
     >>> pools.num_free_slots, pools.num_free_tokens, pools.kv_cache_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from batchstate._hybrid_reuse import hold_anchors, usable_prefix
 from batchstate._mirrored import NO_INTS, HostArray
 from batchstate._pool_versions import next_version
 from batchstate._prefix_cache import Tokens
@@ -30,6 +31,12 @@ def lock_cached_prefixes(
     """
     if not pools.cache.enabled:
         return pools, [0] * len(token_lists), [NO_INTS] * len(token_lists)
+    if pools.memory.kinds.is_hybrid:  # cut back to what the cache keeps beside the pages
+        matches = [usable_prefix(pools, tokens) for tokens in token_lists]
+        lengths = [length for length, _ in matches]
+        cache = lock_matched(pools.cache, token_lists, lengths)
+        locked = hold_anchors(next_version(pools, cache=cache), token_lists, lengths)
+        return locked, lengths, [pages for _, pages in matches]
     cache, lengths, pages = lock_prefixes(pools.cache, token_lists)
     return next_version(pools, cache=cache), lengths, pages
 
@@ -40,4 +47,5 @@ def lock_matched_prefixes(
     """`lock_cached_prefixes` for prompts matched already (`match_prefix` on this cache)."""
     if not any(lengths):
         return pools
-    return next_version(pools, cache=lock_matched(pools.cache, token_lists, lengths))
+    locked = next_version(pools, cache=lock_matched(pools.cache, token_lists, lengths))
+    return hold_anchors(locked, token_lists, lengths)

@@ -71,9 +71,11 @@ def give_back_slots(
 def _give_back_shared(
     pools: Pools, slots: HostArray, owned: list[tuple[int, int]], tokens: Sequence[Tokens] | None
 ) -> Pools:
-    # `give_back_slots` with the cache on: each slot's whole pages go into the cache.
-    # Its window pages and state go back free: the cache keeps full-attention pages only.
+    # `give_back_slots` with the cache on: each slot's whole pages go into the cache. On
+    # hybrid pools a row that ends on a page boundary keeps its window tail and state there
+    # as an anchor; every other window page and state goes back free.
     prefixes = pools.prefixes.mutate()
+    kept = _finished_tails(pools, owned, tokens)
     cache, freed = give_back(pools.cache, pools.table.host, prefixes, owned, tokens)
     return next_version(
         pools,
@@ -83,15 +85,38 @@ def _give_back_shared(
         slot_gens=_zeroed(pools.slot_gens, slots),
         cache=cache,
         prefixes=prefixes.finish(),
-        memory=_hybrid_given_back(pools, slots),
+        memory=_hybrid_given_back(pools, slots, kept),
     )
 
 
-def _hybrid_given_back(pools: Pools, slots: HostArray) -> HybridPools | None:
-    # The window pages and states `slots` hold, freed; None (unchanged) for full attention.
+def _finished_tails(
+    pools: Pools, owned: list[tuple[int, int]], tokens: Sequence[Tokens] | None
+) -> list[tuple[int, Tokens]]:
+    # (slot, its tokens) of released rows whose tokens end on a page boundary where no
+    # anchor is: their state is after exactly those tokens, their window tail is theirs.
+    if not pools.memory.kinds.is_hybrid or tokens is None or len(tokens) != len(owned):
+        return []
+    page_size, anchors = pools.page_size, pools.memory.cached.anchors
+    kept: list[tuple[int, Tokens]] = []
+    ends: set[Tokens] = set()
+    for (slot, num_tokens), ids in zip(owned, tokens, strict=True):
+        if num_tokens % page_size or len(ids) < num_tokens:
+            continue
+        prefix = tuple(ids[:num_tokens])
+        if prefix not in anchors and prefix not in ends:
+            kept.append((slot, prefix))
+            ends.add(prefix)
+    return kept
+
+
+def _hybrid_given_back(
+    pools: Pools, slots: HostArray, kept: Sequence[tuple[int, Tokens]] = ()
+) -> HybridPools | None:
+    # The window pages and states `slots` hold, freed (but for `kept` rows' tails and
+    # states, which become anchors); None (unchanged) for full attention.
     if not pools.memory.kinds.is_hybrid:
         return None
-    return pools.memory.give_back(slots, pools.slot_tokens[slots])
+    return pools.memory.give_back(slots, pools.slot_tokens[slots], kept)
 
 
 def shrink_slots(pools: Pools, slots: HostArray, new_lens: HostArray) -> Result[Pools, NotOwned]:

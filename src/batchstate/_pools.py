@@ -248,7 +248,9 @@ class Pools:
 
         With the cache on, each slot's tokens (`tokens`) go into the cache in
         whole pages at the slot's pages, and the slot stops reading its
-        cached prefix. Pages whose tokens the cache holds already (another
+        cached prefix. On hybrid pools a slot whose tokens end on a page
+        boundary keeps its window tail and state (after those tokens) in
+        the cache as an anchor (docs/hybrid.md). Pages whose tokens the cache holds already (another
         row computed them too), and a partly filled last page, are freed.
         With the cache off every page is freed.
 

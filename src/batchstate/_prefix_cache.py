@@ -63,9 +63,9 @@ class PrefixCache:
     # keeps them) -> its `used`: what eviction pops, kept beside the tree so that it
     # never scans it. Copied on change, never mutated.
     _leaves: dict[Tokens, int]
-    # Whether a matched prefix may be read instead of computed: false for hybrid pools
-    # whose requests need window pages or a state at the prefix's end, which the cache
-    # does not keep (`reads_cached_prefixes` in `_memory_kinds`).
+    # Whether a match on the cache alone may be read instead of computed: false for
+    # hybrid pools, whose requests also need a window tail and a state at the prefix's
+    # end, kept beside the cache (`HybridPools.cached`, `_hybrid_reuse.usable_prefix`).
     reuses: bool = True
 
     @classmethod
@@ -86,10 +86,11 @@ class PrefixCache:
         """The longest cached prefix of `tokens` a request may read: its length and pages.
 
         Reads only: the cache is unchanged. Costs O(len(tokens)) token
-        compares, done a node at a time at C speed. On hybrid pools the
-        cache keeps full-attention pages only, and a prefix is usable only
-        where its window pages and state are kept too: every match is 0
-        there (docs/hybrid.md).
+        compares, done a node at a time at C speed. On hybrid pools a
+        prefix is usable only up to an anchor that keeps its window tail
+        and state, which the pools keep beside the cache (`Pools.memory`):
+        the cache alone matches 0 there, and the transitions that admit
+        requests cut their matches back to an anchor (docs/hybrid.md).
 
         >>> cache = PrefixCache._empty(2)
         >>> cache.match((1, 2, 3))[0]

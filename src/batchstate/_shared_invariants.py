@@ -16,6 +16,7 @@ from batchstate._cache_checks import (
 )
 from batchstate._columns import C
 from batchstate._errors import InvariantViolation
+from batchstate._hybrid_checks import check_hybrid
 from batchstate._mirrored import HostArray
 from batchstate._phases import Batch
 from batchstate._pools import Pools
@@ -102,6 +103,8 @@ def check_shared_pools(
         f" != {pools.num_pages}, or a page is in two states or none",
     )
     _check_slots(pools, batches, compare_device=compare_device)
+    if pools.memory.kinds.is_hybrid:  # window pages and state slots, the anchors' counted
+        check_hybrid(pools, owned_by_generation(pools))
     check_prefix_paths(pools, tree, np.where(in_prefix, grid, 0), in_prefix)
     for batch in batches:
         check_inputs(pools, batch.rows.req_pool_indices.host, batch.rows.reqs)

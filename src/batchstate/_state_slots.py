@@ -53,6 +53,16 @@ class StateSlots:
         of_slot[slots] = states
         return StateSlots(self.kind, rest, frozen(of_slot))
 
+    def with_free(self, free: FreeList) -> StateSlots:
+        """The same request slots' states with another free list (the prefix cache's)."""
+        return StateSlots(self.kind, free, self.of_slot)
+
+    def handed_over(self, slots: HostArray) -> StateSlots:
+        """`slots` hold no state slot any more, theirs not freed: the prefix cache keeps them."""
+        of_slot = self.of_slot.copy()
+        of_slot[slots] = 0
+        return StateSlots(self.kind, self.free, frozen(of_slot))
+
     def give_back(self, slots: HostArray) -> StateSlots:
         """The state slots `slots` hold, free again."""
         of_slot = self.of_slot.copy()

@@ -75,6 +75,14 @@ class WindowPages:
     def num_free_tokens(self) -> int:
         return len(self.page_list) * self.page_size
 
+    def moved(self, starts: HostArray) -> WindowPages:
+        """The same pages with other window starts (rows opened at a cached prefix's tail)."""
+        return WindowPages(self.kind, self.page_size, self.page_list, starts, self.table)
+
+    def with_free(self, page_list: FreeList) -> WindowPages:
+        """The same rows with another free list (pages the prefix cache took or gave back)."""
+        return WindowPages(self.kind, self.page_size, page_list, self.starts, self.table)
+
     def row_pages(self, slot: int, num_tokens: int) -> HostArray:
         """The window pages the row in `slot`, holding `num_tokens` tokens, holds, in order."""
         start = int(self.starts[slot]) // self.page_size
@@ -95,6 +103,9 @@ class WindowPages:
         """
         page_size = self.page_size
         start = self.starts[slots]
+        # A row opened at a cached prefix's window tail holds no page before its start:
+        # it grows from there (the tail's pages are new, filled by a copy).
+        old_lens = np.maximum(old_lens, start)
         # The forward reads from `reads_from - window + 1` on: pages wholly before it are free.
         keep = np.maximum(reads_from - (self.window - 1), 0)
         keep -= keep % page_size

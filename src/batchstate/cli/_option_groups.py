@@ -140,8 +140,8 @@ def add_engine_options(add: Add) -> None:
         default="full",
         help="full: every layer attends over all earlier tokens; hybrid: a sliding-window"
         " layer (its own window pages, given back as rows grow), a recurrent-state layer (a"
-        " state slot per request) and a full-attention layer. hybrid runs without the prefix"
-        " cache for now: it needs --no-prefix-cache",
+        " state slot per request) and a full-attention layer. With the prefix cache, rows"
+        " resume from cached window tails and states",
     )
     add(
         "--window",
@@ -156,7 +156,7 @@ def add_engine_options(add: Add) -> None:
         default=None,
         metavar="N",
         help="--model hybrid: window token slots, whole pages (default: one window, plus a"
-        " page, per request slot)",
+        " page, per request slot, twice that with the prefix cache for its window tails)",
     )
     add("--max-running", type=int, default=32, metavar="N", help="requests running at once")
     add(

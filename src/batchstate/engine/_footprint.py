@@ -116,7 +116,7 @@ def estimate(config: SimulationConfig, ranks: int = 1) -> Footprint:
             window = config.window_tokens + config.page_size
             window_kv = 2 * model.count("window") * window * model.d_model * itemsize
             parts.append(Part("the window K/V", window_kv, "--window-tokens", on_device=on_device))
-            states = (slots + 1) * model.state_size * itemsize
+            states = (config.num_states + 1) * model.state_size * itemsize
             parts.append(Part("the recurrent states", states, slots_option, on_device=on_device))
         parts.append(_forward(config, pages, on_device=on_device))
         if config.oracle or workload.prebuilt:

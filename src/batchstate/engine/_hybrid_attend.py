@@ -10,7 +10,11 @@ other layers read what a hybrid kernel takes:
   missing key, and the oracle's tokens differ;
 - a state layer folds each row's tokens in order (`recur`) from its state
   slot `state_indices[i]`, from the zero state when the row starts at
-  position 0, and writes the state back; a verify forward instead writes
+  position 0, and writes the state back;
+- with the prefix cache on, rows that resume from an anchor first copy its
+  window tail and state into their own (`hybrid.cached`), and rows that
+  publish one fill it: their window tail copied after the new K/V is
+  written, their state checkpointed after the anchor's last token; a verify forward instead writes
   the state after each query token into `checkpoints[token]` and leaves
   the slot as it was (`accepted_states` copies the accepted one back).
 """
@@ -25,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from batchstate import ForwardInputs, HybridInputs, accepted_states
+from batchstate import CachedCopies, ForwardInputs, HybridInputs, accepted_states
 from batchstate.engine._model import Attend, TinyModel
 from batchstate.engine._recurrence import recur
 
@@ -74,8 +78,14 @@ def hybrid_attend(  # noqa: PLR0917  # the forward's model, cache, inputs, and i
         _window(config.window, cache, hybrid, query_at, q_lens) if hybrid.windows else None
     )
 
+    copies = hybrid.cached[0] if hybrid.cached else None
+    checkpoint_at = _checkpoint_rows(copies, qo, num_rows) if copies is not None else None
+
     def state_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         slots = hybrid.states[0].state_indices.device.to(torch.int64)
+        if copies is not None:  # resumed rows start from their anchors' states
+            sources = copies.state_from.device
+            cache.states[layer, copies.state_to.device] = cache.states[layer, sources]
         state = cache.states[layer, slots]
         fresh = (query_at[:, 0] == 0)[:, None, None, None]  # a row from position 0: no state yet
         state = torch.where(fresh, torch.zeros_like(state), state)
@@ -86,6 +96,9 @@ def hybrid_attend(  # noqa: PLR0917  # the forward's model, cache, inputs, and i
             active = step < q_lens
             after, outs[:, step] = recur(state, queries[:, step], keys[:, step], values[:, step])
             state = torch.where(active[:, None, None, None], after, state)
+            if checkpoint_at is not None:  # an anchor's state, after its last token
+                steps, anchor_slots = checkpoint_at
+                cache.states[layer, torch.where(steps == step, anchor_slots, 0)] = state
             if checkpoints is not None:
                 checkpoints[layer, torch.where(active, qo[:-1] + step, sink)] = state
         if checkpoints is None:
@@ -136,17 +149,48 @@ def _window(
     ]
     locs = inputs.out_cache_loc.device
     scale = 1.0 / math.sqrt(cache.window_k.shape[-1])
+    copies = hybrid.cached[0] if hybrid.cached else None
+    lanes = torch.arange(page_size, device=device)
+
+    def token_locs(pages: torch.Tensor) -> torch.Tensor:  # window pages -> their token slots
+        return (pages[:, None] * page_size + lanes).reshape(-1)
+
+    def copy(layer: int, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        # Every source read before any target written: a gather, then a scatter.
+        for kv in (cache.window_k, cache.window_v):
+            kv[layer, token_locs(targets)] = kv[layer, token_locs(sources)]
 
     def attend(layer: int, queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # New K/V first (a query reads itself), then each row's window keys from its pages.
+        # Resumed rows' tails from their anchors, new K/V (a query reads itself), published
+        # anchors' tails from their rows, then each row's window keys from its pages.
+        if copies is not None:
+            copy(layer, copies.window_from.device, copies.window_to.device)
         cache.window_k[layer, locs] = k[: locs.shape[0]]
         cache.window_v[layer, locs] = v[: locs.shape[0]]
+        if copies is not None:
+            copy(layer, copies.publish_from.device, copies.publish_to.device)
         keys, values = cache.window_k[layer, key_locs], cache.window_v[layer, key_locs]
         scores = torch.einsum("bqhd,bkhd->bhqk", queries, keys) * scale
         scores = scores.masked_fill(~visible[:, None], -torch.inf)
         return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values)
 
     return attend
+
+
+def _checkpoint_rows(
+    copies: CachedCopies, qo: torch.Tensor, num_rows: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    # Per row, the step of its forward after which an anchor takes its state (-1: none),
+    # and that anchor's state slot (0, the padding slot, for none).
+    tokens = copies.checkpoint_tokens.device
+    if not len(copies.checkpoint_tokens):
+        return None
+    rows = torch.searchsorted(qo[1:], tokens, right=True)
+    steps = torch.full((num_rows,), -1, dtype=torch.int64, device=qo.device)
+    slots = torch.zeros(num_rows, dtype=torch.int64, device=qo.device)
+    steps[rows] = tokens - qo[rows]
+    slots[rows] = copies.checkpoint_states.device
+    return steps, slots
 
 
 def verify_checkpoints(model: TinyModel, inputs: ForwardInputs) -> torch.Tensor | None:

@@ -57,14 +57,15 @@ class Simulation:
 
 
 def pools_conserved(pools: Pools) -> bool:
-    """Every slot, KV token (or cached, so evictable), window token and state free: no leak."""
+    """Every slot, KV token, window token and state free or cached (evictable): no leak."""
     free = pools.num_available_tokens
     hybrid = pools.memory
+    pages, states = hybrid.cached.evictable()  # the prefix cache's anchors, none locked
     return (
         pools.num_free_slots == pools.max_reqs
         and free == pools.num_pages * pools.page_size
-        and all(w.num_free_tokens == w.num_pages * w.page_size for w in hybrid.windows)
-        and all(state.num_free == state.kind.num_states for state in hybrid.states)
+        and all(len(w.page_list) + pages == w.num_pages for w in hybrid.windows)
+        and all(state.num_free + states == state.kind.num_states for state in hybrid.states)
     )
 
 
@@ -76,10 +77,15 @@ def describe_pools(pools: Pools) -> str:
     )
     if pools.cache.enabled:
         line += f" + {pools.cache.num_tokens} cached (evictable)"
+    cached = pools.memory.cached  # the prefix cache's anchors: window tails and states
     for window in pools.memory.windows:  # a hybrid model's other memory kinds
         line += f", {window.num_free_tokens}/{window.num_pages * window.page_size} window tokens"
+        if cached.anchors:
+            line += f" + {cached.num_window_pages * window.page_size} cached"
     for state in pools.memory.states:
         line += f", {state.num_free}/{state.kind.num_states} states"
+        if cached.anchors:
+            line += f" + {cached.num_states} cached"
     return line
 
 

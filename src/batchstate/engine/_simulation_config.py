@@ -56,7 +56,14 @@ class SimulationConfig:
             return self.num_window_tokens
         one_row = (-(-self.model.window // self.page_size) + 1) * self.page_size
         longest = -(-self.workload.longest_prompt // self.page_size) * self.page_size
-        return max(self.num_slots * one_row, longest + self.page_size)
+        # With the prefix cache, as much again for the anchors' window tails.
+        rows = self.num_slots * (2 if self.prefix_cache else 1)
+        return max(rows * one_row, longest + self.page_size)
+
+    @property
+    def num_states(self) -> int:
+        """A hybrid model's state slots: one per request slot, and one per anchor with the cache."""
+        return self.num_slots * (2 if self.prefix_cache else 1) if self.model.count("state") else 0
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -86,7 +93,7 @@ class SimulationConfig:
         if model.count("window"):
             kinds.append(SlidingWindow(model.window, self.window_tokens))
         if model.count("state"):
-            kinds.append(RecurrentState(model.state_size, self.num_slots))
+            kinds.append(RecurrentState(model.state_size, self.num_states))
         return make_pools(
             self.num_slots,
             self.context_len,
@@ -163,11 +170,6 @@ class SimulationConfig:
         model = self.model
         if not model.is_hybrid:
             return
-        if self.prefix_cache:
-            raise ValueError(
-                "--model hybrid runs without the prefix cache for now (the cache keeps"
-                " full-attention pages only): add --no-prefix-cache"
-            )
         if not 1 <= model.window <= self.context_len:
             raise ValueError(
                 f"--window {model.window} must be in [1, {self.context_len}], the context"
