@@ -163,10 +163,13 @@ def column_view(columns: Columns, name: str) -> object:
 def _view(packed: Packed, place: tuple[int, int]) -> object:
     pack, row = place
     host = packed.hosts[pack][row]  # a view of a read-only array: read-only too
-    if pack < len(packed.devices):
-        start = row * packed.stride + packed.start
-        return Mirrored._pair(host, packed.devices[pack][start : start + host.shape[0]])
-    return host
+    if pack >= len(packed.devices):
+        return host
+    flat, rows = packed.devices[pack], host.shape[0]
+    if packed.start == 0 and flat.shape[0] == rows:
+        return Mirrored._pair(host, flat)  # a pack of one column, all its rows: no torch op
+    start = row * packed.stride + packed.start
+    return Mirrored._pair(host, flat[start : start + rows])
 
 
 def host_packs(columns: Columns, known: Layout) -> tuple[Host, ...]:
