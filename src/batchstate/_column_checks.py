@@ -86,7 +86,7 @@ def _packs_fit(packed: Packed, known: Layout, length: int, device: torch.device)
             or _writable_base(host)
         ):
             return False
-    if packed.start + length > packed.stride:
+    if packed.devices and packed.start + length > packed.stride:
         return False
     for tensor, group in zip(packed.devices, known.mirrored, strict=True):
         if (
