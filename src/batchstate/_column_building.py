@@ -33,7 +33,7 @@ def empty_columns(cls: type[C], device: torch.device) -> C:
         torch.empty(0, dtype=torch_dtype(group.dtype), device=device) for group in known.mirrored
     )
     empty = {name: DeviceOnly.empty(torch.int64, device) for name in known.device}
-    return packed_set(cls, Packed(hosts, devices, 0, 0), empty)
+    return packed_set(cls, known, Packed(hosts, devices, 0, 0), empty)
 
 
 def build_columns(
@@ -76,6 +76,7 @@ def build_columns(
     given = dict(zip(known.device, sides[len(known.mirrored) :], strict=True))
     return packed_set(
         cls,
+        known,
         Packed.uploaded(hosts, sides, known),
         {name: DeviceOnly(side) for name, side in given.items()},
     )

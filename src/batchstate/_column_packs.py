@@ -131,13 +131,15 @@ def packed_of(columns: Columns) -> Packed | None:
     return packed
 
 
-def packed_set(cls: type[C], packed: Packed, device_only: Mapping[str, DeviceOnly]) -> C:
-    """A set of `cls` holding `packed`, with its `DeviceOnly` columns as given.
+def packed_set(
+    cls: type[C], known: Layout, packed: Packed, device_only: Mapping[str, DeviceOnly]
+) -> C:
+    """A set of `cls` (whose `layout` is `known`) holding `packed`, with its `DeviceOnly`
+    columns as given.
 
     `packed`'s host arrays must be read-only and owned by no one who writes
     them, its device tensors uploaded from them.
     """
-    known = layout(cls)
     if known.lazy:
         columns = _new(cls)
         for name, value in device_only.items():
@@ -174,7 +176,7 @@ def _view(packed: Packed, place: tuple[int, int]) -> object:
 
 def host_packs(columns: Columns, known: Layout) -> tuple[Host, ...]:
     """The set's host packs; a set built by hand has its columns stacked (copied) into them."""
-    packed = packed_of(columns)
+    packed: Packed | None = columns.__dict__.get("_packed")  # `packed_of`, inlined: per step
     if packed is not None:
         return packed.hosts
     stacked = [

@@ -54,7 +54,7 @@ def take_pending(columns: C, index: HostArray) -> C | Pending:
         return columns
     cls = type(columns)
     known = layout(cls)
-    hosts = tuple(frozen(pack.take(index, axis=1)) for pack in host_packs(columns, known))
+    hosts = tuple([frozen(pack.take(index, axis=1)) for pack in host_packs(columns, known)])
     uploads = for_upload(hosts, known)
     if known.device:
         uploads.append(index)  # the gather needs the positions on the device
@@ -65,7 +65,7 @@ def take_pending(columns: C, index: HostArray) -> C | Pending:
             positions = sides[-1]
             for name in known.device:
                 gathered[name] = DeviceOnly(gather_rows(getattr(columns, name).device, positions))
-        return packed_set(cls, Packed.uploaded(hosts, sides, known), gathered)
+        return packed_set(cls, known, Packed.uploaded(hosts, sides, known), gathered)
 
     return Pending(tuple(uploads), finish)
 
@@ -90,10 +90,8 @@ def join_pending(parts: Sequence[C]) -> C | Pending:
             raise ColumnError(f"cannot join {type(part).__name__} columns to {cls.__name__} ones")
     known = layout(cls)
     packs = [host_packs(part, known) for part in parts]
-    hosts = tuple(
-        frozen(np.concatenate([part[group] for part in packs], axis=1))
-        for group in range(len(packs[0]))
-    )
+    # zip(*packs): each pack's arrays across the parts, in turn.
+    hosts = tuple([frozen(np.concatenate(pack, axis=1)) for pack in zip(*packs, strict=True)])
     joined: dict[str, DeviceOnly] = {}
     for name in known.device:
         # An empty part (an `Idle` batch's) has no dtype of its own to give: leave it
@@ -103,7 +101,7 @@ def join_pending(parts: Sequence[C]) -> C | Pending:
         joined[name] = DeviceOnly(tensors[0] if len(tensors) == 1 else torch.cat(tensors))
 
     def finish(sides: Sequence[torch.Tensor]) -> Columns:
-        return packed_set(cls, Packed.uploaded(hosts, sides, known), joined)
+        return packed_set(cls, known, Packed.uploaded(hosts, sides, known), joined)
 
     return Pending(tuple(for_upload(hosts, known)), finish)
 
@@ -121,7 +119,7 @@ def slice_columns(columns: C, start: int, stop: int) -> C:
     if packed is not None:
         hosts = tuple(host[:, start:stop] for host in packed.hosts)
         moved = Packed(hosts, packed.devices, packed.start + start, packed.stride)
-        return packed_set(cls, moved, sliced)
+        return packed_set(cls, known, moved, sliced)
     # A set built by hand: each column sliced as it was given.
     views: dict[str, object] = dict(sliced)
     for group in known.mirrored:
