@@ -7,7 +7,8 @@ that array uploaded flat (a column's rows contiguous on both sides).
 Taking, joining and uploading a set then costs one numpy op and one array
 in the transition's upload per dtype, not one per column, and no torch op:
 the flat device tensor is kept as `upload` returns it (a torch view or
-slice costs 2-3 µs on this CPU, a numpy one 0.1).
+slice of a CPU tensor costs 1.5-3 µs, a numpy view 0.1: `timeit` on the
+benchmark machine's shared cores, under load).
 
 Each column is still read by name, typed as declared: a `Mirrored` whose
 two sides are views of its row in the packs, or a read-only host view. The
