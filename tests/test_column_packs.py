@@ -18,7 +18,16 @@ import pytest
 import torch
 from benchmarks.counting import count_device_work
 
-from batchstate import Columns, HostColumn, Mirrored, Sampling, SamplingParams, build_columns
+from batchstate import (
+    ColumnError,
+    Columns,
+    HostColumn,
+    Mirrored,
+    Sampling,
+    SamplingParams,
+    build_columns,
+)
+from batchstate._column_checks import check_column_set, owned_host_columns
 from batchstate._column_packs import packed_of
 from batchstate._column_rows import Pending, join_pending, slice_columns, take_pending
 from batchstate._mirrored import upload
@@ -140,3 +149,13 @@ def test_packs_move_with_no_kernel_and_one_copy_on_meta() -> None:
         _ = slice_columns(joined, 1, 4).min_p.device
     assert (work.kernels, work.copies) == (0, 2)
     assert joined.top_k.device.shape == (5,)
+
+
+def test_a_slice_of_a_packed_set_passes_its_checks_and_a_wrong_length_names_a_column() -> None:
+    sliced = slice_columns(Sampling.of(PARAMS, CPU), 2, 3)
+    check_column_set(sliced, 1, CPU, "chunk")
+    assert owned_host_columns(sliced) is sliced  # its packs are read-only and owned
+    with pytest.raises(ColumnError, match=r"chunk\.Sampling\.temperature\.host: .* \[2\]"):
+        check_column_set(sliced, 2, CPU, "chunk")
+    with pytest.raises(ColumnError, match=r"chunk\.Sampling\.temperature\.device: .* on meta"):
+        check_column_set(sliced, 1, META, "chunk")
