@@ -1,9 +1,9 @@
 """Building column sets: zero rows of a set, or new rows from per-row host values.
 
-`build_columns` checks each value against its column's dtype exactly and
-uploads every device side in one host-to-device copy; `empty_columns` is the
-zero-row set an `Idle` batch carries. The fields come from the declaration
-in `_columns`.
+`build_columns` checks each value against its column's dtype exactly, packs
+the columns of one dtype into one array (`_column_packs`) and uploads every
+device side in one host-to-device copy; `empty_columns` is the zero-row set
+an `Idle` batch carries. The fields come from the declaration in `_columns`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate._column_packs import Packed, for_upload, layout, packed_set
 from batchstate._column_values import exact_values
 from batchstate._columns import NO_COLUMNS, C, NoColumns, _fields
 from batchstate._errors import ColumnError
-from batchstate._mirrored import DeviceOnly, Mirrored, frozen, upload
+from batchstate._mirrored import DeviceOnly, frozen, torch_dtype, upload
 
 __all__ = ["build_columns", "empty_columns"]
 
@@ -26,17 +27,13 @@ def empty_columns(cls: type[C], device: torch.device) -> C:
     """Zero rows of every column of `cls`, both sides."""
     if cls is NoColumns:
         return NO_COLUMNS  # type: ignore[return-value]  # C is NoColumns here
-    values: dict[str, object] = {}
-    for field in _fields(cls):
-        if field.kind == "mirrored":
-            assert field.dtype is not None
-            values[field.name] = Mirrored.empty(field.dtype.type, device)
-        elif field.kind == "device":
-            values[field.name] = DeviceOnly.empty(torch.int64, device)
-        else:
-            assert field.dtype is not None
-            values[field.name] = frozen(np.empty(0, dtype=field.dtype))
-    return cls(**values)
+    known = layout(cls)
+    hosts = tuple(frozen(np.empty((len(group.names), 0), group.dtype)) for group in known.groups)
+    devices = tuple(
+        torch.empty(0, dtype=torch_dtype(group.dtype), device=device) for group in known.mirrored
+    )
+    empty = {name: DeviceOnly.empty(torch.int64, device) for name in known.device}
+    return packed_set(cls, known, Packed(hosts, devices, 0, 0), empty)
 
 
 def build_columns(
@@ -65,19 +62,21 @@ def build_columns(
     lengths = {len(column) for column in values.values()}
     if len(lengths) > 1:
         raise ColumnError(f"{cls.__name__}: columns of different lengths {sorted(lengths)}")
-    hosts = [
-        exact_values(f"{cls.__name__}.{field.name}", values[field.name], field.dtype)
+    exact = {
+        field.name: exact_values(f"{cls.__name__}.{field.name}", values[field.name], field.dtype)
         for field in fields
-    ]
-    on_device = [host for host, field in zip(hosts, fields, strict=True) if field.kind != "host"]
-    sides = upload(on_device, device)
-    built: dict[str, object] = {}
-    side = iter(sides)
-    for host, field in zip(hosts, fields, strict=True):
-        if field.kind == "mirrored":
-            built[field.name] = Mirrored._pair(frozen(host.copy()), next(side))
-        elif field.kind == "device":
-            built[field.name] = DeviceOnly(next(side))
-        else:
-            built[field.name] = frozen(host.copy())
-    return cls(**built)
+    }
+    known = layout(cls)
+    # `np.array` of the columns copies: the set owns its packs, the caller's arrays stay theirs.
+    hosts = tuple(
+        frozen(np.array([exact[name] for name in group.names], group.dtype))
+        for group in known.groups
+    )
+    sides = upload([*for_upload(hosts, known), *(exact[name] for name in known.device)], device)
+    given = dict(zip(known.device, sides[len(known.mirrored) :], strict=True))
+    return packed_set(
+        cls,
+        known,
+        Packed.uploaded(hosts, sides, known),
+        {name: DeviceOnly(side) for name, side in given.items()},
+    )

@@ -2,7 +2,10 @@
 
 Records run `check_column_set` when they are built, so a set assembled by
 hand (not by `build_columns`) is refused with a `ColumnError` naming the
-column before any transition reads it.
+column before any transition reads it. A packed set (`_column_packs`) is
+checked pack by pack: a column is a view of its pack's row, so the pack's
+shape, dtype, device and ownership are its columns'. A pack that fails is
+checked again column by column, for the error to name the column.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate._column_packs import Layout, Packed, layout, packed_of
 from batchstate._columns import C, Columns, NoColumns, _fields
 from batchstate._errors import ColumnError
 from batchstate._mirrored import DeviceOnly, Mirrored, frozen, torch_dtype
@@ -27,8 +31,8 @@ def owned_host_columns(columns: C) -> C:
     is returned as it is (`check_column_set` judges it).
     """
     given: object = columns  # callers without mypy may pass anything
-    if not isinstance(given, Columns) or type(given) is NoColumns:
-        return columns
+    if not isinstance(given, Columns) or type(given) is NoColumns or packed_of(given):
+        return columns  # a packed set owns its read-only packs
     copies = {
         field.name: frozen(value.copy())
         for field in _fields(type(columns))
@@ -53,7 +57,11 @@ def check_column_set(columns: Columns, length: int, device: torch.device, where:
     """Raise `ColumnError` unless every column has `length` rows of its dtype, on `device`."""
     if type(columns) is NoColumns:
         return
-    for field in _fields(type(columns)):
+    fields = _fields(type(columns))
+    packed = packed_of(columns)
+    if packed is not None and _packs_fit(packed, layout(type(columns)), length, device):
+        fields = tuple(field for field in fields if field.kind == "device")  # not packed
+    for field in fields:
         value = getattr(columns, field.name)
         name = f"{where}.{type(columns).__name__}.{field.name}"
         if field.kind == "mirrored" and isinstance(value, Mirrored):
@@ -65,6 +73,29 @@ def check_column_set(columns: Columns, length: int, device: torch.device, where:
             _check_host(name, value, field.dtype, length)
         else:
             raise ColumnError(f"{name}: expected a {field.kind} column, got {type(value).__name__}")
+
+
+def _packs_fit(packed: Packed, known: Layout, length: int, device: torch.device) -> bool:
+    if len(packed.hosts) != len(known.groups) or len(packed.devices) != len(known.mirrored):
+        return False
+    for host, group in zip(packed.hosts, known.groups, strict=True):
+        if (
+            host.shape != (len(group.names), length)
+            or host.dtype != group.dtype
+            or host.flags.writeable
+            or _writable_base(host)
+        ):
+            return False
+    if packed.devices and packed.start + length > packed.stride:
+        return False
+    for tensor, group in zip(packed.devices, known.mirrored, strict=True):
+        if (
+            tensor.shape != (len(group.names) * packed.stride,)
+            or tensor.device != device
+            or tensor.dtype != torch_dtype(group.dtype)
+        ):
+            return False
+    return True
 
 
 def _check_host(

@@ -65,8 +65,7 @@ def _expect_int_range(
     if given.dtype.kind == "f":
         raise ColumnError(f"{name}: {dtype} column, got floats {given.tolist()[:4]}")
     if high is None:
-        info = np.iinfo(dtype)  # type: ignore[type-var]  # an integer dtype here
-        bottom, top = int(info.min), int(info.max)
+        bottom, top = _int_bounds(dtype)
     else:
         bottom, top = 0, high  # a bool column: 0 or 1
     low_value, high_value = int(given.min()), int(given.max())
@@ -80,10 +79,35 @@ def _expect_float_range(
 ) -> None:
     if given.dtype.itemsize <= dtype.itemsize and given.dtype.kind == "f":
         return
+    largest = _float_bounds(dtype)
+    # Two reductions settle the usual case (every value in range); NaN or an
+    # infinity (both kept) fails the compare and takes the full check below.
+    if -largest <= given.min() and given.max() <= largest:
+        return
     finite = np.isfinite(given) if given.dtype.kind == "f" else np.ones(given.shape, bool)
-    largest = np.finfo(dtype).max  # type: ignore[type-var]  # a float dtype here
     too_big = finite & (np.abs(given.astype(np.float64)) > largest)
     if too_big.any():
         raise ColumnError(
-            f"{name}: {given[int(too_big.argmax())]} does not fit {dtype} (|x| <= {largest})"
+            f"{name}: {given[int(too_big.argmax())]} does not fit {dtype}"
+            f" (|x| <= {np.finfo(dtype).max})"  # type: ignore[type-var]  # a float dtype
         )
+
+
+def _int_bounds(dtype: np.dtype[np.generic]) -> tuple[int, int]:
+    # np.iinfo costs about a microsecond a call; columns are built per admission.
+    known = _INT_BOUNDS.get(dtype)
+    if known is None:
+        info = np.iinfo(dtype)  # type: ignore[type-var]  # an integer dtype here
+        known = _INT_BOUNDS[dtype] = (int(info.min), int(info.max))
+    return known
+
+
+def _float_bounds(dtype: np.dtype[np.generic]) -> float:
+    known = _FLOAT_BOUNDS.get(dtype)
+    if known is None:
+        known = _FLOAT_BOUNDS[dtype] = float(np.finfo(dtype).max)  # type: ignore[type-var]
+    return known
+
+
+_INT_BOUNDS: dict[np.dtype[np.generic], tuple[int, int]] = {}
+_FLOAT_BOUNDS: dict[np.dtype[np.generic], float] = {}

@@ -16,11 +16,12 @@ where it is written with `batchstate.mypy_plugin` enabled.
 
 This module holds the declaration: the base classes, the type variables
 transitions are generic over, and the reading of a set's fields (kinds and
-dtypes, once per class). Building a set is `_column_building`, checking one
-`_column_checks`, and taking, joining and slicing its rows `_column_rows`:
-filter, split, merge and decode handle every field through those functions,
-so a column can be forgotten in no lifecycle method: there is none to write.
-The library never names a column.
+dtypes, once per class). How a set's values are stored (its columns of one
+dtype packed into one array) is `_column_packs`, building a set
+`_column_building`, checking one `_column_checks`, and taking, joining and
+slicing its rows `_column_rows`: filter, split, merge and decode handle
+every field through those functions, so a column can be forgotten in no
+lifecycle method: there is none to write. The library never names a column.
 
 >>> import torch
 >>> from batchstate import build_columns
@@ -60,7 +61,17 @@ HostColumn: TypeAlias = npt.NDArray[ScalarT]  # a read-only host-only column
 class Columns:
     """Base of a column set: subclass it with a frozen attrs class (`eq=False`)."""
 
-    __slots__ = ()
+    # No __slots__: a set the library builds keeps its values packed in its __dict__
+    # (`_column_packs`: one array per dtype), each column a view made when first read.
+    # A slot here would clash with the slots of any other base a set may have.
+
+    if not typing.TYPE_CHECKING:  # mypy must not take every name for a column
+
+        def __getattr__(self, name: str) -> object:
+            # Only reached for a field not yet set: a packed set's column not yet read.
+            from batchstate._column_packs import column_view  # noqa: PLC0415  # it imports this
+
+            return column_view(self, name)
 
 
 @final
