@@ -264,19 +264,41 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     if slots is None:
         slots = Mirrored._pair(ints[SLOTS], sides.pop())
     rows = object.__new__(Rows)
-    put = object.__setattr__  # what attrs' frozen __init__ does, unrolled
-    put(rows, "device", device)
-    put(rows, "reqs", reqs)
-    put(rows, "rids", ints[RIDS])
-    put(rows, "gens", ints[GENS])
-    put(rows, "req_pool_indices", slots)
-    put(rows, "seq_lens", Mirrored._pair(seq_lens, sides[0]))
-    put(rows, "orig_seq_lens", DeviceOnly(sides[1]))
-    put(rows, "seq_lens_sum", seq_lens_sum)
-    put(rows, "max_seq_len", max_seq_len)
-    put(rows, "columns", columns)
-    put(rows, "ints", ints)
+    # What attrs' frozen __init__ does, unrolled, through each slot's own setter.
+    (set_device, set_reqs, set_rids, set_gens, set_slots, set_seq_lens, set_orig, set_sum,
+     set_max, set_columns, set_ints) = _ROW_SETTERS  # fmt: skip
+    set_device(rows, device)
+    set_reqs(rows, reqs)
+    set_rids(rows, ints[RIDS])
+    set_gens(rows, ints[GENS])
+    set_slots(rows, slots)
+    set_seq_lens(rows, Mirrored._pair(seq_lens, sides[0]))
+    set_orig(rows, DeviceOnly(sides[1]))
+    set_sum(rows, seq_lens_sum)
+    set_max(rows, max_seq_len)
+    set_columns(rows, columns)
+    set_ints(rows, ints)
     return rows, sides[2:]
+
+
+# Each field's slot setter, in `build_rows`' order: past the frozen check without
+# `object.__setattr__`'s lookup of the slot by name (0.6 µs against 1.0 for the eleven).
+_ROW_SETTERS: Final = tuple(
+    getattr(Rows, name).__set__
+    for name in (
+        "device",
+        "reqs",
+        "rids",
+        "gens",
+        "req_pool_indices",
+        "seq_lens",
+        "orig_seq_lens",
+        "seq_lens_sum",
+        "max_seq_len",
+        "columns",
+        "ints",
+    )
+)
 
 
 def pack_ints(seq_lens: HostArray, slots: HostArray, rids: HostArray, gens: HostArray) -> HostArray:
