@@ -73,18 +73,21 @@ def test_padded_forwards_keep_the_oracle_exact(mixed: bool, drafts: int) -> None
     assert run.pools_conserved
 
 
+# Shared headers and follow-up turns: prompts the prefix cache serves.
+SHARING: Final = attrs.evolve(
+    CONFIG.workload,
+    num_requests=24,
+    shared_prefixes=2,
+    shared_prefix_len=16,
+    shared_fraction=0.5,
+    follow_ups=0.4,
+)
+
+
 def test_the_prefix_cache_saves_hybrid_prefills_and_the_oracle_stays_exact() -> None:
     """Follow-up turns and shared headers resume from the cache's anchors: fewer tokens
     computed than with the cache off, every token exact, the anchors' memory evictable."""
-    workload = attrs.evolve(
-        CONFIG.workload,
-        num_requests=24,
-        shared_prefixes=2,
-        shared_prefix_len=16,
-        shared_fraction=0.5,
-        follow_ups=0.4,
-    )
-    roomy = attrs.evolve(CONFIG, workload=workload, num_window_tokens=None)  # no window pressure
+    roomy = attrs.evolve(CONFIG, workload=SHARING, num_window_tokens=None)  # no window pressure
     off = simulate(roomy)
     on = simulate(attrs.evolve(roomy, prefix_cache=True))
     for run in (off, on):
@@ -100,15 +103,7 @@ def test_the_prefix_cache_saves_hybrid_prefills_and_the_oracle_stays_exact() -> 
 
 def test_prebuilt_arrivals_and_cached_prefixes_run_together_exactly() -> None:
     """Transferred window tails and states, and anchors resumed from, in one run."""
-    workload = attrs.evolve(
-        CONFIG.workload,
-        num_requests=24,
-        shared_prefixes=2,
-        shared_prefix_len=16,
-        shared_fraction=0.5,
-        follow_ups=0.4,
-        prebuilt=0.5,
-    )
+    workload = attrs.evolve(SHARING, prebuilt=0.5)
     run = simulate(attrs.evolve(CONFIG, workload=workload, prefix_cache=True))
     assert run.oracle is not None and run.oracle.passed, run.oracle
     assert run.pools_conserved

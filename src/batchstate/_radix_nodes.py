@@ -143,15 +143,19 @@ def insert_tokens(
         node, at = child, at + common
         if split:
             break
-    present = at
     if at < len(tokens):
         leaf = Node(tokens[at:], tuple(pages[at // page_size :]), NO_CHILDREN, 0, clock)
-        key = tokens[at : at + page_size]
-        if not path:
-            return with_children(root, root.children.set(key, leaf)), present
-        last_key, last = path[-1]
-        path[-1] = (last_key, with_children(last, last.children.set(key, leaf)))
-    return rebuild(root, path), present
+        return _with_leaf(root, path, leaf, tokens[at : at + page_size]), at
+    return rebuild(root, path), at
+
+
+def _with_leaf(root: Node, path: list[tuple[Tokens, Node]], leaf: Node, key: Tokens) -> Node:
+    # The root with `leaf` added, under `key`, to the last node of the copied `path`.
+    if not path:
+        return with_children(root, root.children.set(key, leaf))
+    last_key, last = path[-1]
+    path[-1] = (last_key, with_children(last, last.children.set(key, leaf)))
+    return rebuild(root, path)
 
 
 def release_tokens(  # noqa: PLR0917  # a private helper, called once
@@ -189,15 +193,10 @@ def release_tokens(  # noqa: PLR0917  # a private helper, called once
         node, at = child, at + common
         if split:
             break
-    present = at
     if at < len(tokens):
         leaf = Node(tokens[at:], tuple(pages[at // page_size :].tolist()), NO_CHILDREN, 0, clock)
-        key = tokens[at : at + page_size]
-        if not path:
-            return with_children(root, root.children.set(key, leaf)), present, unlocked, bare
-        last_key, last = path[-1]
-        path[-1] = (last_key, with_children(last, last.children.set(key, leaf)))
-    return rebuild(root, path), present, unlocked, bare
+        return _with_leaf(root, path, leaf, tokens[at : at + page_size]), at, unlocked, bare
+    return rebuild(root, path), at, unlocked, bare
 
 
 def remove_leaf(root: Node, prefix: Tokens, page_size: int) -> tuple[Node, Node, Node]:
