@@ -14,7 +14,7 @@ from batchstate._errors import (
     PhaseError,
     StaleRecord,
 )
-from batchstate._mirrored import DeviceOnly, Mirrored, frozen, same
+from batchstate._mirrored import DeviceOnly, Mirrored, frozen
 from batchstate._phases import Decoding, Extended, Filtered, Running, Step
 from batchstate._pool_allocation import take_next
 from batchstate._pools import Pools, expect_pools
@@ -51,8 +51,9 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
         raise PhaseError(f"decode takes Extended, Decoding or Filtered, got {type(batch).__name__}")
     expect_pools(pools)
     rows = batch.rows
-    pools.table.expect_on(rows.device)
-    if rows.max_seq_len >= pools.max_context_len:
+    table = pools.table
+    table.expect_on(rows.device)
+    if rows.max_seq_len >= table.host.shape[1]:  # the table's width, without two property calls
         return Failure(_too_long(batch, pools.max_context_len))
     _expect_current(rows, pools)
     grown = grow(rows, pools)
@@ -102,8 +103,10 @@ def _expect_current(rows: Rows[C], pools: Pools) -> None:
     except IndexError:
         pass  # a slot outside the table: say which below
     else:
-        # A negative slot would read from the end: Rows' checks refuse slots < 1.
-        if same(held, lengths) and same(gens, rows.gens):
+        # A negative slot would read from the end: Rows' checks refuse slots < 1. Both
+        # sides int64 and one row per slot: equal bytes are equal values (`same` without
+        # its dtype and shape tests).
+        if held.tobytes() == lengths.tobytes() and gens.tobytes() == rows.gens.tobytes():
             return
     owned = pools.slot_tokens[slots.clip(0, pools.max_reqs)].tolist()
     rows_seen = zip(slots.tolist(), lengths.tolist(), owned, strict=True)
