@@ -99,8 +99,23 @@ class Rows(Generic[C]):
 
     def __attrs_post_init__(self) -> None:
         check_columns(self)
+        # Pack a copy and make the fields its rows: the caller may still write the arrays it
+        # passed (or their base), and `ints` and the fields must not come to disagree.
         host = (self.seq_lens.host, self.req_pool_indices.host, self.rids, self.gens)
-        object.__setattr__(self, "ints", frozen(pack_ints(*host)))
+        self._view(pack_ints(*host))
+
+    def _rebuilt(self) -> None:
+        # A copy copies `ints` and each field apart: make the fields its rows again.
+        self._view(self.ints)
+
+    def _view(self, ints: HostArray) -> None:
+        """Set `ints` (read-only) and make the four fields views of its rows."""
+        _, _, set_rids, set_gens, set_slots, set_seq_lens, *_, set_ints = _ROW_SETTERS
+        set_rids(self, ints[RIDS])
+        set_gens(self, ints[GENS])
+        set_slots(self, Mirrored._pair(ints[SLOTS], self.req_pool_indices.device))
+        set_seq_lens(self, Mirrored._pair(ints[SEQ_LENS], self.seq_lens.device))
+        set_ints(self, ints)
 
     @staticmethod
     def empty(device: torch.device, columns: type[C]) -> Rows[C]:
@@ -302,9 +317,10 @@ _ROW_SETTERS: Final = tuple(
 
 
 def pack_ints(seq_lens: HostArray, slots: HostArray, rids: HostArray, gens: HostArray) -> HostArray:
-    """A fresh `[4, num_reqs]` int64 array of four int64 host columns, laid out as `Rows.ints`."""
+    """A fresh read-only `[4, num_reqs]` int64 array of host columns, laid out as `Rows.ints`."""
     packed = np.concatenate((seq_lens, slots, rids, gens), dtype=np.int64)
-    return packed.reshape(NUM_INTS, seq_lens.shape[0])
+    # Frozen before the reshape: the result is a view, and its base must not be writable.
+    return frozen(packed).reshape(NUM_INTS, seq_lens.shape[0])
 
 
 def _take_tuple(items: tuple[Req, ...], index: HostArray) -> tuple[Req, ...]:
