@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import TypeVar
 
+from batchstate._copies import by_fields
 from batchstate._errors import ColumnError
 from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._scalars import SCALAR_NAMES
@@ -64,6 +65,10 @@ class Columns:
     # No __slots__: a set the library builds keeps its values packed in its __dict__
     # (`_column_packs`: one array per dtype), each column a view made when first read.
     # A slot here would clash with the slots of any other base a set may have.
+
+    # A copy or pickle carries the fields alone, frozen, and is re-packed like a set
+    # built by hand: the packs (in `__dict__` when the class has no slots) stay behind.
+    __reduce__ = by_fields
 
     if not typing.TYPE_CHECKING:  # mypy must not take every name for a column
 
