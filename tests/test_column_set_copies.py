@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from batchstate import (
+    ColumnError,
     Columns,
     Filtered,
     HostColumn,
@@ -100,3 +101,20 @@ def test_a_copied_rows_on_a_set_without_slots_passes_its_checks(how: str) -> Non
     assert isinstance(copied, Rows)
     check_batch(Filtered(copied), compare_device=True)
     assert copied.columns.budget.tolist() == [3, 4, 5]
+
+
+def _plus_one(value: HostColumn[np.int64]) -> HostColumn[np.int64]:
+    shifted = value + 1
+    shifted.setflags(write=False)
+    return shifted
+
+
+def test_a_column_with_a_converter_is_refused_before_any_value_is_built() -> None:
+    # A transition rebuilds a set from its columns' rows: a converter would convert them
+    # again at every step, or the packs keep what it did not convert.
+    @attrs.frozen(eq=False)
+    class Shifted(Columns):
+        budget: HostColumn[np.int64] = attrs.field(converter=_plus_one)
+
+    with pytest.raises(ColumnError, match=r"Shifted\.budget: a column takes no converter"):
+        build_columns(Shifted, {"budget": [3, 4]}, CPU)

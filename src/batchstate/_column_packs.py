@@ -117,10 +117,9 @@ def _read_layout(cls: type[Columns]) -> Layout:
         for pack, group in enumerate(mirrored + host)
         for row, name in enumerate(group.names)
     }
-    # A validator, converter or post-init hook must see every value: build those eagerly.
-    plain = attrs.has(cls) and not any(  # `_fields` made sure it has attrs
-        field.validator or field.converter for field in attrs.fields(cls)
-    )
+    # A validator or post-init hook must see every value: build those eagerly. (`_fields`
+    # made sure it is attrs, and refused converters: they would convert values twice.)
+    plain = attrs.has(cls) and not any(field.validator for field in attrs.fields(cls))
     hooks = hasattr(cls, "__attrs_post_init__") or hasattr(cls, "__attrs_pre_init__")
     device = tuple(field.name for field in fields if field.kind == "device")
     return Layout(mirrored, host, device, places, plain and not hooks)

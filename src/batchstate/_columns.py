@@ -127,6 +127,13 @@ def _read_fields(cls: type[Columns]) -> tuple[_Field, ...]:
     )
     fields = []
     for field in attrs.fields(cls):
+        if field.converter is not None:
+            # Transitions rebuild a set from its columns' rows: a converter would run
+            # again at every step, on values it already converted.
+            raise ColumnError(
+                f"{cls.__name__}.{field.name}: a column takes no converter; convert the"
+                " values before `build_columns` (a validator may check them)"
+            )
         hint = hints[field.name]
         origin, args = typing.get_origin(hint), typing.get_args(hint)
         if hint is DeviceOnly:
