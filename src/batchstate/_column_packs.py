@@ -35,6 +35,7 @@ import torch
 
 from batchstate._columns import C, Columns, _fields
 from batchstate._mirrored import DeviceOnly, Mirrored
+from batchstate._record_setters import new_record, put_field
 
 __all__ = [
     "Layout",
@@ -141,13 +142,13 @@ def packed_set(
     them, its device tensors uploaded from them.
     """
     if known.lazy:
-        columns = _new(cls)
+        columns = new_record(cls)
         for name, value in device_only.items():
-            _put(columns, name, value)
+            put_field(columns, name, value)
     else:
         views = {name: _view(packed, place) for name, place in known.places.items()}
         columns = cls(**views, **device_only)
-    _put(columns, "_packed", packed)
+    put_field(columns, "_packed", packed)
     return columns
 
 
@@ -158,7 +159,7 @@ def column_view(columns: Columns, name: str) -> object:
     if packed is None or place is None:
         raise AttributeError(f"{type(columns).__name__!r} object has no attribute {name!r}")
     value = _view(packed, place)
-    _put(columns, name, value)
+    put_field(columns, name, value)
     return value
 
 
@@ -189,7 +190,3 @@ def host_packs(columns: Columns, known: Layout) -> tuple[Host, ...]:
 def for_upload(hosts: Sequence[Host], known: Layout) -> list[Host]:
     """The mirrored packs flattened (views): `upload` copies 1-D arrays."""
     return [host.reshape(-1) for host in hosts[: len(known.mirrored)]]
-
-
-_new = object.__new__
-_put = object.__setattr__  # what attrs' frozen __init__ does

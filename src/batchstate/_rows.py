@@ -15,16 +15,10 @@ from batchstate._column_building import empty_columns
 from batchstate._column_rows import Pending, cat_pending, take_pending
 from batchstate._columns import NO_COLUMNS, C
 from batchstate._copies import read_only_copies
-from batchstate._mirrored import (
-    NO_INTS,
-    DeviceOnly,
-    HostArray,
-    Mirrored,
-    frozen,
-    host_int64,
-    upload,
-)
+from batchstate._mirrored import NO_INTS, DeviceOnly, HostArray, Mirrored, host_int64, upload
+from batchstate._record_setters import new_record, slot_setters
 from batchstate._row_checks import check_columns
+from batchstate._row_ints import GENS, NUM_INTS, RIDS, SEQ_LENS, SLOTS, pack_ints
 
 __all__ = [
     "GENS",
@@ -40,13 +34,6 @@ __all__ = [
 
 # Up to this many rows, picking them one by one beats `operator.itemgetter`.
 _MAX_ONE_BY_ONE: Final = 8
-# The rows of `Rows.ints`: the lengths and slots first, the two columns a
-# forward reads, then the host-only request ids and slot generations.
-SEQ_LENS: Final = 0
-SLOTS: Final = 1
-RIDS: Final = 2
-GENS: Final = 3
-NUM_INTS: Final = 4
 
 
 @final
@@ -278,7 +265,7 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
         del sides[len(sides) - pending :]
     if slots is None:
         slots = Mirrored._pair(ints[SLOTS], sides.pop())
-    rows = object.__new__(Rows)
+    rows = new_record(Rows)
     # What attrs' frozen __init__ does, unrolled, through each slot's own setter.
     (set_device, set_reqs, set_rids, set_gens, set_slots, set_seq_lens, set_orig, set_sum,
      set_max, set_columns, set_ints) = _ROW_SETTERS  # fmt: skip
@@ -296,31 +283,9 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     return rows, sides[2:]
 
 
-# Each field's slot setter, in `build_rows`' order: past the frozen check without
-# `object.__setattr__`'s lookup of the slot by name (0.6 µs against 1.0 for the eleven).
-_ROW_SETTERS: Final = tuple(
-    getattr(Rows, name).__set__
-    for name in (
-        "device",
-        "reqs",
-        "rids",
-        "gens",
-        "req_pool_indices",
-        "seq_lens",
-        "orig_seq_lens",
-        "seq_lens_sum",
-        "max_seq_len",
-        "columns",
-        "ints",
-    )
-)
-
-
-def pack_ints(seq_lens: HostArray, slots: HostArray, rids: HostArray, gens: HostArray) -> HostArray:
-    """A fresh read-only `[4, num_reqs]` int64 array of host columns, laid out as `Rows.ints`."""
-    packed = np.concatenate((seq_lens, slots, rids, gens), dtype=np.int64)
-    # Frozen before the reshape: the result is a view, and its base must not be writable.
-    return frozen(packed).reshape(NUM_INTS, seq_lens.shape[0])
+# Each field's slot setter, in field order (`build_rows`' too): past the frozen check
+# without `object.__setattr__`'s lookup of the slot by name (0.6 µs against 1.0 for 11).
+_ROW_SETTERS: Final = slot_setters(Rows, *(field.name for field in attrs.fields(Rows)))
 
 
 def _take_tuple(items: tuple[Req, ...], index: HostArray) -> tuple[Req, ...]:
