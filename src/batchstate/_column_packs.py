@@ -6,9 +6,10 @@ rows]` per kind and dtype, and for mirrored columns one device tensor,
 that array uploaded flat (a column's rows contiguous on both sides).
 Taking, joining and uploading a set then costs one numpy op and one array
 in the transition's upload per dtype, not one per column, and no torch op:
-the flat device tensor is kept as `upload` returns it (a torch view or
-slice of a CPU tensor costs 1.5-3 µs, a numpy view 0.1: `timeit` on the
-benchmark machine's shared cores, under load).
+the flat device tensor is kept as `upload` returns it (a torch slice or
+view of a CPU tensor costs 0.8-0.9 µs, `narrow` 1.5, a numpy row view
+0.07 and a 2-D slice 0.15: `timeit`, best of 7 x 200,000, on 2 shared
+cores at load average ~3; more under heavier load).
 
 Each column is still read by name, typed as declared: a `Mirrored` whose
 two sides are views of its row in the packs, or a read-only host view. The

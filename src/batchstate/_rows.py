@@ -65,9 +65,12 @@ class Rows(Generic[C]):
     The four int64 host columns live in one read-only array, `ints`
     `[4, num_reqs]` (rows `SEQ_LENS`, `SLOTS`, `RIDS`, `GENS`): filter and
     split take its columns once, merge joins it once, decode adds one to a
-    row; `seq_lens.host`, `req_pool_indices.host`, `rids` and `gens` are
-    views of its rows, or hold the same values where a transition kept a
-    column's pair (decode keeps the slots').
+    row. `seq_lens.host`, `rids` and `gens` are always views of its rows,
+    and so is `req_pool_indices.host` except where a transition kept the
+    slots' pair (decode, speculative sync, a mixed step with no extending
+    row): the earlier rows' array, the same values. Built by hand or by
+    `attrs.evolve`, the rows pack a copy of the fields and view it; a copy
+    or pickle views its own array again.
     """
 
     device: torch.device
