@@ -31,8 +31,8 @@ from batchstate import (
     split,
 )
 from batchstate._columns import NO_COLUMNS
-from batchstate._mirrored import host_int64
-from batchstate._rows import GENS, NUM_INTS, RIDS, SEQ_LENS, SLOTS
+from batchstate._mirrored import Mirrored, host_int64
+from batchstate._rows import GENS, NUM_INTS, RIDS, SEQ_LENS, SLOTS, pack_ints
 
 CPU = torch.device("cpu")
 
@@ -96,6 +96,7 @@ def test_rows_built_by_hand_pack_their_fields() -> None:
     rows = Rows.from_host(CPU, [Req(1, (1, 2)), Req(2, (3,))], [3, 4], [2, 1], NO_COLUMNS)
     other = attrs.evolve(rows, rids=host_int64([5, 6]))
     assert other.ints.tolist() == [[2, 1], [3, 4], [5, 6], [0, 0]]
+    _expect_packed(other)
     empty = Rows.empty(CPU, type(NO_COLUMNS))
     assert empty.ints.shape == (NUM_INTS, 0)
 
@@ -107,8 +108,39 @@ def test_copies_keep_the_array_read_only_and_equal(how: str) -> None:
         copy.deepcopy(rows) if how == "deepcopy" else pickle.loads(pickle.dumps(rows))
     )  # our own bytes
     assert copied.ints.tolist() == rows.ints.tolist()
-    assert not copied.ints.flags.writeable
+    _expect_packed(copied)  # the copy's fields are its own array's rows again
     check_batch(Filtered(copied))
+
+
+def test_rows_built_by_hand_copy_what_their_caller_can_still_write() -> None:
+    # A read-only view of a writable array passes the host checks; writing that array
+    # must change neither the fields nor `ints`, or a merge's one-row check (which
+    # compares `ints`) would take a request id the fields say is already running.
+    base = np.array([0], dtype=np.int64)
+    view = base.view()
+    view.setflags(write=False)
+    lens = np.array([1], dtype=np.int64)
+    lens_view = lens.view()
+    lens_view.setflags(write=False)
+    built = Rows.from_host(CPU, [Req(0, (1,))], [1], [1], NO_COLUMNS)
+    seq_lens = Mirrored._pair(lens_view, built.seq_lens.device)
+    running = attrs.evolve(built, rids=view, seq_lens=seq_lens)
+    base[0] = 1
+    lens[0] = 7
+    _expect_packed(running)
+    assert running.rids.tolist() == [0]
+    assert running.seq_lens.host.tolist() == [1]
+    joining = Filtered(Rows.from_host(CPU, [Req(1, (3,))], [2], [1], NO_COLUMNS))
+    merged = merge(Filtered(running), joining)
+    assert merged.rows.rids.tolist() == [0, 1]
+    check_batch(merged)
+
+
+def test_pack_ints_hands_out_no_writable_base() -> None:
+    packed = pack_ints(host_int64([1]), host_int64([2]), host_int64([3]), host_int64([4]))
+    assert not packed.flags.writeable
+    assert isinstance(packed.base, np.ndarray)
+    assert not packed.base.flags.writeable
 
 
 def test_check_batch_refuses_an_array_that_disagrees_with_the_fields() -> None:

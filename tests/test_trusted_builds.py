@@ -20,7 +20,7 @@ CPU = torch.device("cpu")
 
 
 def test_build_rows_has_one_setter_per_field_in_field_order() -> None:
-    names = [setter.__self__.__name__ for setter in _ROW_SETTERS]
+    names = [setter.__self__.__name__ for setter in _ROW_SETTERS]  # type: ignore[attr-defined]  # a slot setter is a method-wrapper
     assert names == [field.name for field in attrs.fields(Rows)]
 
 

@@ -6,9 +6,10 @@ rows]` per kind and dtype, and for mirrored columns one device tensor,
 that array uploaded flat (a column's rows contiguous on both sides).
 Taking, joining and uploading a set then costs one numpy op and one array
 in the transition's upload per dtype, not one per column, and no torch op:
-the flat device tensor is kept as `upload` returns it (a torch view or
-slice of a CPU tensor costs 1.5-3 µs, a numpy view 0.1: `timeit` on the
-benchmark machine's shared cores, under load).
+the flat device tensor is kept as `upload` returns it (a torch slice or
+view of a CPU tensor costs 0.8-0.9 µs, `narrow` 1.5, a numpy row view
+0.07 and a 2-D slice 0.15: `timeit`, best of 7 x 200,000, on 2 shared
+cores at load average ~3; more under heavier load).
 
 Each column is still read by name, typed as declared: a `Mirrored` whose
 two sides are views of its row in the packs, or a read-only host view. The
@@ -35,6 +36,7 @@ import torch
 
 from batchstate._columns import C, Columns, _fields
 from batchstate._mirrored import DeviceOnly, Mirrored
+from batchstate._record_setters import new_record, put_field
 
 __all__ = [
     "Layout",
@@ -117,10 +119,9 @@ def _read_layout(cls: type[Columns]) -> Layout:
         for pack, group in enumerate(mirrored + host)
         for row, name in enumerate(group.names)
     }
-    # A validator, converter or post-init hook must see every value: build those eagerly.
-    plain = attrs.has(cls) and not any(  # `_fields` made sure it has attrs
-        field.validator or field.converter for field in attrs.fields(cls)
-    )
+    # A validator or post-init hook must see every value: build those eagerly. (`_fields`
+    # made sure it is attrs, and refused converters: they would convert values twice.)
+    plain = attrs.has(cls) and not any(field.validator for field in attrs.fields(cls))
     hooks = hasattr(cls, "__attrs_post_init__") or hasattr(cls, "__attrs_pre_init__")
     device = tuple(field.name for field in fields if field.kind == "device")
     return Layout(mirrored, host, device, places, plain and not hooks)
@@ -142,13 +143,13 @@ def packed_set(
     them, its device tensors uploaded from them.
     """
     if known.lazy:
-        columns = _new(cls)
+        columns = new_record(cls)
         for name, value in device_only.items():
-            _put(columns, name, value)
+            put_field(columns, name, value)
     else:
         views = {name: _view(packed, place) for name, place in known.places.items()}
         columns = cls(**views, **device_only)
-    _put(columns, "_packed", packed)
+    put_field(columns, "_packed", packed)
     return columns
 
 
@@ -159,7 +160,7 @@ def column_view(columns: Columns, name: str) -> object:
     if packed is None or place is None:
         raise AttributeError(f"{type(columns).__name__!r} object has no attribute {name!r}")
     value = _view(packed, place)
-    _put(columns, name, value)
+    put_field(columns, name, value)
     return value
 
 
@@ -190,7 +191,3 @@ def host_packs(columns: Columns, known: Layout) -> tuple[Host, ...]:
 def for_upload(hosts: Sequence[Host], known: Layout) -> list[Host]:
     """The mirrored packs flattened (views): `upload` copies 1-D arrays."""
     return [host.reshape(-1) for host in hosts[: len(known.mirrored)]]
-
-
-_new = object.__new__
-_put = object.__setattr__  # what attrs' frozen __init__ does

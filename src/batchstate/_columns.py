@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import TypeVar
 
+from batchstate._copies import by_fields
 from batchstate._errors import ColumnError
 from batchstate._mirrored import DeviceOnly, Mirrored
 from batchstate._scalars import SCALAR_NAMES
@@ -64,6 +65,10 @@ class Columns:
     # No __slots__: a set the library builds keeps its values packed in its __dict__
     # (`_column_packs`: one array per dtype), each column a view made when first read.
     # A slot here would clash with the slots of any other base a set may have.
+
+    # A copy or pickle carries the fields alone, frozen, and is re-packed like a set
+    # built by hand: the packs (in `__dict__` when the class has no slots) stay behind.
+    __reduce__ = by_fields
 
     if not typing.TYPE_CHECKING:  # mypy must not take every name for a column
 
@@ -122,6 +127,13 @@ def _read_fields(cls: type[Columns]) -> tuple[_Field, ...]:
     )
     fields = []
     for field in attrs.fields(cls):
+        if field.converter is not None:
+            # Transitions rebuild a set from its columns' rows: a converter would run
+            # again at every step, on values it already converted.
+            raise ColumnError(
+                f"{cls.__name__}.{field.name}: a column takes no converter; convert the"
+                " values before `build_columns` (a validator may check them)"
+            )
         hint = hints[field.name]
         origin, args = typing.get_origin(hint), typing.get_args(hint)
         if hint is DeviceOnly:

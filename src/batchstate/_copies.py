@@ -16,7 +16,7 @@ from typing import Final, TypeVar, cast
 import attrs
 import numpy as np
 
-__all__ = ["read_only_copies"]
+__all__ = ["by_fields", "read_only_copies"]
 
 _T = TypeVar("_T")
 _MARK: Final = "_batchstate_read_only_copies"
@@ -28,15 +28,25 @@ def read_only_copies(cls: type[_T]) -> type[_T]:
     A class may define `_rebuilt(self)` to restore what a field-by-field
     copy cannot (a view of another field, say).
     """
-    names = tuple(field.name for field in attrs.fields(cls))  # type: ignore[arg-type]  # attrs classes only
-
-    def reduce(self: object) -> tuple[Callable[..., object], tuple[object, ...]]:
-        state = {name: getattr(self, name) for name in names}
-        return (_rebuild, (type(self), state))
-
-    cls.__reduce__ = reduce  # type: ignore[method-assign]  # the point
+    cls.__reduce__ = by_fields  # type: ignore[method-assign]  # the point
     setattr(cls, _MARK, True)
     return cls
+
+
+def by_fields(self: object) -> tuple[Callable[..., object], tuple[object, ...]]:
+    """`__reduce__` of an attrs instance: its fields alone, arrays frozen on the way back.
+
+    What its `__dict__` holds besides them (a column set's packs, say) is
+    left behind.
+    """
+    names = _NAMES.get(type(self))
+    if names is None:
+        fields = attrs.fields(cast("type[attrs.AttrsInstance]", type(self)))
+        names = _NAMES[type(self)] = tuple(field.name for field in fields)
+    return (_rebuild, (type(self), {name: getattr(self, name) for name in names}))
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def _rebuild(cls: type[object], state: Mapping[str, object]) -> object:

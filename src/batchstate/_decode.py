@@ -15,7 +15,7 @@ from batchstate._errors import (
     StaleRecord,
 )
 from batchstate._mirrored import DeviceOnly, Mirrored, frozen
-from batchstate._phases import Decoding, Extended, Filtered, Running, Step
+from batchstate._phases import RUNNING_PHASES, Decoding, Running, Step
 from batchstate._pool_allocation import take_next
 from batchstate._pools import Pools, expect_pools
 from batchstate._rows import NUM_INTS, SEQ_LENS, Rows, build_rows
@@ -24,8 +24,10 @@ __all__ = ["DecodeError", "decode", "grow"]
 
 DecodeError: TypeAlias = OutOfKVTokens | ContextTooLong
 
-# Added to `Rows.ints`: one more token on the lengths' row, every other row as it is.
-_ONE_MORE_TOKEN: Final = frozen(np.eye(1, NUM_INTS, SEQ_LENS, dtype=np.int64).T)
+# Added to `Rows.ints` [4, num_reqs]: a column, one more token on the lengths' row, 0 on the others.
+_ONE_MORE_TOKEN: Final = frozen(
+    np.array([[1 if row == SEQ_LENS else 0] for row in range(NUM_INTS)], dtype=np.int64)
+)
 
 
 def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeError]:
@@ -47,7 +49,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
         StaleRecord: a row's slot does not own exactly that row's tokens in
             `pools` (one of the two is from an earlier step).
     """
-    if not isinstance(batch, _RUNNING):
+    if not isinstance(batch, RUNNING_PHASES):
         raise PhaseError(f"decode takes Extended, Decoding or Filtered, got {type(batch).__name__}")
     expect_pools(pools)
     rows = batch.rows
@@ -134,7 +136,3 @@ def _too_long(batch: Running[C], max_context_len: int) -> ContextTooLong:
     return ContextTooLong(
         batch.rows.reqs[row].rid, int(batch.rows.seq_lens.host[row]) + 1, max_context_len
     )
-
-
-# isinstance against a tuple: a third of the cost of building a union at every call.
-_RUNNING: Final = (Extended, Decoding, Filtered)

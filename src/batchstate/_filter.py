@@ -17,7 +17,8 @@ from batchstate._columns import C
 from batchstate._copies import read_only_copies
 from batchstate._errors import KeepIndicesError, PhaseError
 from batchstate._mirrored import NO_INTS, HostArray, frozen
-from batchstate._phases import Decoding, Extended, Filtered, Running
+from batchstate._phases import RUNNING_PHASES, Filtered, Running
+from batchstate._record_setters import new_record, slot_setters
 from batchstate._rows import GENS, SEQ_LENS, SLOTS, Req, Rows
 
 __all__ = ["Departed", "Keep", "Split", "filter_batch", "keep_indices", "split"]
@@ -144,7 +145,7 @@ def keep_indices(keep: Keep, num_rows: int) -> HostArray:
 
 
 def _split(batch: Running[C], keep: Keep, transition: str) -> Split[C]:
-    if not isinstance(batch, _RUNNING):
+    if not isinstance(batch, RUNNING_PHASES):
         raise PhaseError(
             f"{transition} takes Extended, Decoding or Filtered, got {type(batch).__name__}"
         )
@@ -171,13 +172,17 @@ def _split(batch: Running[C], keep: Keep, transition: str) -> Split[C]:
 def _departed(reqs: tuple[Req, ...], gone: HostArray, stayed: Rows[C]) -> Departed:
     # `Departed`'s fields set as its attrs __init__ sets them, and `stayed`, which is not
     # an __init__ argument: rows of checked rows need no checks, and `Departed` has none.
-    left = _new(Departed)
-    _put(left, "reqs", reqs)
-    _put(left, "slots", gone[SLOTS])
-    _put(left, "seq_lens", gone[SEQ_LENS])
-    _put(left, "gens", gone[GENS])
-    _put(left, "stayed", stayed)
+    set_reqs, set_slots, set_seq_lens, set_gens, set_stayed = _DEPARTED_SETTERS
+    left = new_record(Departed)
+    set_reqs(left, reqs)
+    set_slots(left, gone[SLOTS])
+    set_seq_lens(left, gone[SEQ_LENS])
+    set_gens(left, gone[GENS])
+    set_stayed(left, stayed)
     return left
+
+
+_DEPARTED_SETTERS: Final = slot_setters(Departed, "reqs", "slots", "seq_lens", "gens", "stayed")
 
 
 def _is_sequence(keep: Keep) -> bool:
@@ -227,10 +232,3 @@ _INT64_MAX: Final = int(np.iinfo(np.int64).max)
 _PLAIN_SEQUENCES: Final = (list, tuple)
 _MAX_PYTHON_CHECK: Final = 128
 _NOBODY: Final = Departed((), NO_INTS, NO_INTS, gens=NO_INTS)
-
-
-_new = object.__new__
-_put = object.__setattr__  # what attrs' frozen __init__ does
-
-# isinstance against a tuple: a third of the cost of building a union at every call.
-_RUNNING: Final = (Extended, Decoding, Filtered)

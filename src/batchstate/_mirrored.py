@@ -21,6 +21,7 @@ import torch
 from typing_extensions import TypeVar
 
 from batchstate._copies import read_only_copies
+from batchstate._record_setters import new_record, slot_setters
 
 __all__ = [
     "NO_INTS",
@@ -106,7 +107,7 @@ class Mirrored(Generic[Scalar]):
         # array and the device tensor uploaded from it. Unrolled attrs init,
         # through the slots' own setters: a quarter cheaper than
         # `object.__setattr__`, which looks each slot up by name first.
-        pair = _new(Mirrored)
+        pair = new_record(Mirrored)
         _set_host(pair, host)
         _set_device(pair, device)
         return pair
@@ -283,9 +284,7 @@ def same(left: npt.NDArray[np.generic], right: npt.NDArray[np.generic]) -> bool:
 
 _SIGNED: Final = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 _from_numpy = torch.from_numpy
-_new = object.__new__
-_set_host = Mirrored.__dict__["host"].__set__  # the slot's setter, past the frozen check
-_set_device = Mirrored.__dict__["device"].__set__
+_set_host, _set_device = slot_setters(Mirrored, "host", "device")  # past the frozen check
 
 
 def _expect_vector(source: object) -> None:

@@ -38,6 +38,7 @@ from batchstate._errors import (
 from batchstate._mirrored import DeviceOnly, HostArray, frozen, host_int64
 from batchstate._phases import Filtered, _rows_held
 from batchstate._pools import Pools
+from batchstate._record_setters import new_record, put_field
 from batchstate._row_checks import check_host
 from batchstate._rows import Rows
 
@@ -115,16 +116,16 @@ class Mixed(Generic[C]):
     ) -> Mixed[C]:
         # NOTE: skips the checks: only for columns `mix` and `decode_sampled` built row
         # for row (the table tests check every such result).
-        batch = _new(cls)
-        _put(batch, "rows", rows)
-        _put(batch, "input_ids", input_ids)
-        _put(batch, "positions", positions)
-        _put(batch, "out_cache_loc", out_cache_loc)
-        _put(batch, "prefix_lens", prefix_lens)
-        _put(batch, "extend_lens", extend_lens)
-        _put(batch, "num_extend_rows", num_extend_rows)
-        _put(batch, "num_extend_tokens", num_extend_tokens)
-        _put(batch, "partial", partial)
+        batch = new_record(cls)
+        put_field(batch, "rows", rows)
+        put_field(batch, "input_ids", input_ids)
+        put_field(batch, "positions", positions)
+        put_field(batch, "out_cache_loc", out_cache_loc)
+        put_field(batch, "prefix_lens", prefix_lens)
+        put_field(batch, "extend_lens", extend_lens)
+        put_field(batch, "num_extend_rows", num_extend_rows)
+        put_field(batch, "num_extend_tokens", num_extend_tokens)
+        put_field(batch, "partial", partial)
         return batch
 
     @property
@@ -192,7 +193,3 @@ def settle(batch: Mixed[C]) -> Settled[C]:
         for row in batch.partial
     )
     return Settled(Filtered(settled), held)
-
-
-_new = object.__new__
-_put = object.__setattr__  # what attrs' frozen __init__ does

@@ -15,16 +15,10 @@ from batchstate._column_building import empty_columns
 from batchstate._column_rows import Pending, cat_pending, take_pending
 from batchstate._columns import NO_COLUMNS, C
 from batchstate._copies import read_only_copies
-from batchstate._mirrored import (
-    NO_INTS,
-    DeviceOnly,
-    HostArray,
-    Mirrored,
-    frozen,
-    host_int64,
-    upload,
-)
+from batchstate._mirrored import NO_INTS, DeviceOnly, HostArray, Mirrored, host_int64, upload
+from batchstate._record_setters import new_record, slot_setters
 from batchstate._row_checks import check_columns
+from batchstate._row_ints import GENS, NUM_INTS, RIDS, SEQ_LENS, SLOTS, pack_ints
 
 __all__ = [
     "GENS",
@@ -40,13 +34,6 @@ __all__ = [
 
 # Up to this many rows, picking them one by one beats `operator.itemgetter`.
 _MAX_ONE_BY_ONE: Final = 8
-# The rows of `Rows.ints`: the lengths and slots first, the two columns a
-# forward reads, then the host-only request ids and slot generations.
-SEQ_LENS: Final = 0
-SLOTS: Final = 1
-RIDS: Final = 2
-GENS: Final = 3
-NUM_INTS: Final = 4
 
 
 @final
@@ -78,9 +65,12 @@ class Rows(Generic[C]):
     The four int64 host columns live in one read-only array, `ints`
     `[4, num_reqs]` (rows `SEQ_LENS`, `SLOTS`, `RIDS`, `GENS`): filter and
     split take its columns once, merge joins it once, decode adds one to a
-    row; `seq_lens.host`, `req_pool_indices.host`, `rids` and `gens` are
-    views of its rows, or hold the same values where a transition kept a
-    column's pair (decode keeps the slots').
+    row. `seq_lens.host`, `rids` and `gens` are always views of its rows,
+    and so is `req_pool_indices.host` except where a transition kept the
+    slots' pair (decode, speculative sync, a mixed step with no extending
+    row): the earlier rows' array, the same values. Built by hand or by
+    `attrs.evolve`, the rows pack a copy of the fields and view it; a copy
+    or pickle views its own array again.
     """
 
     device: torch.device
@@ -99,8 +89,23 @@ class Rows(Generic[C]):
 
     def __attrs_post_init__(self) -> None:
         check_columns(self)
+        # Pack a copy and make the fields its rows: the caller may still write the arrays it
+        # passed (or their base), and `ints` and the fields must not come to disagree.
         host = (self.seq_lens.host, self.req_pool_indices.host, self.rids, self.gens)
-        object.__setattr__(self, "ints", frozen(pack_ints(*host)))
+        self._view(pack_ints(*host))
+
+    def _rebuilt(self) -> None:
+        # A copy copies `ints` and each field apart: make the fields its rows again.
+        self._view(self.ints)
+
+    def _view(self, ints: HostArray) -> None:
+        """Set `ints` (read-only) and make the four fields views of its rows."""
+        _, _, set_rids, set_gens, set_slots, set_seq_lens, *_, set_ints = _ROW_SETTERS
+        set_rids(self, ints[RIDS])
+        set_gens(self, ints[GENS])
+        set_slots(self, Mirrored._pair(ints[SLOTS], self.req_pool_indices.device))
+        set_seq_lens(self, Mirrored._pair(ints[SEQ_LENS], self.seq_lens.device))
+        set_ints(self, ints)
 
     @staticmethod
     def empty(device: torch.device, columns: type[C]) -> Rows[C]:
@@ -263,7 +268,7 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
         del sides[len(sides) - pending :]
     if slots is None:
         slots = Mirrored._pair(ints[SLOTS], sides.pop())
-    rows = object.__new__(Rows)
+    rows = new_record(Rows)
     # What attrs' frozen __init__ does, unrolled, through each slot's own setter.
     (set_device, set_reqs, set_rids, set_gens, set_slots, set_seq_lens, set_orig, set_sum,
      set_max, set_columns, set_ints) = _ROW_SETTERS  # fmt: skip
@@ -281,30 +286,9 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     return rows, sides[2:]
 
 
-# Each field's slot setter, in `build_rows`' order: past the frozen check without
-# `object.__setattr__`'s lookup of the slot by name (0.6 µs against 1.0 for the eleven).
-_ROW_SETTERS: Final = tuple(
-    getattr(Rows, name).__set__
-    for name in (
-        "device",
-        "reqs",
-        "rids",
-        "gens",
-        "req_pool_indices",
-        "seq_lens",
-        "orig_seq_lens",
-        "seq_lens_sum",
-        "max_seq_len",
-        "columns",
-        "ints",
-    )
-)
-
-
-def pack_ints(seq_lens: HostArray, slots: HostArray, rids: HostArray, gens: HostArray) -> HostArray:
-    """A fresh `[4, num_reqs]` int64 array of four int64 host columns, laid out as `Rows.ints`."""
-    packed = np.concatenate((seq_lens, slots, rids, gens), dtype=np.int64)
-    return packed.reshape(NUM_INTS, seq_lens.shape[0])
+# Each field's slot setter, in field order (`build_rows`' too): past the frozen check
+# without `object.__setattr__`'s lookup of the slot by name (0.6 µs against 1.0 for 11).
+_ROW_SETTERS: Final = slot_setters(Rows, *(field.name for field in attrs.fields(Rows)))
 
 
 def _take_tuple(items: tuple[Req, ...], index: HostArray) -> tuple[Req, ...]:

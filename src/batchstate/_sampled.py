@@ -23,6 +23,7 @@ from batchstate._expect import expect_instance
 from batchstate._mirrored import DeviceOnly, HostArray, describe, frozen, same, upload
 from batchstate._overlap import overlap
 from batchstate._phases import Filtered
+from batchstate._record_setters import new_record, put_field
 from batchstate._row_checks import check_host
 from batchstate._rows import Rows
 from batchstate.audit import permitted_reads
@@ -85,9 +86,9 @@ class Sampled:
     def _trusted(cls, rids: HostArray, tokens: torch.Tensor) -> Sampled:
         # NOTE: skips the checks (~3 µs): only for tokens checked against their rows or a
         # checked `Sampled`'s, gathered or joined, with their distinct rids. Unrolled init.
-        sampled = _new(cls)
-        _put(sampled, "rids", rids)
-        _put(sampled, "tokens", DeviceOnly(tokens))
+        sampled = new_record(cls)
+        put_field(sampled, "rids", rids)
+        put_field(sampled, "tokens", DeviceOnly(tokens))
         return sampled
 
     def __repr__(self) -> str:
@@ -198,5 +199,3 @@ def _searched(have: HostArray, wanted: HostArray) -> HostArray:
 
 
 _MAX_LEFT_OUT: Final = 8  # rows a split may leave out for the in-order search
-_new = object.__new__
-_put = object.__setattr__  # what attrs' frozen __init__ does

@@ -34,7 +34,7 @@ from batchstate._merge import merge
 from batchstate._mix import decode_sampled, mix
 from batchstate._mixed import Mixed, settle
 from batchstate._padding import Padded, PaddingError, TooLargeToPad, pad
-from batchstate._phases import Decoding, Extended, Filtered, Idle
+from batchstate._phases import RUNNING_PHASES, Decoding, Extended, Filtered, Idle
 from batchstate._speculative import sync, verify
 from batchstate._transfer_targets import TransferTargets, transfer_targets
 from batchstate._verifying import Verifying
@@ -71,7 +71,6 @@ _ADMIT_FAILURES: Final = (
     EmptyPrompt,
     NotHeld,
 )
-_RUNNING: Final = (Extended, Decoding, Filtered)
 _MIX_FAILURES: Final = (
     NoChunkBudget,
     EmptyExtend,
@@ -96,12 +95,12 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
             failures=(OutOfKVTokens, ContextTooLong),
             raises=(BatchConflict, StaleRecord),  # other devices; a batch or pools out of date
         )
-        for source in _RUNNING
+        for source in RUNNING_PHASES
     ),
     *(
         Transition(source, function, Filtered, raises=(KeepIndicesError,))
         for function in (filter_batch, split)  # split also hands over the rows that left
-        for source in _RUNNING
+        for source in RUNNING_PHASES
     ),
     *(
         Transition(source, merge, Filtered, operand=operand, raises=(BatchConflict,))
