@@ -28,6 +28,7 @@ from batchstate import (
     decode,
     extend,
     find_leaks,
+    flush,
     forward_inputs,
     hybrid_inputs,
     idle,
@@ -38,6 +39,7 @@ from batchstate import (
     unwrap,
 )
 from batchstate.audit import device_reads
+from batchstate.sglang._cache_adapter import evict_leaves, unlocked_leaves
 from tests.strategies import assert_unchanged, snapshot
 
 CPU: Final = torch.device("cpu")
@@ -185,3 +187,27 @@ def test_the_cached_hybrid_path_reads_nothing_from_the_device() -> None:
     assert log.report().count == 0
     assert on_meta == _cached_steps(CPU)
     assert {cached for _, _, cached in on_meta} == {10}  # the header's pages, shared by all
+
+
+def test_flush_drops_every_unlocked_anchor_with_the_pages_it_ends() -> None:
+    """After `flush` every page, window page and state slot is free, and the pools check."""
+    pools = _finish_one(_pools(), (1,))
+    assert pools.memory.cached.anchors  # kept at release, or published by the extend
+    flushed = flush(pools)
+    check_pools(flushed, [])
+    assert not flushed.memory.cached.anchors
+    assert flushed.cache.num_pages == 0
+    windows, states = flushed.memory.windows[0], flushed.memory.states[0]
+    assert len(windows.page_list) == windows.num_pages
+    assert states.num_free == 8
+    assert flush(flushed) is flushed  # nothing left to evict
+
+
+def test_the_sglang_shadow_evicting_leaves_drops_the_anchors_they_end() -> None:
+    """Evicting named leaves (the SGLang shadow's walk) drops anchors ending in them."""
+    pools = _finish_one(_pools(), (1,))
+    assert pools.memory.cached.anchors
+    evicted = evict_leaves(pools, [(leaf, 0) for leaf, _ in unlocked_leaves(pools)])
+    check_pools(evicted, [])
+    assert evicted.cache.num_pages == 0
+    assert not evicted.memory.cached.anchors
