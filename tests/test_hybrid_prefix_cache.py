@@ -34,6 +34,7 @@ from batchstate import (
     idle,
     make_pools,
     mix,
+    prebuilt,
     release,
     split,
     unwrap,
@@ -211,3 +212,39 @@ def test_the_sglang_shadow_evicting_leaves_drops_the_anchors_they_end() -> None:
     check_pools(evicted, [])
     assert evicted.cache.num_pages == 0
     assert not evicted.memory.cached.anchors
+
+
+def test_a_prebuilt_row_released_before_its_transfer_keeps_no_anchor() -> None:
+    """Its window tail and state were never written: both go back free, no match ends there."""
+    prompt = HEADER[:16]
+    arrived, pools = unwrap(prebuilt(idle(CPU), [Req(0, prompt)], _pools()))
+    kept, left = split(arrived, [])
+    released = unwrap(release(left, kept, pools, [prompt]))
+    check_pools(released, [])
+    assert not released.memory.cached.anchors
+    assert released.memory.states[0].num_free == 8
+    again, _ = unwrap(extend(idle(CPU), [Req(1, (*prompt, 1))], released))
+    assert again.prefix_lens.tolist() == [0]  # computed, not read from unwritten memory
+
+    # Once the row grew (its transfer ran before its decode), its release keeps one.
+    arrived, pools = unwrap(prebuilt(idle(CPU), [Req(0, HEADER[:15])], _pools()))
+    running, pools = unwrap(decode(arrived, pools))
+    kept, left = split(running, [])
+    grown = unwrap(release(left, kept, pools, [prompt]))
+    check_pools(grown, [])
+    assert set(grown.memory.cached.anchors) == {prompt}
+
+
+def test_a_row_released_before_its_resume_copies_ran_keeps_no_anchor() -> None:
+    """A resumed row that never ran its forward holds no written tail or state to keep."""
+    kinds = MemoryKinds((SlidingWindow(8, 512), RecurrentState(16, 2)))
+    pools = _finish_one(_pools(kinds=kinds), (1, 2, 3))
+    prompt = (*HEADER, 5, 6, 7, 8)  # 44 tokens: resumes at 40, ends on a page boundary
+    batch, pools = unwrap(extend(idle(CPU), [Req(1, prompt)], pools))
+    assert batch.prefix_lens.tolist() == [40]
+    assert set(pools.memory.cached.anchors) == {HEADER}  # no state left to publish at 44
+    kept, left = split(batch, [])
+    released = unwrap(release(left, kept, pools, [prompt]))
+    check_pools(released, [])
+    assert set(released.memory.cached.anchors) == {HEADER}
+    assert released.memory.states[0].num_free == 1

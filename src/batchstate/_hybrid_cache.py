@@ -9,18 +9,21 @@ boundary `c` publishes one at `c` (its last), the window tail copied into
 window pages of the cache's own and the state written into a state slot
 of the cache's own by the forward itself (a checkpoint); a finished row
 whose tokens end on a page boundary keeps its own tail and state as one
-at its end (`HybridPools.give_back`). A match is
+at its end (`HybridPools.give_back`), if it grew since it was admitted:
+only then are that tail and state known written (a `prebuilt` row released
+before its transfer, or a resumed row before its forward, keeps none). A match is
 usable only up to the longest anchor at or before the full-attention
 match: a prefix whose tail is gone is never read as if it were whole.
 
 A row that resumes from an anchor copies the anchor's tail and state into
 its own window pages and state slot before its forward: it never reads
 the cache's afterwards. So an anchor is locked only from a new row's
-match until that row's copies ran (`pending`, per request slot, until
-the row grows again or leaves); any other anchor may be evicted, least recently used
-first, under window or state pressure (or when the cache evicts the
-full-attention pages it ends), which leaves its full-attention pages
-cached but no match ending there (SGLang's tombstone).
+match until that row's copies ran (`pending`, per request slot, from
+its admission until the row grows again or leaves); any other anchor
+may be evicted, least recently used first, under window or state
+pressure (or when the cache evicts the full-attention pages it ends),
+which leaves its full-attention pages cached but no match ending there
+(SGLang's tombstone).
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ class HybridCache:
 
     anchors: Map[Tokens, Anchor]
     lengths: Map[int, int]  # anchor length -> how many anchors have it: what a match looks at
-    pending: Map[int, SlotCopies]  # request slot -> the copies its next forward performs
+    # request slot -> the copies its next forward performs; every row has an entry from its
+    # admission until it grows again (its forward or transfer ran) or leaves
+    pending: Map[int, SlotCopies]
     clock: int
     num_evicted: int  # anchors evicted since the pools were made: a running total
 
@@ -117,6 +122,15 @@ class HybridCache:
         anchor = self.anchors[prefix]
         anchors = self.anchors.set(prefix, anchor._replace(used=clock, locks=anchor.locks + 1))
         return HybridCache(anchors, self.lengths, self.pending, clock, self.num_evicted)
+
+    def _admit(self, slots: Iterable[int]) -> HybridCache:
+        """New rows in `slots`: their memory is unwritten until their forward or transfer ran."""
+        pending = self.pending.mutate()
+        for slot in slots:
+            pending[slot] = _NO_COPIES
+        return HybridCache(
+            self.anchors, self.lengths, pending.finish(), self.clock, self.num_evicted
+        )
 
     def _resume(self, slot: int, prefix: Tokens) -> HybridCache:
         """The row in `slot` resumes from the anchor `prefix` (held): its copies are pending."""
@@ -199,12 +213,11 @@ class HybridCache:
                 states.append(anchor.state)
             gone.add(prefix)
         pending = self.pending
-        if gone and pending:  # the rows that were to fill them fill nothing
+        if gone and pending:  # the rows that were to fill them fill nothing (still pending)
             pending = Map(
                 {
                     slot: copies._replace(publish=()) if copies.publish in gone else copies
                     for slot, copies in pending.items()
-                    if copies.resume or copies.publish not in gone
                 }
             )
         cache = HybridCache(

@@ -81,6 +81,12 @@ class HybridPools:
         states = (pools.states[0].take(slots),)
         return HybridPools(self.kinds, pools.windows, states, pools.cached)
 
+    def admit(self, slots: HostArray) -> HybridPools:
+        """New request slots, pending until they grow: none leaves unwritten memory cached."""
+        return HybridPools(
+            self.kinds, self.windows, self.states, self.cached._admit(slots.tolist())
+        )
+
     def settle(self, slots: list[int]) -> HybridPools:
         """The copies `slots` had pending ran: the anchors they name are unlocked."""
         if not any(slot in self.cached.pending for slot in slots):
