@@ -146,12 +146,10 @@ class HybridCache:
         Not locked: evicting it later drops the pending publish with it (any
         later forward runs after the one that fills it, on the same stream).
         """
-        clock = self.clock + 1
-        anchors = self.anchors.set(prefix, Anchor(window_pages, state, clock, 0))
-        lengths = self.lengths.set(len(prefix), self.lengths.get(len(prefix), 0) + 1)
+        kept = self._keep(prefix, window_pages, state)
         before = self.pending.get(slot, _NO_COPIES)
         pending = self.pending.set(slot, before._replace(publish=prefix))
-        return HybridCache(anchors, lengths, pending, clock, self.num_evicted)
+        return HybridCache(kept.anchors, kept.lengths, pending, kept.clock, self.num_evicted)
 
     def _keep(self, prefix: Tokens, window_pages: tuple[int, ...], state: int) -> HybridCache:
         """A new anchor `prefix` from a finished row's own window tail and state (no copy)."""

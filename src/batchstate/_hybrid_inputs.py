@@ -167,7 +167,7 @@ def anchor_copies(inputs: ForwardInputs, pools: Pools) -> tuple[CachedCopies, ..
     return cached_copies(
         inputs,
         memory.cached,
-        next(((w.window, w.page_size, w.table) for w in memory.windows), None),
+        memory.windows[0] if memory.windows else None,
         memory.states[0].of_slot if memory.states else None,
     )
 

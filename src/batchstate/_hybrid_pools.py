@@ -229,13 +229,8 @@ class HybridPools:
                 end, pages = len(prefix), ()
                 if windows:  # the tail's pages stay the anchor's: free only those before it
                     window = windows[0]
-                    tail = tail_start(end, window.window, window.page_size)
-                    pages = tuple(
-                        window.table[
-                            slot, tail // window.page_size : end // window.page_size
-                        ].tolist()
-                    )
-                    held[at[slot]] = tail
+                    pages = tuple(window.tail_pages(slot, end).tolist())
+                    held[at[slot]] = tail_start(end, window.window, window.page_size)
                 state = int(states[0].of_slot[slot]) if states else 0
                 cached = cached._keep(prefix, pages, state)
         windows = tuple(window.give_back(slots, held) for window in windows)
