@@ -8,12 +8,15 @@ nothing is read from the device.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
+from immutables import Map
 from returns.result import Failure
 
 from batchstate import (
     DoesNotFit,
+    ForwardInputsError,
     GraphBuffers,
     GraphBuffersError,
     HybridBuffers,
@@ -32,6 +35,7 @@ from batchstate import (
     make_pools,
     unwrap,
 )
+from batchstate._pool_versions import next_version
 from batchstate.audit import device_reads
 from tests.strategies import assert_unchanged, snapshot
 
@@ -84,6 +88,24 @@ def test_a_forward_too_large_for_the_buffers_changes_nothing() -> None:
     refused = fill_hybrid(buffers, padded.inputs, pools)
     assert refused == Failure(DoesNotFit("window pages", 10, 4))
     assert_unchanged(before, buffers.block)
+
+
+def test_a_forward_naming_a_gone_anchor_raises_before_the_buffers_are_written() -> None:
+    """Anchor copies are named first: their `ForwardInputsError` leaves the buffers as they were."""
+    pools = make_pools(8, 96, 1024, CPU, 4, prefix_cache=True, memory=KINDS)
+    batch, pools = unwrap(extend(idle(CPU), [Req(0, tuple(range(41)))], pools))
+    assert pools.memory.cached.anchors  # published at 40 by this forward
+    padded = unwrap(fill(GraphBuffers.for_extend(CPU, 4, 1, 64, 24), batch, pools.table))
+    buffers = HybridBuffers.allocate(CPU, KINDS, rows=1, tokens=64, window_pages=24)
+    # Pools whose pending publish names an anchor they do not hold (made by hand: no
+    # transition leaves one; `cached_copies` refuses it as a prefix read as if whole).
+    cached = attrs.evolve(pools.memory.cached, anchors=Map(), lengths=Map())
+    broken = next_version(pools, memory=attrs.evolve(pools.memory, cached=cached))._commit()
+    before = snapshot(buffers.block), snapshot(buffers.staging)
+    with pytest.raises(ForwardInputsError, match="no longer keeps"):
+        fill_hybrid(buffers, padded.inputs, broken)
+    assert_unchanged(before[0], buffers.block)
+    assert_unchanged(before[1], buffers.staging)
 
 
 def test_buffers_of_other_kinds_or_sizes_are_refused() -> None:

@@ -28,16 +28,19 @@ from batchstate import (
     decode,
     extend,
     find_leaks,
+    flush,
     forward_inputs,
     hybrid_inputs,
     idle,
     make_pools,
     mix,
+    prebuilt,
     release,
     split,
     unwrap,
 )
 from batchstate.audit import device_reads
+from batchstate.sglang._cache_adapter import evict_leaves, unlocked_leaves
 from tests.strategies import assert_unchanged, snapshot
 
 CPU: Final = torch.device("cpu")
@@ -185,3 +188,63 @@ def test_the_cached_hybrid_path_reads_nothing_from_the_device() -> None:
     assert log.report().count == 0
     assert on_meta == _cached_steps(CPU)
     assert {cached for _, _, cached in on_meta} == {10}  # the header's pages, shared by all
+
+
+def test_flush_drops_every_unlocked_anchor_with_the_pages_it_ends() -> None:
+    """After `flush` every page, window page and state slot is free, and the pools check."""
+    pools = _finish_one(_pools(), (1,))
+    assert pools.memory.cached.anchors  # kept at release, or published by the extend
+    flushed = flush(pools)
+    check_pools(flushed, [])
+    assert not flushed.memory.cached.anchors
+    assert flushed.cache.num_pages == 0
+    windows, states = flushed.memory.windows[0], flushed.memory.states[0]
+    assert len(windows.page_list) == windows.num_pages
+    assert states.num_free == 8
+    assert flush(flushed) is flushed  # nothing left to evict
+
+
+def test_the_sglang_shadow_evicting_leaves_drops_the_anchors_they_end() -> None:
+    """Evicting named leaves (the SGLang shadow's walk) drops anchors ending in them."""
+    pools = _finish_one(_pools(), (1,))
+    assert pools.memory.cached.anchors
+    evicted = evict_leaves(pools, [(leaf, 0) for leaf, _ in unlocked_leaves(pools)])
+    check_pools(evicted, [])
+    assert evicted.cache.num_pages == 0
+    assert not evicted.memory.cached.anchors
+
+
+def test_a_prebuilt_row_released_before_its_transfer_keeps_no_anchor() -> None:
+    """Its window tail and state were never written: both go back free, no match ends there."""
+    prompt = HEADER[:16]
+    arrived, pools = unwrap(prebuilt(idle(CPU), [Req(0, prompt)], _pools()))
+    kept, left = split(arrived, [])
+    released = unwrap(release(left, kept, pools, [prompt]))
+    check_pools(released, [])
+    assert not released.memory.cached.anchors
+    assert released.memory.states[0].num_free == 8
+    again, _ = unwrap(extend(idle(CPU), [Req(1, (*prompt, 1))], released))
+    assert again.prefix_lens.tolist() == [0]  # computed, not read from unwritten memory
+
+    # Once the row grew (its transfer ran before its decode), its release keeps one.
+    arrived, pools = unwrap(prebuilt(idle(CPU), [Req(0, HEADER[:15])], _pools()))
+    running, pools = unwrap(decode(arrived, pools))
+    kept, left = split(running, [])
+    grown = unwrap(release(left, kept, pools, [prompt]))
+    check_pools(grown, [])
+    assert set(grown.memory.cached.anchors) == {prompt}
+
+
+def test_a_row_released_before_its_resume_copies_ran_keeps_no_anchor() -> None:
+    """A resumed row that never ran its forward holds no written tail or state to keep."""
+    kinds = MemoryKinds((SlidingWindow(8, 512), RecurrentState(16, 2)))
+    pools = _finish_one(_pools(kinds=kinds), (1, 2, 3))
+    prompt = (*HEADER, 5, 6, 7, 8)  # 44 tokens: resumes at 40, ends on a page boundary
+    batch, pools = unwrap(extend(idle(CPU), [Req(1, prompt)], pools))
+    assert batch.prefix_lens.tolist() == [40]
+    assert set(pools.memory.cached.anchors) == {HEADER}  # no state left to publish at 44
+    kept, left = split(batch, [])
+    released = unwrap(release(left, kept, pools, [prompt]))
+    check_pools(released, [])
+    assert set(released.memory.cached.anchors) == {HEADER}
+    assert released.memory.states[0].num_free == 1

@@ -19,9 +19,10 @@ import numpy as np
 
 from batchstate._forward_checks import ForwardInputsError
 from batchstate._forward_inputs import ForwardInputs
-from batchstate._hybrid_cache import Anchor, HybridCache, tail_start
-from batchstate._mirrored import HostArray, Mirrored, frozen, upload
+from batchstate._hybrid_cache import Anchor, HybridCache
+from batchstate._mirrored import HostArray, Mirrored
 from batchstate._radix_nodes import Tokens
+from batchstate._window_pages import WindowPages
 
 __all__ = ["CachedCopies", "cached_copies"]
 
@@ -60,12 +61,12 @@ class CachedCopies:
 def cached_copies(
     inputs: ForwardInputs,
     cached: HybridCache,
-    window: tuple[int, int, HostArray] | None,
+    window: WindowPages | None,
     of_slot: HostArray | None,
 ) -> tuple[CachedCopies, ...]:
     """The copies the forward `inputs` performs for anchors, () when it performs none.
 
-    `window`: (window, page size, the window page table) of window layers;
+    `window`: the window layers' pages (None without window layers);
     `of_slot`: request slot -> state slot, of recurrent layers.
 
     Raises:
@@ -89,11 +90,8 @@ def cached_copies(
         if copies.resume and len(copies.resume) == first:
             anchor = _kept(cached, copies.resume, slot)
             if window is not None:
-                size, page_size, table = window
-                start = tail_start(first, size, page_size)
-                own = table[slot, start // page_size : first // page_size]
                 parts[0] += anchor.window_pages
-                parts[1] += own.tolist()
+                parts[1] += window.tail_pages(slot, first).tolist()
             if of_slot is not None:
                 parts[2].append(anchor.state)
                 parts[3].append(int(of_slot[slot]))
@@ -101,22 +99,15 @@ def cached_copies(
             anchor = _kept(cached, copies.publish, slot)
             stop = len(copies.publish)
             if window is not None:
-                size, page_size, table = window
-                start = tail_start(stop, size, page_size)
-                own = table[slot, start // page_size : stop // page_size]
-                parts[4] += own.tolist()
+                parts[4] += window.tail_pages(slot, stop).tolist()
                 parts[5] += anchor.window_pages
             if of_slot is not None:
                 parts[6].append(int(qo[row]) + stop - 1 - first)
                 parts[7].append(anchor.state)
     if not any(parts):
         return ()
-    hosts = [frozen(np.array(part, dtype=np.int64)) for part in parts]
-    pairs = [
-        Mirrored._pair(host, side)
-        for host, side in zip(hosts, upload(hosts, inputs.device), strict=True)
-    ]
-    return (CachedCopies(*pairs),)
+    hosts = [np.array(part, dtype=np.int64) for part in parts]
+    return (CachedCopies(*Mirrored.from_hosts(hosts, inputs.device)),)
 
 
 def _kept(cached: HybridCache, prefix: Tokens, slot: int) -> Anchor:

@@ -4,7 +4,8 @@ A replayed CUDA graph reads the addresses it was captured with, so the
 window and state layers' inputs (`hybrid_inputs`) need fixed buffers as
 the full-attention ones do (`GraphBuffers`). `HybridBuffers` is that set
 for one bucket, beside its `GraphBuffers`; `fill_hybrid` computes a padded
-forward's `hybrid_inputs` on the host and writes them into it in one copy:
+forward's `hybrid_inputs` on the host and writes them into it in one copy
+(all but the prefix cache's anchor copies, uploaded apart: see there):
 
     block  (uint8, one host-to-device copy)   per window kind: out_cache_loc
                                               (int64 [tokens]); per state kind:
@@ -30,7 +31,7 @@ from returns.result import Failure, Result, Success
 from batchstate._expect import expect_instance
 from batchstate._forward_inputs import ForwardInputs
 from batchstate._graph_buffers import DoesNotFit, GraphBuffersError
-from batchstate._hybrid_inputs import HybridInputs, hybrid_hosts, hybrid_of
+from batchstate._hybrid_inputs import HybridInputs, anchor_copies, hybrid_hosts, hybrid_of
 from batchstate._memory_kinds import MemoryKinds
 from batchstate._mirrored import describe, torch_dtype
 from batchstate._pools import Pools
@@ -123,9 +124,15 @@ class HybridBuffers:
 def fill_hybrid(
     buffers: HybridBuffers, inputs: ForwardInputs, pools: Pools
 ) -> Result[HybridInputs, DoesNotFit]:
-    """`hybrid_inputs(inputs, pools)`, written into the bucket's `buffers`: one copy, no allocation.
+    """`hybrid_inputs(inputs, pools)`, written into the bucket's `buffers` in one copy.
 
     `inputs`: the bucket's padded forward (`fill`'s or `pad`'s `inputs`).
+    The window and state inputs take no allocation. The anchor copies
+    (`HybridInputs.cached`) are not in the buffers: a forward that resumes
+    from or publishes an anchor (an extend, chunk or mixed step with the
+    prefix cache on; a decode never does) gets them uploaded apart, at
+    addresses of their own, so it runs outside a captured graph, its copies
+    before and after the forward as the reference engine performs them.
 
     Returns:
         The `HybridInputs` whose device sides are views of `buffers.block`,
@@ -161,6 +168,8 @@ def fill_hybrid(
     for host, (what, capacity, _) in zip(hosts, layout, strict=True):
         if host.shape[0] > capacity:
             return Failure(DoesNotFit(what, int(host.shape[0]), capacity))
+    # Before anything is written: a forward whose anchor is gone leaves the buffers as they were.
+    cached = anchor_copies(inputs, pools)
     if buffers.copies:  # CUDA: the last step's copy out of the staging bytes, long done
         buffers.copies.pop().synchronize()
     staging = buffers.staging.numpy()
@@ -176,7 +185,7 @@ def fill_hybrid(
         buffers.block[offset : offset + host.nbytes].view(torch_dtype(host.dtype))
         for host, offset in zip(hosts, offsets, strict=True)
     ]
-    return Success(hybrid_of(inputs, pools, hosts, sides))
+    return Success(hybrid_of(inputs, pools, hosts, sides, cached))
 
 
 def _layout(

@@ -9,18 +9,21 @@ boundary `c` publishes one at `c` (its last), the window tail copied into
 window pages of the cache's own and the state written into a state slot
 of the cache's own by the forward itself (a checkpoint); a finished row
 whose tokens end on a page boundary keeps its own tail and state as one
-at its end (`HybridPools.give_back`). A match is
+at its end (`HybridPools.give_back`), if it grew since it was admitted:
+only then are that tail and state known written (a `prebuilt` row released
+before its transfer, or a resumed row before its forward, keeps none). A match is
 usable only up to the longest anchor at or before the full-attention
 match: a prefix whose tail is gone is never read as if it were whole.
 
 A row that resumes from an anchor copies the anchor's tail and state into
 its own window pages and state slot before its forward: it never reads
 the cache's afterwards. So an anchor is locked only from a new row's
-match until that row's copies ran (`pending`, per request slot, until
-the row grows again or leaves); any other anchor may be evicted, least recently used
-first, under window or state pressure (or when the cache evicts the
-full-attention pages it ends), which leaves its full-attention pages
-cached but no match ending there (SGLang's tombstone).
+match until that row's copies ran (`pending`, per request slot, from
+its admission until the row grows again or leaves); any other anchor
+may be evicted, least recently used first, under window or state
+pressure (or when the cache evicts the full-attention pages it ends),
+which leaves its full-attention pages cached but no match ending there
+(SGLang's tombstone).
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ class HybridCache:
 
     anchors: Map[Tokens, Anchor]
     lengths: Map[int, int]  # anchor length -> how many anchors have it: what a match looks at
-    pending: Map[int, SlotCopies]  # request slot -> the copies its next forward performs
+    # request slot -> the copies its next forward performs; every row has an entry from its
+    # admission until it grows again (its forward or transfer ran) or leaves
+    pending: Map[int, SlotCopies]
     clock: int
     num_evicted: int  # anchors evicted since the pools were made: a running total
 
@@ -118,6 +123,15 @@ class HybridCache:
         anchors = self.anchors.set(prefix, anchor._replace(used=clock, locks=anchor.locks + 1))
         return HybridCache(anchors, self.lengths, self.pending, clock, self.num_evicted)
 
+    def _admit(self, slots: Iterable[int]) -> HybridCache:
+        """New rows in `slots`: their memory is unwritten until their forward or transfer ran."""
+        pending = self.pending.mutate()
+        for slot in slots:
+            pending[slot] = _NO_COPIES
+        return HybridCache(
+            self.anchors, self.lengths, pending.finish(), self.clock, self.num_evicted
+        )
+
     def _resume(self, slot: int, prefix: Tokens) -> HybridCache:
         """The row in `slot` resumes from the anchor `prefix` (held): its copies are pending."""
         before = self.pending.get(slot, _NO_COPIES)
@@ -132,12 +146,10 @@ class HybridCache:
         Not locked: evicting it later drops the pending publish with it (any
         later forward runs after the one that fills it, on the same stream).
         """
-        clock = self.clock + 1
-        anchors = self.anchors.set(prefix, Anchor(window_pages, state, clock, 0))
-        lengths = self.lengths.set(len(prefix), self.lengths.get(len(prefix), 0) + 1)
+        kept = self._keep(prefix, window_pages, state)
         before = self.pending.get(slot, _NO_COPIES)
         pending = self.pending.set(slot, before._replace(publish=prefix))
-        return HybridCache(anchors, lengths, pending, clock, self.num_evicted)
+        return HybridCache(kept.anchors, kept.lengths, pending, kept.clock, self.num_evicted)
 
     def _keep(self, prefix: Tokens, window_pages: tuple[int, ...], state: int) -> HybridCache:
         """A new anchor `prefix` from a finished row's own window tail and state (no copy)."""
@@ -199,12 +211,11 @@ class HybridCache:
                 states.append(anchor.state)
             gone.add(prefix)
         pending = self.pending
-        if gone and pending:  # the rows that were to fill them fill nothing
+        if gone and pending:  # the rows that were to fill them fill nothing (still pending)
             pending = Map(
                 {
                     slot: copies._replace(publish=()) if copies.publish in gone else copies
                     for slot, copies in pending.items()
-                    if copies.resume or copies.publish not in gone
                 }
             )
         cache = HybridCache(

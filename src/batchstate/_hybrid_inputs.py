@@ -32,6 +32,7 @@ __all__ = [
     "HybridInputs",
     "StateInputs",
     "WindowInputs",
+    "anchor_copies",
     "hybrid_hosts",
     "hybrid_inputs",
     "hybrid_of",
@@ -128,7 +129,8 @@ def hybrid_inputs(inputs: ForwardInputs, pools: Pools) -> HybridInputs:
     ([1, 2, 3], [1])
     """
     hosts = hybrid_hosts(inputs, pools, "hybrid_inputs")
-    return hybrid_of(inputs, pools, hosts, upload(hosts, inputs.device))
+    cached = anchor_copies(inputs, pools)
+    return hybrid_of(inputs, pools, hosts, upload(hosts, inputs.device), cached)
 
 
 def hybrid_hosts(inputs: ForwardInputs, pools: Pools, caller: str) -> list[HostArray]:
@@ -155,10 +157,29 @@ def hybrid_hosts(inputs: ForwardInputs, pools: Pools, caller: str) -> list[HostA
     return hosts
 
 
+def anchor_copies(inputs: ForwardInputs, pools: Pools) -> tuple[CachedCopies, ...]:
+    """The anchor copies of the forward `inputs` on `pools` (`cached_copies`), uploaded.
+
+    Raises:
+        ForwardInputsError: as `cached_copies`.
+    """
+    memory = pools.memory
+    return cached_copies(
+        inputs,
+        memory.cached,
+        memory.windows[0] if memory.windows else None,
+        memory.states[0].of_slot if memory.states else None,
+    )
+
+
 def hybrid_of(
-    inputs: ForwardInputs, pools: Pools, hosts: list[HostArray], sides: list[torch.Tensor]
+    inputs: ForwardInputs,
+    pools: Pools,
+    hosts: list[HostArray],
+    sides: list[torch.Tensor],
+    cached: tuple[CachedCopies, ...],
 ) -> HybridInputs:
-    """The `HybridInputs` of `hybrid_hosts`' arrays and their device sides, in that order."""
+    """The `HybridInputs` of `hybrid_hosts`' arrays, their device sides and `anchor_copies`."""
     pairs: list[Mirrored[Any]] = [
         Mirrored._pair(frozen(host), side) for host, side in zip(hosts, sides, strict=True)
     ]
@@ -168,13 +189,6 @@ def hybrid_of(
     states = tuple(
         StateInputs(state.kind.state_size, pair)
         for state, pair in zip(pools.memory.states, pairs[len(windows) * 4 :], strict=True)
-    )
-    memory = pools.memory
-    cached = cached_copies(
-        inputs,
-        memory.cached,
-        next(((w.window, w.page_size, w.table) for w in memory.windows), None),
-        memory.states[0].of_slot if memory.states else None,
     )
     return HybridInputs(inputs.num_rows, windows, states, cached)
 

@@ -81,6 +81,12 @@ class HybridPools:
         states = (pools.states[0].take(slots),)
         return HybridPools(self.kinds, pools.windows, states, pools.cached)
 
+    def admit(self, slots: HostArray) -> HybridPools:
+        """New request slots, pending until they grow: none leaves unwritten memory cached."""
+        return HybridPools(
+            self.kinds, self.windows, self.states, self.cached._admit(slots.tolist())
+        )
+
     def settle(self, slots: list[int]) -> HybridPools:
         """The copies `slots` had pending ran: the anchors they name are unlocked."""
         if not any(slot in self.cached.pending for slot in slots):
@@ -223,13 +229,8 @@ class HybridPools:
                 end, pages = len(prefix), ()
                 if windows:  # the tail's pages stay the anchor's: free only those before it
                     window = windows[0]
-                    tail = tail_start(end, window.window, window.page_size)
-                    pages = tuple(
-                        window.table[
-                            slot, tail // window.page_size : end // window.page_size
-                        ].tolist()
-                    )
-                    held[at[slot]] = tail
+                    pages = tuple(window.tail_pages(slot, end).tolist())
+                    held[at[slot]] = tail_start(end, window.window, window.page_size)
                 state = int(states[0].of_slot[slot]) if states else 0
                 cached = cached._keep(prefix, pages, state)
         windows = tuple(window.give_back(slots, held) for window in windows)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from batchstate._mirrored import HostArray
 from batchstate._pool_versions import next_version
 from batchstate._prefix_cache import Tokens
-from batchstate._sharing import match_prefix
 
 if TYPE_CHECKING:
     from batchstate._pools import Pools
@@ -41,7 +40,7 @@ def usable_prefix(
     if cap is not None:
         usable = min(usable, cap // page_size * page_size)
     if not pools.memory.kinds.is_hybrid:
-        return match_prefix(cache, ids) if cap is None else cache.match(ids[:usable])
+        return cache.match(ids[:usable])
     matched, pages = cache._cached(ids[:usable])
     anchors = pools.memory.cached
     length = anchors.longest(ids, matched) if matched and anchors.anchors else 0
@@ -56,12 +55,7 @@ def hold_anchors(pools: Pools, token_lists: Sequence[Tokens], lengths: Sequence[
     """
     if not pools.memory.kinds.is_hybrid or not any(lengths):
         return pools
-    prefixes = [
-        tuple(tokens[:length])
-        for tokens, length in zip(token_lists, lengths, strict=True)
-        if length
-    ]
-    return next_version(pools, memory=pools.memory.hold(prefixes))
+    return next_version(pools, memory=pools.memory.hold(_read(token_lists, lengths)))
 
 
 def resume_rows(
@@ -77,13 +71,17 @@ def resume_rows(
     if not rows or not pools.memory.kinds.is_hybrid:
         return pools
     reading = [slot for slot, _ in rows]
-    prefixes = [
+    memory = pools.memory.resume(reading, _read(token_lists, lengths), pools.page_size)
+    return next_version(pools, memory=memory)
+
+
+def _read(token_lists: Sequence[Tokens], lengths: Sequence[int]) -> list[Tokens]:
+    # The cached prefixes new rows read (the anchors they resume from), rows reading none left out.
+    return [
         tuple(tokens[:length])
         for tokens, length in zip(token_lists, lengths, strict=True)
         if length
     ]
-    memory = pools.memory.resume(reading, prefixes, pools.page_size)
-    return next_version(pools, memory=memory)
 
 
 def publish_tails(

@@ -52,8 +52,17 @@ def take_slots(pools: Pools, num_slots: int) -> tuple[HostArray, Pools] | OutOfR
         slot_list=rest,
         slot_gens=frozen(slot_gens),
         next_gen=pools.next_gen + 1,
-        memory=memory.take_slots(slots) if memory.states else None,
+        memory=_admitted(pools, memory, slots),
     )
+
+
+def _admitted(pools: Pools, memory: HybridPools, slots: HostArray) -> HybridPools | None:
+    # A state slot per new row, and with the cache on each row pending until it grows:
+    # a release before then keeps no anchor of memory its forward or transfer never wrote.
+    if not memory.kinds.is_hybrid:
+        return None
+    taken = memory.take_slots(slots)
+    return taken.admit(slots) if pools.cache.enabled else taken
 
 
 def reissue(pools: Pools, slots: HostArray) -> tuple[HostArray, Pools]:

@@ -103,8 +103,9 @@ def flush(pools: Pools) -> Pools:
 
     Retired pages (duplicates given back at a prefill's end) join the free
     list too: `flush` comes after the last forward. Pages that live rows
-    read (their cached prefixes) stay cached. With
-    the cache off, `pools` itself. Host work only.
+    read (their cached prefixes) stay cached. On hybrid pools every anchor
+    no new row resumes from goes too, its window pages and state slot
+    freed. With the cache off, `pools` itself. Host work only.
 
     >>> pools = flush(make_pools(4, 32, 64, torch.device("cpu"), prefix_cache=True))
     >>> pools.num_free_tokens, pools.cache.num_pages
@@ -112,11 +113,15 @@ def flush(pools: Pools) -> Pools:
     """
     expect_pools(pools)
     cache = pools.cache
-    if not cache.num_evictable and not pools.retired.shape[0]:
+    anchors = pools.memory.cached.anchors.values()
+    unlocked = any(not anchor.locks for anchor in anchors)
+    if not cache.num_evictable and not pools.retired.shape[0] and not unlocked:
         return pools
     cache, evicted = cache._evict(cache.num_evictable)
     # After the last forward: retired pages are written already, so they are free too.
     freed = np.concatenate((pools.retired, np.array(evicted, dtype=np.int64)))
+    # Locked anchors stay: a new row's copies from them have not run yet.
+    memory = pools.memory.drop_uncached(lambda _: False) if unlocked else None
     return next_version(
-        pools, page_list=pools.page_list.give(freed), retired=NO_INTS, cache=cache
+        pools, page_list=pools.page_list.give(freed), retired=NO_INTS, cache=cache, memory=memory
     )._commit()

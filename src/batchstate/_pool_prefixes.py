@@ -1,7 +1,9 @@
 """The pools' side of prefix sharing: lock the prefixes rows read.
 
 With the cache off each function returns the pools given: nothing is
-matched or locked. The results are not committed: the
+matched or locked. On hybrid pools a prompt's prefix is the one
+`usable_prefix` gives (the match cut back to the longest anchor), and
+the anchor it ends at is held with it. The results are not committed: the
 transition that calls them commits its own.
 """
 
@@ -27,6 +29,8 @@ def lock_cached_prefixes(
 ) -> tuple[Pools, list[int], list[HostArray]]:
     """Each prompt's longest cached prefix that leaves a token to compute, locked.
 
+    On hybrid pools, its longest usable one (`usable_prefix`), its anchor held.
+
     Returns the pools whose cache holds the locks, the prefix lengths and their pages.
     """
     if not pools.cache.enabled:
@@ -44,7 +48,11 @@ def lock_cached_prefixes(
 def lock_matched_prefixes(
     pools: Pools, token_lists: Sequence[Tokens], lengths: Sequence[int]
 ) -> Pools:
-    """`lock_cached_prefixes` for prompts matched already (`match_prefix` on this cache)."""
+    """`lock_cached_prefixes` for prompts matched already on this cache.
+
+    By `match_prefix`, or on hybrid pools by `usable_prefix`: the anchors
+    the matches end at are held too.
+    """
     if not any(lengths):
         return pools
     locked = next_version(pools, cache=lock_matched(pools.cache, token_lists, lengths))

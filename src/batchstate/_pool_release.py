@@ -94,13 +94,16 @@ def _finished_tails(
 ) -> list[tuple[int, Tokens]]:
     # (slot, its tokens) of released rows whose tokens end on a page boundary where no
     # anchor is: their state is after exactly those tokens, their window tail is theirs.
+    # Only rows that grew since their admission: a row still pending (a prebuilt row
+    # before its transfer, a resumed row before its copies) never had them written.
     if not pools.memory.kinds.is_hybrid or tokens is None or len(tokens) != len(owned):
         return []
-    page_size, anchors = pools.page_size, pools.memory.cached.anchors
+    page_size, cached = pools.page_size, pools.memory.cached
+    anchors, pending = cached.anchors, cached.pending
     kept: list[tuple[int, Tokens]] = []
     ends: set[Tokens] = set()
     for (slot, num_tokens), ids in zip(owned, tokens, strict=True):
-        if num_tokens % page_size or len(ids) < num_tokens:
+        if num_tokens % page_size or len(ids) < num_tokens or slot in pending:
             continue
         prefix = tuple(ids[:num_tokens])
         if prefix not in anchors and prefix not in ends:

@@ -33,7 +33,7 @@ from batchstate._mirrored import HostArray, Mirrored, frozen, upload
 from batchstate._phases import Filtered
 from batchstate._pools import Pools, expect_pools
 
-__all__ = ["TransferTargets", "transfer_targets"]
+__all__ = ["TransferTargets", "spans", "transfer_targets"]
 
 
 @final
@@ -100,11 +100,11 @@ def transfer_targets(batch: Filtered[Any], pools: Pools) -> TransferTargets:
     _expect_current(rows, pools)
     slots, seq = rows.req_pool_indices.host, rows.seq_lens.host
     page_size = pools.page_size
-    token_rows, positions = _spans(np.zeros_like(seq), seq)
+    token_rows, positions = spans(np.zeros_like(seq), seq)
     hosts: list[HostArray] = [pools.table.host[slots[token_rows], positions].astype(np.int64)]
     for window in pools.memory.windows:
         kv_starts, indptr, pages = window_rows(window.table, window.starts, page_size, slots, seq)
-        tail_rows, tail = _spans(kv_starts, seq)
+        tail_rows, tail = spans(kv_starts, seq)
         locs = window.table[slots[tail_rows], tail // page_size] * page_size + tail % page_size
         hosts += [
             kv_starts.astype(np.int32),
@@ -129,8 +129,8 @@ def transfer_targets(batch: Filtered[Any], pools: Pools) -> TransferTargets:
     return TransferTargets(len(rows), pairs[0], HybridInputs(len(rows), windows, states))
 
 
-def _spans(first: HostArray, end: HostArray) -> tuple[HostArray, HostArray]:
-    # Each position of [first[i], end[i]) for every row i, rows back to back: row, position.
+def spans(first: HostArray, end: HostArray) -> tuple[HostArray, HostArray]:
+    """Each position of `[first[i], end[i])` for every row `i`, rows back to back: row, position."""
     counts = end - first
     rows = np.repeat(np.arange(counts.shape[0]), counts)
     offsets = np.cumsum(counts) - counts

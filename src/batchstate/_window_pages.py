@@ -21,6 +21,7 @@ import numpy.typing as npt
 from batchstate._copies import read_only_copies
 from batchstate._errors import PoolsArgumentError
 from batchstate._free_list import FreeList
+from batchstate._hybrid_cache import tail_start
 from batchstate._memory_kinds import SlidingWindow
 from batchstate._mirrored import HostArray, frozen, writing
 
@@ -87,6 +88,15 @@ class WindowPages:
         """The window pages the row in `slot`, holding `num_tokens` tokens, holds, in order."""
         start = int(self.starts[slot]) // self.page_size
         return self.table[slot, start : -(-num_tokens // self.page_size)]
+
+    def tail_pages(self, slot: int, end: int) -> HostArray:
+        """The window pages of the row in `slot` holding the tail a resume at `end` reads.
+
+        Positions `[tail_start(end), end)`, `end` a page boundary: what an
+        anchor at `end` keeps, and what a row resuming there copies it into.
+        """
+        start = tail_start(end, self.window, self.page_size)
+        return self.table[slot, start // self.page_size : end // self.page_size]
 
     def grow(
         self, slots: HostArray, old_lens: HostArray, new_lens: HostArray, reads_from: HostArray

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from batchstate import Filtered, Pools, transfer_targets
+from batchstate._transfer_targets import spans
 from batchstate.engine._alone import Prefilled
 from batchstate.engine._kv_cache import KVCache
 from batchstate.engine._model import TinyModel
@@ -51,13 +52,10 @@ def write_prefilled(
     cache.k[:, locs] = k[full]
     cache.v[:, locs] = v[full]
     for window in targets.hybrid.windows:
-        # Each tail position's place among the row's positions, rows back to back (host).
-        seq = batch.rows.seq_lens.host
-        starts = window.kv_starts.host.astype(np.int64)
-        tail = seq - starts
-        rows = np.repeat(np.arange(seq.shape[0]), tail)
-        offsets = (np.cumsum(seq) - seq)[rows] - (np.cumsum(tail) - tail)[rows]
-        taken = torch.from_numpy(starts[rows] + offsets + np.arange(rows.shape[0]))
+        # Each tail position's place among every row's positions, rows back to back (host).
+        seq = batch.rows.seq_lens.host.astype(np.int64)
+        rows, positions = spans(window.kv_starts.host.astype(np.int64), seq)
+        taken = torch.from_numpy((np.cumsum(seq) - seq)[rows] + positions)
         taken = taken.to(k.device)  # a host copy
         layers = [at for at, kind in enumerate(kept) if kind == "window"]
         cache.window_k[:, window.out_cache_loc.device] = k[layers][:, taken]

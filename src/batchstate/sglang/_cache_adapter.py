@@ -33,6 +33,7 @@ def unlocked_leaves(pools: Pools) -> list[tuple[tuple[int, ...], int]]:
 def evict_leaves(pools: Pools, leaves: Sequence[tuple[tuple[int, ...], int]]) -> Pools:
     """`pools` with each cached leaf (tokens from the root, tokens kept) evicted down to its
     first `keep` tokens, in order; one that is not an unlocked leaf by its turn is skipped.
+    On hybrid pools the anchors ending in evicted pages are dropped with them.
     Returns `pools` itself when nothing was evicted, else its next version."""
     cache, evicted = pools.cache, list[int]()
     for leaf, keep in leaves:
@@ -48,4 +49,7 @@ def evict_leaves(pools: Pools, leaves: Sequence[tuple[tuple[int, ...], int]]) ->
     if not evicted:
         return pools
     freed = pools.page_list.give(np.array(evicted, dtype=np.int64))
-    return next_version(pools, page_list=freed, cache=cache)._commit()
+    memory = pools.memory
+    if memory.cached.anchors:  # anchors ending in evicted pages go with them, as on allocation
+        memory = memory.drop_uncached(lambda prefix: cache._cached(prefix)[0] == len(prefix))
+    return next_version(pools, page_list=freed, cache=cache, memory=memory)._commit()
