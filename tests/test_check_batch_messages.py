@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import attrs
@@ -98,8 +99,17 @@ def test_a_device_side_sharing_the_host_memory(name: str) -> None:
     cells = getattr(_filtered().rows, name).host.copy()
     device = torch.from_numpy(cells)  # the same memory
     cells.flags.writeable = False
+    # Built by hand, the rows take their own copy of the host side: two buffers again.
+    batch = _with_device_side(name, device, cells)
+    assert not np.shares_memory(getattr(batch.rows, name).host, device.numpy())
+    check_batch(batch, compare_device=True)
+    # Rows a transition built unchecked, pairing the two itself, are caught.
+    shared = getattr(batch.rows, name).host
+    with warnings.catch_warnings():  # torch's warning that the array is read-only
+        warnings.simplefilter("ignore", UserWarning)
+        object.__setattr__(batch.rows, name, Mirrored._pair(shared, torch.from_numpy(shared)))
     with raises_exactly(f"{name}: the device side shares the host side's memory"):
-        check_batch(_with_device_side(name, device, cells), compare_device=True)
+        check_batch(batch, compare_device=True)
 
 
 def test_original_lengths_other_than_the_lengths() -> None:
