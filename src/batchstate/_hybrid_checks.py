@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchstate._errors import InvariantViolation
-from batchstate._hybrid_cache import tail_start
 from batchstate._mirrored import HostArray
 
 if TYPE_CHECKING:
@@ -94,11 +93,11 @@ def _check_anchors(pools: Pools, owned: list[int]) -> None:
             f"prefix cache anchor at {end} tokens: not a cached prefix of whole pages",
         )
         if memory.windows:
-            tail = tail_start(end, memory.windows[0].window, page_size)
+            tail_pages = memory.windows[0].num_tail_pages(end)
             _expect(
-                len(anchor.window_pages) == (end - tail) // page_size,
+                len(anchor.window_pages) == tail_pages,
                 f"prefix cache anchor at {end} tokens: {len(anchor.window_pages)} window pages"
-                f" for a tail of {end - tail} tokens",
+                f" for a tail of {tail_pages} pages",
             )
         _expect(
             bool(anchor.state) == bool(memory.states),

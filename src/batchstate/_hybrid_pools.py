@@ -119,17 +119,13 @@ class HybridPools:
             windows = (window.moved(frozen(starts)),)
         return HybridPools(self.kinds, windows, self.states, cached)
 
-    def publish(self, slot: int, prefix: Tokens, page_size: int) -> HybridPools:
+    def publish(self, slot: int, prefix: Tokens) -> HybridPools:
         """A new anchor at `prefix`, filled by the forward of the row in `slot`.
 
         Unchanged if there is no room for it, free or held by unlocked
         anchors (evicted then, least recently used first).
         """
-        num_pages = 0
-        if self.windows:
-            num_pages = (
-                len(prefix) - tail_start(len(prefix), self.windows[0].window, page_size)
-            ) // page_size
+        num_pages = self.windows[0].num_tail_pages(len(prefix)) if self.windows else 0
         num_states = 1 if self.states else 0
         free_pages = len(self.windows[0].page_list) if self.windows else 0
         short_pages, short_states = num_pages - free_pages, num_states - self.free_states()

@@ -107,5 +107,5 @@ def publish_tails(
             continue  # no boundary in this forward: an earlier one published it
         prefix = tuple(tokens[:end])
         if prefix not in memory.cached.anchors:
-            memory = memory.publish(slot, prefix, page_size)
+            memory = memory.publish(slot, prefix)
     return pools if memory is pools.memory else next_version(pools, memory=memory)

@@ -98,6 +98,10 @@ class WindowPages:
         start = tail_start(end, self.window, self.page_size)
         return self.table[slot, start // self.page_size : end // self.page_size]
 
+    def num_tail_pages(self, end: int) -> int:
+        """How many pages the tail a resume at `end` (a page boundary) reads spans."""
+        return (end - tail_start(end, self.window, self.page_size)) // self.page_size
+
     def grow(
         self, slots: HostArray, old_lens: HostArray, new_lens: HostArray, reads_from: HostArray
     ) -> WindowPages | tuple[int, int]:
