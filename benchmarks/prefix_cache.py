@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Callable
 
-from batchstate._prefix_cache import PrefixCache
+from batchstate.cache.prefix_cache import PrefixCache
 
 
 def _best_us(work: Callable[[], object], repeats: int) -> float:

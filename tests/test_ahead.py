@@ -29,9 +29,9 @@ from batchstate import (
     verify,
     verify_ahead,
 )
-from batchstate._mirrored import HostArray
 from batchstate.audit import device_reads
 from batchstate.backends import fa3_ahead_args, fa3_args
+from batchstate.base.mirrored import HostArray
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
@@ -122,7 +122,7 @@ def test_on_meta_opening_and_settling_read_nothing(page_size: int) -> None:
         with pytest.raises(NotImplementedError, match="meta"):  # no data: the read reached torch
             read_verified(counts, tokens)
     (read,) = log.report().reads
-    assert read.location.startswith("batchstate/_verified.py:")
+    assert read.location.startswith("batchstate/speculative/verified.py:")
     assert read.permitted == "speculative verify: accepted tokens and counts"
     assert isinstance(window, Verifying)
 

@@ -23,7 +23,7 @@ from batchstate import (
     idle,
     make_pools,
 )
-from batchstate._mirrored import host_int64
+from batchstate.base.mirrored import host_int64
 from tests.strategies import raises_exactly
 
 CPU = torch.device("cpu")

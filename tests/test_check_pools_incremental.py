@@ -25,7 +25,7 @@ from benchmarks.production_plan import make_production_plan
 from immutables import Map
 
 from batchstate import Extended, FreeList, Mirrored, Pools, PrefixCache, check_pools
-from batchstate._mirrored import host_int64
+from batchstate.base.mirrored import host_int64
 from tests.strategies import raises_exactly
 from tests.test_check_shared_pools_messages import (
     CPU,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from batchstate import InvariantViolation, check_pools, make_pools
-from batchstate._mirrored import frozen
+from batchstate.base.mirrored import frozen
 
 CPU = torch.device("cpu")
 

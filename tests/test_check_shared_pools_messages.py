@@ -33,7 +33,7 @@ from batchstate import (
     make_pools,
     release,
 )
-from batchstate._mirrored import host_int64
+from batchstate.base.mirrored import host_int64
 from tests.strategies import raises_exactly
 
 CPU = torch.device("cpu")

@@ -25,7 +25,7 @@ from batchstate import (
     Rows,
     build_columns,
 )
-from batchstate._column_checks import check_column_set
+from batchstate.columns.arguments import check_column_set
 
 CPU: Final = torch.device("cpu")
 # Names that only this module knows: a declaration written with them resolves

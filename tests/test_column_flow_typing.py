@@ -72,41 +72,41 @@ MISMATCHED: Final = {
 MATCHED: Final = {
     "merge_nested_in_decode": (
         "reveal_type(unwrap(decode(merge(f, g), pools)).batch)",
-        "batchstate._phases.Decoding[batchstate._sampling.Sampling]",
+        "batchstate.records.phases.Decoding[batchstate.columns.sampling.Sampling]",
     ),
     "merge_of_nested_calls": (
         "reveal_type(merge(filter_batch(d, [0]),"
         " filter_batch(unwrap(decode(g, pools)).batch, [0])))",
-        "batchstate._phases.Filtered[batchstate._sampling.Sampling]",
+        "batchstate.records.phases.Filtered[batchstate.columns.sampling.Sampling]",
     ),
     "filter_where_any_goes": (
         "anything(reveal_type(filter_batch(f, [0])))",
-        "batchstate._phases.Filtered[batchstate._sampling.Sampling]",
+        "batchstate.records.phases.Filtered[batchstate.columns.sampling.Sampling]",
     ),
     "merge_where_any_goes": (
         "anything(reveal_type(merge(d, f)))",
-        "batchstate._phases.Filtered[batchstate._sampling.Sampling]",
+        "batchstate.records.phases.Filtered[batchstate.columns.sampling.Sampling]",
     ),
     "default_set": (
         "reveal_type(unwrap(decode(merge(idle_, e), pools)).batch)",
-        "batchstate._phases.Decoding[batchstate._columns.NoColumns]",
+        "batchstate.records.phases.Decoding[batchstate.columns.columns.NoColumns]",
     ),
     "extend_nested": (
         "reveal_type(unwrap(extend(sampling_idle, [sampling_chunk, *reqs], pools, sampling))"
         ".batch)",
-        "batchstate._phases.Extended[batchstate._sampling.Sampling]",
+        "batchstate.records.phases.Extended[batchstate.columns.sampling.Sampling]",
     ),
     "extend_where_any_goes": (
         "anything(reveal_type(unwrap(extend(lora_idle, reqs, pools, lora)).batch))",
-        "batchstate._phases.Extended[test_column_flow_typing_matched_extend_where_any_goes.Lora]",
+        "batchstate.records.phases.Extended[test_column_flow_typing_matched_extend_where_any_goes.Lora]",
     ),
     "mix_nested": (
         "reveal_type(settle(unwrap(mix(f, reqs, 8, pools, (), sampling)).batch).running)",
-        "batchstate._phases.Filtered[batchstate._sampling.Sampling]",
+        "batchstate.records.phases.Filtered[batchstate.columns.sampling.Sampling]",
     ),
     "idle_where_any_goes": (
         "anything(reveal_type(idle('cpu', Lora)))",
-        "batchstate._phases.Idle[test_column_flow_typing_matched_idle_where_any_goes.Lora]",
+        "batchstate.records.phases.Idle[test_column_flow_typing_matched_idle_where_any_goes.Lora]",
     ),
 }
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from batchstate import ColumnError, DeviceOnly, HostColumn, Mirrored
-from batchstate._column_checks import check_column_set
-from batchstate._columns import Columns
-from batchstate._mirrored import frozen
+from batchstate.base.mirrored import frozen
+from batchstate.columns.arguments import check_column_set
+from batchstate.columns.columns import Columns
 
 CPU = torch.device("cpu")
 

@@ -27,10 +27,10 @@ from batchstate import (
     SamplingParams,
     build_columns,
 )
-from batchstate._column_checks import check_column_set, owned_host_columns
-from batchstate._column_packs import packed_of
-from batchstate._column_rows import Pending, join_pending, slice_columns, take_pending
-from batchstate._mirrored import upload
+from batchstate.base.mirrored import upload
+from batchstate.columns.arguments import check_column_set, owned_host_columns
+from batchstate.columns.columns import packed_of
+from batchstate.columns.rows import Pending, join_pending, slice_columns, take_pending
 from tests.builders import assert_probe, make_probe
 
 CPU: Final = torch.device("cpu")

@@ -31,9 +31,9 @@ from batchstate import (
     build_columns,
     check_batch,
 )
-from batchstate._column_checks import check_column_set
-from batchstate._column_packs import packed_of
-from batchstate._column_rows import slice_columns
+from batchstate.columns.arguments import check_column_set
+from batchstate.columns.columns import packed_of
+from batchstate.columns.rows import slice_columns
 
 CPU: Final = torch.device("cpu")
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from batchstate import DeviceOnly, Mirrored, Req, Rows
-from batchstate._column_building import build_columns
-from batchstate._columns import Columns
+from batchstate.columns.building import build_columns
+from batchstate.columns.columns import Columns
 
 CPU = torch.device("cpu")
 

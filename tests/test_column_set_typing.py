@@ -32,8 +32,8 @@ from batchstate import (
     idle,
     make_pools,
 )
-from batchstate._mirrored import frozen
-from batchstate._scalars import SCALAR_NAMES
+from batchstate.base.mirrored import frozen
+from batchstate.base.scalars import SCALAR_NAMES
 from tests.test_doc_blocks import ROOT, read_blocks
 from tests.typecheck import mypy_errors
 

@@ -22,7 +22,7 @@ import batchstate.backends
 import batchstate.cli
 import batchstate.engine
 import batchstate.mypy_plugin
-from batchstate._render import render_transitions
+from batchstate.table import render_transitions
 
 DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
 README: Final = DOCS.parent / "README.md"

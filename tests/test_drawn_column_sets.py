@@ -74,8 +74,8 @@ from batchstate import (
     verify,
     verify_ahead,
 )
-from batchstate._mirrored import torch_dtype
-from batchstate._scalars import SCALAR_NAMES
+from batchstate.base.mirrored import torch_dtype
+from batchstate.base.scalars import SCALAR_NAMES
 from tests.builders import CPU, make_reqs, make_test_pools
 
 _KINDS: Final = ("mirrored", "device", "host")

@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from batchstate import DeviceOnly, Mirrored, Req, Rows
-from batchstate._column_building import build_columns, empty_columns
-from batchstate._columns import Columns
+from batchstate.columns.building import build_columns, empty_columns
+from batchstate.columns.columns import Columns
 
 CPU = torch.device("cpu")
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from batchstate import ColumnError, Mirrored, Req, extend, idle, make_pools
-from batchstate._column_building import build_columns
-from batchstate._columns import Columns
+from batchstate.columns.building import build_columns
+from batchstate.columns.columns import Columns
 
 CPU = torch.device("cpu")
 

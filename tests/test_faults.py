@@ -30,15 +30,13 @@ import pytest
 import torch
 from returns.result import Failure, Success
 
-import batchstate._decode
-import batchstate._extend
-import batchstate._extend_placement
-import batchstate._mirrored
-import batchstate._mix_forward
-import batchstate._pool_allocation
-import batchstate._pools
-import batchstate._rows
-import batchstate._speculative
+import batchstate.base.mirrored
+import batchstate.pools.pools
+import batchstate.records.rows
+import batchstate.speculative.verify
+import batchstate.transitions.decode
+import batchstate.transitions.extend
+import batchstate.transitions.mix
 from batchstate import (
     Chunked,
     Decoding,
@@ -73,7 +71,7 @@ class _Injected(RuntimeError):
     """The fault the tests raise; nothing in batchstate catches it."""
 
 
-_UPLOAD: Final = batchstate._mirrored.upload
+_UPLOAD: Final = batchstate.base.mirrored.upload
 for _module in pkgutil.iter_modules(batchstate.__path__, "batchstate."):
     if not _module.ispkg and "mypy" not in _module.name and _module.name != "batchstate.__main__":
         importlib.import_module(_module.name)  # so that every binding of `upload` is seen
@@ -81,18 +79,18 @@ for _module in pkgutil.iter_modules(batchstate.__path__, "batchstate."):
 # (owner, attribute): every seam the sweep may raise at.
 _SEAMS: Final[tuple[tuple[object, str], ...]] = (
     # The allocators, where each transition calls them (a module's own name for each).
-    (batchstate._extend, "take_slots"),
-    (batchstate._extend_placement, "take_slots"),
-    (batchstate._extend_placement, "take_fresh"),
-    (batchstate._extend_placement, "take_tokens"),
-    (batchstate._mix_forward, "take_slots"),
-    (batchstate._mix_forward, "take_tokens"),
-    (batchstate._decode, "take_next"),
-    (batchstate._speculative, "take_tokens"),
-    (batchstate._pool_allocation, "_take_pages"),
-    (batchstate._pools, "give_back_slots"),  # what `free` and `release` call
-    (batchstate._pools, "shrink_slots"),  # what `shrink` calls
-    (batchstate._speculative, "shrink_slots"),  # what `sync` calls
+    (batchstate.transitions.extend, "take_slots"),
+    (batchstate.transitions.extend, "take_slots"),
+    (batchstate.transitions.extend, "take_fresh"),
+    (batchstate.transitions.extend, "take_tokens"),
+    (batchstate.transitions.mix, "take_slots"),
+    (batchstate.transitions.mix, "take_tokens"),
+    (batchstate.transitions.decode, "take_next"),
+    (batchstate.speculative.verify, "take_tokens"),
+    (batchstate.pools.pools, "_take_pages"),
+    (batchstate.pools.pools, "give_back_slots"),  # what `free` and `release` call
+    (batchstate.pools.pools, "shrink_slots"),  # what `shrink` calls
+    (batchstate.speculative.verify, "shrink_slots"),  # what `sync` calls
     (TokenTable, "write"),
     (TokenTable, "write_rows"),
     (Mirrored, "from_hosts"),
@@ -102,10 +100,10 @@ _SEAMS: Final[tuple[tuple[object, str], ...]] = (
         for name, module in sorted(sys.modules.items())
         if name.startswith("batchstate") and getattr(module, "upload", None) is _UPLOAD
     ),
-    (batchstate._decode, "build_rows"),
-    (batchstate._extend_placement, "build_rows"),
-    (batchstate._rows, "host_int64"),
-    (batchstate._extend_placement, "host_int64"),
+    (batchstate.transitions.decode, "build_rows"),
+    (batchstate.transitions.extend, "build_rows"),
+    (batchstate.records.rows, "host_int64"),
+    (batchstate.transitions.extend, "host_int64"),
     (np, "concatenate"),
     (torch, "from_numpy"),
     (torch.Tensor, "to"),
@@ -370,7 +368,7 @@ def test_allocator_failure_value(
         return failure  # what the transitions' internal allocators return
 
     before = snapshot(pools)
-    monkeypatch.setattr(batchstate._extend_placement, method, fail)
+    monkeypatch.setattr(batchstate.transitions.extend, method, fail)
     result = extend(idle(CPU), items, pools)
     monkeypatch.undo()
     assert result == Failure(failure)

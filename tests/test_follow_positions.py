@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchstate import BatchConflict, Req, Sampled, extend, follow, idle, merge, split
-from batchstate._sampled import _positions
+from batchstate.transitions.sampled import _positions
 from tests.builders import make_test_pools
 
 

@@ -12,18 +12,18 @@ import torch
 import batchstate.cli._checks
 import batchstate.cli._run
 import batchstate.engine
-import batchstate.engine._footprint as footprint
 from batchstate import GraphBuffers, Pools
 from batchstate.cli import main
 from batchstate.engine import (
     EngineConfig,
     SimulationConfig,
     WorkloadConfig,
+    footprint,
     make_kv_cache,
     make_model,
     simulate,
 )
-from batchstate.engine._footprint import Footprint, estimate
+from batchstate.engine.footprint import Footprint, estimate
 
 GIB: Final = 1 << 30
 _POOL_PARTS: Final = (

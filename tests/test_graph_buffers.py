@@ -34,9 +34,9 @@ from batchstate import (
     unpad_tokens,
     verify,
 )
-from batchstate._padded_layout import PADDED_FIELDS
 from batchstate.audit import device_reads
 from batchstate.backends import sdpa_attention
+from batchstate.captured.padding import PADDED_FIELDS
 from tests.forward_cases import PHASE_NAMES, build, fill_record, make_pools_for, make_record
 
 CPU = torch.device("cpu")

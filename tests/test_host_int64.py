@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from batchstate import Req, Rows
-from batchstate._columns import NO_COLUMNS
-from batchstate._mirrored import host_int64
+from batchstate.base.mirrored import host_int64
+from batchstate.columns.columns import NO_COLUMNS
 
 CPU = torch.device("cpu")
 

@@ -61,7 +61,7 @@ from batchstate import (
     prebuilt,
     release,
 )
-from batchstate._mirrored import frozen, host_int64
+from batchstate.base.mirrored import frozen, host_int64
 from tests.builders import CPU, make_extended, make_phase, make_reqs, make_test_pools
 from tests.strategies import assert_unchanged, snapshot
 

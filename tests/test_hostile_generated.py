@@ -73,7 +73,7 @@ from batchstate import (
     verify,
     verify_ahead,
 )
-from batchstate._mirrored import host_int64
+from batchstate.base.mirrored import host_int64
 from tests.strategies import assert_unchanged, snapshot
 
 CPU: Final = torch.device("cpu")

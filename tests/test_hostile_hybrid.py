@@ -42,7 +42,7 @@ from batchstate import (
     unwrap,
 )
 from batchstate import make_pools as plain_make_pools
-from batchstate._pool_versions import next_version
+from batchstate.pools.pools import next_version
 
 CPU: Final = torch.device("cpu")
 

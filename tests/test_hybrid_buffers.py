@@ -35,8 +35,8 @@ from batchstate import (
     make_pools,
     unwrap,
 )
-from batchstate._pool_versions import next_version
 from batchstate.audit import device_reads
+from batchstate.pools.pools import next_version
 from tests.strategies import assert_unchanged, snapshot
 
 CPU = torch.device("cpu")

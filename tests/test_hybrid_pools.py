@@ -51,8 +51,8 @@ from batchstate import (
     verify,
     verify_ahead,
 )
-from batchstate._mirrored import host_int64
 from batchstate.audit import device_reads
+from batchstate.base.mirrored import host_int64
 from tests.strategies import assert_unchanged, snapshot
 
 CPU = torch.device("cpu")

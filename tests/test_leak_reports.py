@@ -19,7 +19,7 @@ from batchstate import (
     split,
     verify,
 )
-from batchstate._mirrored import host_int64
+from batchstate.base.mirrored import host_int64
 from tests.builders import make_extended, make_reqs, make_test_pools
 
 

@@ -12,7 +12,7 @@ import pytest
 import batchstate
 import batchstate.cli._option_groups
 import batchstate.cli._parser
-from batchstate._lazy import typing_imports
+from batchstate.base.lazy import typing_imports
 from batchstate.engine import ARRIVALS, DEVICES, SAMPLING_MIXES
 from batchstate.engine._ranks import BACKENDS
 

@@ -80,5 +80,5 @@ def test_meta_catches_a_read_the_proof_would_miss_otherwise() -> None:
         run_loop(META, LoopConfig(num_steps=2), check=_check_both_sides)
     read = caught.value.read
     assert read.op == "aten._to_copy.default"
-    assert read.location.startswith("batchstate/_invariants.py:")
+    assert read.location.startswith("batchstate/checks/invariants.py:")
     assert read.location.endswith(" in check_batch")

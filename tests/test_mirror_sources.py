@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from batchstate import DeviceOnly, Mirrored
-from batchstate._mirrored import torch_dtype
+from batchstate.base.mirrored import torch_dtype
 
 CPU: Final = torch.device("cpu")
 

@@ -11,7 +11,7 @@ import torch
 from benchmarks.counting import count_device_work
 
 from batchstate import DeviceOnly, Mirrored
-from batchstate._mirrored import host_int64, upload
+from batchstate.base.mirrored import host_int64, upload
 
 META = torch.device("meta")
 CPU = torch.device("cpu")

@@ -179,7 +179,7 @@ def test_overlap_step_on_meta_reads_only_through_read_sampled(page_size: int) ->
         with pytest.raises(NotImplementedError, match="meta"):  # no data: the read reached torch
             read_sampled(sampled)
     (read,) = log.report().reads
-    assert read.location.startswith("batchstate/_sampled.py:")
+    assert read.location.startswith("batchstate/transitions/sampled.py:")
     assert read.permitted == "sampled tokens: finish checks"
     assert log.report().forbidden == ()
     assert np.array_equal(mixed.extend_lens, [16, 1, 1])

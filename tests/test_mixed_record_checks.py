@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from batchstate import Mixed, RecordShapeError, idle, mix
-from batchstate._mirrored import DeviceOnly, host_int64
+from batchstate.base.mirrored import DeviceOnly, host_int64
 from tests.builders import make_reqs, make_test_pools
 from tests.test_mixed import _chunked, _running
 

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from batchstate import Mirrored
-from batchstate._column_building import build_columns, empty_columns
-from batchstate._column_rows import cat_pending, join_pending, slice_columns, take_pending
-from batchstate._columns import NO_COLUMNS, Columns, NoColumns
+from batchstate.columns.building import build_columns, empty_columns
+from batchstate.columns.columns import NO_COLUMNS, Columns, NoColumns
+from batchstate.columns.rows import cat_pending, join_pending, slice_columns, take_pending
 
 CPU = torch.device("cpu")
 

@@ -23,8 +23,8 @@ from batchstate import (
     release,
     split,
 )
-from batchstate._columns import NO_COLUMNS
-from batchstate._mirrored import HostArray, host_int64
+from batchstate.base.mirrored import HostArray, host_int64
+from batchstate.columns.columns import NO_COLUMNS
 
 CPU: Final = torch.device("cpu")
 

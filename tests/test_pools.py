@@ -15,7 +15,7 @@ from batchstate import (
     check_pools,
     make_pools,
 )
-from batchstate._mirrored import HostArray, host_int64
+from batchstate.base.mirrored import HostArray, host_int64
 from tests.builders import CPU
 from tests.strategies import assert_unchanged, snapshot
 

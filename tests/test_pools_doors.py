@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from batchstate import Pools, PoolsArgumentError, Req, check_pools, extend, idle, make_pools
-from batchstate._mirrored import host_int64
+from batchstate.base.mirrored import host_int64
 from tests.strategies import assert_unchanged, snapshot
 
 CPU: Final = torch.device("cpu")

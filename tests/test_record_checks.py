@@ -23,7 +23,7 @@ from batchstate import (
     decode,
     verify,
 )
-from batchstate._mirrored import HostArray, frozen, host_int64
+from batchstate.base.mirrored import HostArray, frozen, host_int64
 from tests.builders import CPU, make_extended, make_test_pools
 from tests.strategies import assert_unchanged, snapshot
 

@@ -118,8 +118,8 @@ def test_outcome_match_binds_typed_names() -> None:
     report = _reports()["outcome_match_is_typed"]
     assert report.errors == []
     assert report.revealed == [
-        "batchstate._phases.Decoding[batchstate._columns.NoColumns]",
-        "batchstate._errors.OutOfKVTokens | batchstate._errors.ContextTooLong",
+        "batchstate.records.phases.Decoding[batchstate.columns.columns.NoColumns]",
+        "batchstate.errors.OutOfKVTokens | batchstate.errors.ContextTooLong",
     ]
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from batchstate import DeviceOnly, Mirrored, RecordShapeError, Req, Rows
-from batchstate._columns import NO_COLUMNS
-from batchstate._mirrored import frozen
+from batchstate.base.mirrored import frozen
+from batchstate.columns.columns import NO_COLUMNS
 
 CPU = torch.device("cpu")
 

@@ -30,9 +30,9 @@ from batchstate import (
     merge,
     split,
 )
-from batchstate._columns import NO_COLUMNS
-from batchstate._mirrored import Mirrored, host_int64
-from batchstate._rows import GENS, NUM_INTS, RIDS, SEQ_LENS, SLOTS, pack_ints
+from batchstate.base.mirrored import Mirrored, host_int64
+from batchstate.columns.columns import NO_COLUMNS
+from batchstate.records.rows import GENS, NUM_INTS, RIDS, SEQ_LENS, SLOTS, pack_ints
 
 CPU = torch.device("cpu")
 

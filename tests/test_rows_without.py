@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from batchstate import Req, Rows
-from batchstate._columns import NO_COLUMNS
+from batchstate.columns.columns import NO_COLUMNS
 
 CPU = torch.device("cpu")
 LENS = [4, 9, 2, 9, 1]

@@ -24,7 +24,7 @@ from batchstate import (
     idle,
     release,
 )
-from batchstate._mirrored import host_int64
+from batchstate.base.mirrored import host_int64
 from tests.builders import CPU, make_test_pools
 
 

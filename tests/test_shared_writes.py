@@ -40,8 +40,8 @@ from batchstate import (
     prebuilt,
     settle,
 )
-from batchstate._columns import C
-from batchstate._mirrored import frozen
+from batchstate.base.mirrored import frozen
+from batchstate.columns.columns import C
 
 CPU: Final = torch.device("cpu")
 

@@ -30,8 +30,8 @@ from batchstate import (
     sync,
     verify,
 )
-from batchstate._mirrored import HostArray, host_int64
 from batchstate.audit import device_reads
+from batchstate.base.mirrored import HostArray, host_int64
 from tests.builders import make_extended, make_test_pools
 from tests.strategies import assert_unchanged, snapshot
 
@@ -249,7 +249,7 @@ def test_verify_on_meta_reads_nothing_and_sync_reads_once(page_size: int) -> Non
     (read,) = log.report().reads
     assert read.op == "aten._to_copy.default"
     assert read.device == "meta"
-    assert read.location.startswith("batchstate/_speculative.py:")
+    assert read.location.startswith("batchstate/speculative/verify.py:")
     assert read.location.endswith(" in sync")
     assert read.permitted == "speculative sync: accepted draft counts"
     assert log.report().forbidden == ()

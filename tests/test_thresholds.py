@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-import batchstate._extend
-import batchstate._filter
-import batchstate._overlap
-import batchstate._pool_release
-import batchstate._rows
+import batchstate.base.intersection
+import batchstate.pools.pools
+import batchstate.records.rows
+import batchstate.transitions.extend
+import batchstate.transitions.filter
 from batchstate import (
     BatchConflict,
     Chunked,
@@ -41,14 +41,14 @@ from batchstate import (
     release,
     split,
 )
-from batchstate._mirrored import host_int64
+from batchstate.base.mirrored import host_int64
 from tests.builders import CPU, make_reqs
 
-ROW_READS = batchstate._pool_release._MAX_ROW_READS
-PAIRS = batchstate._overlap._MAX_PAIRS
-ROW_WRITES = batchstate._extend._MAX_ROW_WRITES
-PYTHON_CHECK = batchstate._filter._MAX_PYTHON_CHECK
-ONE_BY_ONE = batchstate._rows._MAX_ONE_BY_ONE
+ROW_READS = batchstate.pools.pools._MAX_ROW_READS
+PAIRS = batchstate.base.intersection._MAX_PAIRS
+ROW_WRITES = batchstate.transitions.extend._MAX_ROW_WRITES
+PYTHON_CHECK = batchstate.transitions.filter._MAX_PYTHON_CHECK
+ONE_BY_ONE = batchstate.records.rows._MAX_ONE_BY_ONE
 
 
 def _pages(tokens: int, page_size: int) -> int:
@@ -126,7 +126,7 @@ def test_overlap_matches_python_on_both_sides_of_the_pair_limit(
     values = [3 * i + 1 for i in range(num_values)][::-1]  # not sorted
     offset = {"none": 10**6, "some": 3 * (num_values // 2), "all": 0}[shared]
     among = [3 * i + 1 + offset for i in range(num_among)]
-    got = batchstate._overlap.overlap(host_int64(values), host_int64(among)).tolist()
+    got = batchstate.base.intersection.overlap(host_int64(values), host_int64(among)).tolist()
     members = set(among)
     assert got == [value for value in values if value in members]
     assert (num_values * num_among > PAIRS) == (

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from batchstate import Req, Rows, check_batch, decode, extend, idle, make_pools, merge
-from batchstate._mirrored import Mirrored, frozen
-from batchstate._rows import _ROW_SETTERS
+from batchstate.base.mirrored import Mirrored, frozen
+from batchstate.records.rows import _ROW_SETTERS
 
 CPU = torch.device("cpu")
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Final
 
-from batchstate._render import render_transitions
+from batchstate.table import render_transitions
 
 DOC: Final = Path(__file__).resolve().parent.parent / "docs" / "transitions.md"
 BLOCK: Final = re.compile(r"(<!-- transitions:begin -->\n).*?(<!-- transitions:end -->)", re.S)

@@ -14,14 +14,34 @@ transition returns a new record (and new `Pools` where it allocates).
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from batchstate._ahead import Ahead, AheadStep, settle_ahead, verify_ahead
-    from batchstate._cached_copies import CachedCopies
-    from batchstate._captured_sizes import PaddingError
-    from batchstate._chunked import Chunked
-    from batchstate._column_building import build_columns
-    from batchstate._columns import Columns, HostColumn, NoColumns
-    from batchstate._decode import DecodeError, decode
-    from batchstate._errors import (
+    from batchstate.base.mirrored import DeviceOnly, Mirrored
+    from batchstate.base.results import Err, Ok, Outcome, UnwrapError, outcome, unwrap
+    from batchstate.base.upper_bound import UpperBound
+    from batchstate.base.version import __version__
+    from batchstate.cache.anchors import Anchor, HybridCache
+    from batchstate.cache.prefix_cache import PrefixCache
+    from batchstate.captured.graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError, fill
+    from batchstate.captured.hybrid_buffers import HybridBuffers, fill_hybrid
+    from batchstate.captured.padding import (
+        FILL_FIELDS,
+        SGLANG_FILLS,
+        VLLM_FILLS,
+        Padded,
+        PaddedOutput,
+        TooLargeToPad,
+        bucket,
+        pad,
+        unpad,
+        unpad_tokens,
+    )
+    from batchstate.captured.sizes import PaddingError
+    from batchstate.checks.invariants import check_batch, check_pools
+    from batchstate.checks.leaks import Holder, Leaks, check_leaks, find_leaks
+    from batchstate.columns.building import build_columns
+    from batchstate.columns.columns import Columns, HostColumn, NoColumns
+    from batchstate.columns.sampling import Sampling
+    from batchstate.columns.sampling_params import GREEDY, SamplingParams
+    from batchstate.errors import (
         AllocError,
         BatchConflict,
         ColumnError,
@@ -45,60 +65,40 @@ if TYPE_CHECKING:
         StaleRecord,
         StillRunning,
     )
-    from batchstate._extend import ExtendError, extend, idle, prebuilt
-    from batchstate._fill import fill
-    from batchstate._fill_tables import FILL_FIELDS, SGLANG_FILLS, VLLM_FILLS
-    from batchstate._filter import Departed, Split, filter_batch, keep_indices, split
-    from batchstate._forward_inputs import (
+    from batchstate.forward.accepted_states import StateCopies, accepted_states
+    from batchstate.forward.anchor_copies import CachedCopies
+    from batchstate.forward.hybrid import HybridInputs, StateInputs, WindowInputs, hybrid_inputs
+    from batchstate.forward.inputs import (
         ForwardInputs,
         ForwardInputsError,
         ForwardPhase,
         forward_inputs,
     )
-    from batchstate._free_list import FreeList
-    from batchstate._graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError
-    from batchstate._hybrid_buffers import HybridBuffers, fill_hybrid
-    from batchstate._hybrid_cache import Anchor, HybridCache
-    from batchstate._hybrid_inputs import HybridInputs, StateInputs, WindowInputs, hybrid_inputs
-    from batchstate._hybrid_pools import HybridPools
-    from batchstate._invariants import check_batch, check_pools
-    from batchstate._leaks import Holder, Leaks, check_leaks, find_leaks
-    from batchstate._memory_kinds import FULL_ATTENTION, MemoryKinds, RecurrentState, SlidingWindow
-    from batchstate._merge import merge
-    from batchstate._mirrored import DeviceOnly, Mirrored
-    from batchstate._mix import MixError, decode_sampled, mix
-    from batchstate._mixed import Mixed, MixStep, Settled, settle
-    from batchstate._outcome import Err, Ok, Outcome, outcome
-    from batchstate._padding import (
-        Padded,
-        PaddedOutput,
-        TooLargeToPad,
-        bucket,
-        pad,
-        unpad,
-        unpad_tokens,
-    )
-    from batchstate._phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
-    from batchstate._pool_lifecycle import flush, make_pools
-    from batchstate._pools import Allocation, Pools
-    from batchstate._prefix_cache import PrefixCache
-    from batchstate._release import release
-    from batchstate._rows import Req, Rows
-    from batchstate._sampled import Sampled, follow, join_sampled, read_sampled
-    from batchstate._sampling import Sampling
-    from batchstate._sampling_params import GREEDY, SamplingParams
-    from batchstate._speculative import sync, verify
-    from batchstate._state_copies import StateCopies, accepted_states
-    from batchstate._state_slots import StateSlots
-    from batchstate._token_table import TokenTable
-    from batchstate._transfer_targets import TransferTargets, transfer_targets
-    from batchstate._transitions import TRANSITIONS, Transition
-    from batchstate._unwrap import UnwrapError, unwrap
-    from batchstate._upper_bound import UpperBound
-    from batchstate._verified import Verified, read_verified
-    from batchstate._verifying import Verifying, VerifyStep
-    from batchstate._version import __version__
-    from batchstate._window_pages import WindowPages
+    from batchstate.forward.transfer import TransferTargets, transfer_targets
+    from batchstate.memory.free_list import FreeList
+    from batchstate.memory.hybrid_pools import HybridPools
+    from batchstate.memory.kinds import FULL_ATTENTION, MemoryKinds, RecurrentState, SlidingWindow
+    from batchstate.memory.state_slots import StateSlots
+    from batchstate.memory.token_table import TokenTable
+    from batchstate.memory.window_pages import WindowPages
+    from batchstate.pools.lifecycle import flush, make_pools
+    from batchstate.pools.pools import Allocation, Pools
+    from batchstate.records.chunked import Chunked
+    from batchstate.records.mixed import Mixed, MixStep, Settled, settle
+    from batchstate.records.phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
+    from batchstate.records.rows import Req, Rows
+    from batchstate.records.verifying import Verifying, VerifyStep
+    from batchstate.speculative.ahead import Ahead, AheadStep, settle_ahead, verify_ahead
+    from batchstate.speculative.verified import Verified, read_verified
+    from batchstate.speculative.verify import sync, verify
+    from batchstate.table import TRANSITIONS, Transition
+    from batchstate.transitions.decode import DecodeError, decode
+    from batchstate.transitions.extend import ExtendError, extend, idle, prebuilt
+    from batchstate.transitions.filter import Departed, Split, filter_batch, keep_indices, split
+    from batchstate.transitions.merge import merge
+    from batchstate.transitions.mix import MixError, decode_sampled, mix
+    from batchstate.transitions.release import release
+    from batchstate.transitions.sampled import Sampled, follow, join_sampled, read_sampled
 
 
 __all__ = [
@@ -243,6 +243,6 @@ __all__ = [
 
 
 if not TYPE_CHECKING:
-    from batchstate._lazy import attach
+    from batchstate.base.lazy import attach
 
     __getattr__, __dir__ = attach(globals())

@@ -1,46 +1,15 @@
-"""Count, or forbid, device-to-host reads inside a block of host code.
+"""Which aten ops make the host wait for device data, and on which arguments.
 
-A scheduler keeps CPU mirrors so that its host code never waits for the
-device. `device_reads()` checks that it does not: inside the block, every
-torch op runs through a `TorchDispatchMode` that recognises the ops that
-make the host wait for device data, and records each one with its op and
-where it was called from. It works on any code, an engine's own scheduler
-included, not only on batchstate's transitions.
-
-What counts as a read (each verified against torch's dispatcher):
-
-| kind | how host code writes it | op the dispatcher sees |
-|---|---|---|
-| scalar | `.item()`, `int(t)`, `bool(t)`, `if t.any():`, `x in t` | `_local_scalar_dense` |
-| scalar | `torch.equal`, `torch.allclose` | `equal`, `allclose` |
-| copy | `.cpu()`, `.tolist()`, `.to("cpu")` | `_to_copy` to the CPU |
-| copy | `cpu_tensor.copy_(t)` | `copy_` into a CPU tensor |
-| shape | `nonzero`, `argwhere`, `torch.where(mask)` | `nonzero` |
-| shape | `unique` and its variants | `_unique2`, `unique_dim`, ... |
-| shape | `masked_select` | `masked_select` |
-| shape | `t[mask]`, `t[mask] = v` (a bool index) | `index`, `index_put_` |
-| shape | `repeat_interleave(t, repeats)` without `output_size`, `bincount` | same |
-
-Only reads of data on a non-CPU device count: ops on CPU tensors are host
-work. The `meta` device counts, which is what makes it a proof on a machine
-without a GPU: a read there has no data to return and raises, and in forbid
-mode the audit raises `DeviceReadError` first, naming the op and the line.
-
-Not seen: waits that read no tensor (`torch.cuda.synchronize()`, an event's
-`synchronize()`) and custom kernels that read device memory from the host.
-On CUDA, `torch.cuda.set_sync_debug_mode("error")` catches those.
-
->>> import torch
->>> seq_lens = torch.tensor([3, 5])  # CPU: host work, not a read
->>> with device_reads(forbid=True) as log:
-...     total = int(seq_lens.sum())
->>> log.report().count
-0
+The audit (`batchstate.audit`) sees every op through a dispatch mode and
+asks `classify` whether it reads: each rule here was checked against what
+torch's dispatcher passes for the host code that makes the read (see the
+table in `batchstate.audit`). Only reads of data on a non-CPU device count.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -53,8 +22,6 @@ import attrs
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchstate._read_ops import ReadKind, classify
-
 __all__ = [
     "DeviceRead",
     "DeviceReadError",
@@ -64,6 +31,135 @@ __all__ = [
     "device_reads",
     "permitted_reads",
 ]
+
+
+class ReadKind(enum.Enum):
+    """Why an op makes the host wait for the device."""
+
+    SCALAR = "scalar"  # a Python value from device data
+    COPY = "copy"  # device data copied into a CPU tensor
+    SHAPE = "shape"  # an output shape that depends on device data
+
+
+def classify(
+    func: torch._ops.OpOverload, args: Sequence[object], kwargs: dict[str, object]
+) -> tuple[ReadKind, torch.device] | None:
+    """The kind of read `func` makes on these arguments, and the device it reads; None if none."""
+    name = func.overloadpacket.__name__
+    if name == "_to_copy":
+        source, target = _tensor_at(args, 0), kwargs.get("device")
+        if source is None or not isinstance(target, torch.device):
+            return None
+        return _read_if(ReadKind.COPY, source.device, target.type == "cpu")
+    if name == "copy_":
+        target_tensor, source = _tensor_at(args, 0), _tensor_at(args, 1)
+        if target_tensor is None or source is None:
+            return None
+        return _read_if(ReadKind.COPY, source.device, target_tensor.device.type == "cpu")
+    kind = _READ_OPS.get(name)
+    if kind is None and name in _BOOL_INDEX_OPS:
+        kind = ReadKind.SHAPE if _has_bool_index(args) else None
+    if kind is None and name == "repeat_interleave":
+        kind = ReadKind.SHAPE if kwargs.get("output_size") is None else None
+    if kind is None:
+        return None
+    device = _first_device(args)
+    return None if device is None else _read_if(kind, device, True)
+
+
+def _read_if(
+    kind: ReadKind, device: torch.device, condition: bool
+) -> tuple[ReadKind, torch.device] | None:
+    return (kind, device) if condition and device.type != "cpu" else None
+
+
+def _tensor_at(args: Sequence[object], position: int) -> torch.Tensor | None:
+    item = args[position] if len(args) > position else None
+    return item if isinstance(item, torch.Tensor) else None
+
+
+def _first_device(args: Sequence[object]) -> torch.device | None:
+    # The first non-CPU tensor among the arguments (and inside list arguments).
+    for item in _flat(args):
+        if item.device.type != "cpu":
+            return item.device
+    return None
+
+
+def _has_bool_index(args: Sequence[object]) -> bool:
+    # `index`/`index_put_` take (self, indices: list[Tensor | None], ...).
+    indices = args[1] if len(args) > 1 else None
+    return isinstance(indices, list | tuple) and any(
+        isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
+        for index in indices
+    )
+
+
+def _flat(args: Sequence[object]) -> Iterator[torch.Tensor]:
+    for item in args:
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, list | tuple):
+            yield from (inner for inner in item if isinstance(inner, torch.Tensor))
+
+
+# Ops whose result depends on device data in a way the host must wait for.
+_READ_OPS: Final[dict[str, ReadKind]] = {
+    "_local_scalar_dense": ReadKind.SCALAR,
+    "equal": ReadKind.SCALAR,
+    "allclose": ReadKind.SCALAR,
+    "nonzero": ReadKind.SHAPE,
+    "nonzero_numpy": ReadKind.SHAPE,
+    "_unique": ReadKind.SHAPE,
+    "_unique2": ReadKind.SHAPE,
+    "unique_dim": ReadKind.SHAPE,
+    "unique_consecutive": ReadKind.SHAPE,
+    "unique_dim_consecutive": ReadKind.SHAPE,
+    "masked_select": ReadKind.SHAPE,
+    "bincount": ReadKind.SHAPE,
+}
+# Indexing ops that turn a bool mask into indices (a `nonzero`) first.
+_BOOL_INDEX_OPS: Final = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+
+
+# Count, or forbid, device-to-host reads inside a block of host code.
+#
+# A scheduler keeps CPU mirrors so that its host code never waits for the
+# device. `device_reads()` checks that it does not: inside the block, every
+# torch op runs through a `TorchDispatchMode` that recognises the ops that
+# make the host wait for device data, and records each one with its op and
+# where it was called from. It works on any code, an engine's own scheduler
+# included, not only on batchstate's transitions.
+#
+# What counts as a read (each verified against torch's dispatcher):
+#
+# | kind | how host code writes it | op the dispatcher sees |
+# |---|---|---|
+# | scalar | `.item()`, `int(t)`, `bool(t)`, `if t.any():`, `x in t` | `_local_scalar_dense` |
+# | scalar | `torch.equal`, `torch.allclose` | `equal`, `allclose` |
+# | copy | `.cpu()`, `.tolist()`, `.to("cpu")` | `_to_copy` to the CPU |
+# | copy | `cpu_tensor.copy_(t)` | `copy_` into a CPU tensor |
+# | shape | `nonzero`, `argwhere`, `torch.where(mask)` | `nonzero` |
+# | shape | `unique` and its variants | `_unique2`, `unique_dim`, ... |
+# | shape | `masked_select` | `masked_select` |
+# | shape | `t[mask]`, `t[mask] = v` (a bool index) | `index`, `index_put_` |
+# | shape | `repeat_interleave(t, repeats)` without `output_size`, `bincount` | same |
+#
+# Only reads of data on a non-CPU device count: ops on CPU tensors are host
+# work. The `meta` device counts, which is what makes it a proof on a machine
+# without a GPU: a read there has no data to return and raises, and in forbid
+# mode the audit raises `DeviceReadError` first, naming the op and the line.
+#
+# Not seen: waits that read no tensor (`torch.cuda.synchronize()`, an event's
+# `synchronize()`) and custom kernels that read device memory from the host.
+# On CUDA, `torch.cuda.set_sync_debug_mode("error")` catches those.
+#
+# >>> import torch
+# >>> seq_lens = torch.tensor([3, 5])  # CPU: host work, not a read
+# >>> with device_reads(forbid=True) as log:
+# ...     total = int(seq_lens.sum())
+# >>> log.report().count
+# 0
 
 
 @final
@@ -231,12 +327,20 @@ def _callers(depth: int) -> tuple[str, ...]:
     while frame is not None and len(frames) < max(depth, 1):
         filename = frame.f_code.co_filename
         if not filename.startswith(_SKIPPED_PREFIXES) and filename != __file__:
-            short = "/".join(Path(filename).parts[-2:])
-            frames.append(f"{short}:{frame.f_lineno} in {frame.f_code.co_name}")
+            frames.append(f"{_short(filename)}:{frame.f_lineno} in {frame.f_code.co_name}")
         frame = frame.f_back
     return tuple(frames) or ("<unknown>",)
 
 
+def _short(filename: str) -> str:
+    # From the project folder that holds the file (batchstate/transitions/decode.py,
+    # tests/engine/test_x.py), else the file and its folder.
+    parts = Path(filename).parts
+    tops = [i for i, part in enumerate(parts) if part in _PROJECT_FOLDERS]
+    return "/".join(parts[tops[-1] if tops else -2 :])
+
+
+_PROJECT_FOLDERS: Final = frozenset({"batchstate", "tests", "benchmarks", "tools"})
 _SKIPPED_PREFIXES: Final = (
     str(Path(torch.__file__).parent),
     contextlib.__file__,

@@ -18,11 +18,11 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F  # noqa: N812  # torch's own idiom
 
-from batchstate._ahead import Ahead
-from batchstate._columns import C
-from batchstate._forward_inputs import ForwardInputs
-from batchstate._mirrored import upload
-from batchstate._token_table import TokenTable
+from batchstate.base.mirrored import upload
+from batchstate.columns.columns import C
+from batchstate.forward.inputs import ForwardInputs
+from batchstate.memory.token_table import TokenTable
+from batchstate.speculative.ahead import Ahead
 
 __all__ = [
     "FA3Args",

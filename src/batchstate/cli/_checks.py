@@ -15,14 +15,19 @@ from typing import Final
 
 import attrs
 
-from batchstate._sampling_params import SamplingParams
-from batchstate.engine import _footprint as footprint
-from batchstate.engine._config import EngineConfig
-from batchstate.engine._dp_config import DataParallelConfig, Fault, launched_by_torchrun
-from batchstate.engine._model_config import HYBRID_LAYERS, ModelConfig
-from batchstate.engine._plot import check_plot_path
-from batchstate.engine._simulation_config import SimulationConfig
-from batchstate.engine._workload import WorkloadConfig
+from batchstate.columns.sampling_params import SamplingParams
+from batchstate.engine import (
+    HYBRID_LAYERS,
+    DataParallelConfig,
+    EngineConfig,
+    Fault,
+    ModelConfig,
+    SimulationConfig,
+    WorkloadConfig,
+    check_plot_path,
+    footprint,
+    launched_by_torchrun,
+)
 
 __all__ = ["check_footprint", "checked_run", "cuda_free_bytes"]
 

@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return USAGE
     from batchstate.cli import _run  # noqa: PLC0415  (loads torch and the engine)
-    from batchstate.engine._dp_config import launched_by_torchrun  # noqa: PLC0415
+    from batchstate.engine import launched_by_torchrun  # noqa: PLC0415
 
     if dp is None:
         return _run.simulate(config, args)

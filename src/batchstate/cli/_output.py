@@ -8,7 +8,7 @@ from typing import Protocol, TypeVar
 
 import attrs
 
-from batchstate.engine._report import Summary
+from batchstate.engine import Summary
 
 __all__ = ["failed_check", "print_summary"]
 

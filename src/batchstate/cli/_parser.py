@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Final, NoReturn
 
-from batchstate._version import __version__
+from batchstate.base.version import __version__
 from batchstate.cli._codes import EXIT_CODES, USAGE
 from batchstate.cli._option_groups import (
     Add,

@@ -11,13 +11,22 @@ import torch
 from batchstate import InvariantViolation
 from batchstate.cli._codes import FAILED, OK, PROG, USAGE
 from batchstate.cli._output import failed_check, print_summary
-from batchstate.engine import DataParallelConfig, EngineError, SimulationConfig
+from batchstate.engine import (
+    DataParallelConfig,
+    EngineError,
+    RankFailed,
+    SimulationConfig,
+    launch,
+    launched_by_torchrun,
+    plot_run,
+    progress_for,
+    render_dp_summary,
+    render_summary,
+    run_launched,
+    summarize,
+    summarize_dp,
+)
 from batchstate.engine import simulate as run_simulation
-from batchstate.engine._dp_report import render_dp_summary, summarize_dp
-from batchstate.engine._launch import RankFailed, launch, launched_by_torchrun, run_launched
-from batchstate.engine._plot import plot_run
-from batchstate.engine._progress import progress_for
-from batchstate.engine._report import render_summary, summarize
 
 __all__ = ["simulate", "simulate_dp", "warn_if_ranks_outnumber_cores"]
 

@@ -25,18 +25,27 @@ if TYPE_CHECKING:
     from batchstate.engine._admission import Budget, choose, reserve
     from batchstate.engine._config import EngineConfig, EngineError
     from batchstate.engine._data_parallel import DataParallelRun, RankRun
-    from batchstate.engine._dp_config import DataParallelConfig, Fault, InjectedFault
+    from batchstate.engine._dp_config import (
+        DataParallelConfig,
+        Fault,
+        InjectedFault,
+        launched_by_torchrun,
+    )
+    from batchstate.engine._dp_report import render_dp_summary, summarize_dp
     from batchstate.engine._engine import Engine
     from batchstate.engine._feeder import Feeder
     from batchstate.engine._kv_cache import KVCache, make_kv_cache
-    from batchstate.engine._launch import RankFailed, launch
+    from batchstate.engine._launch import RankFailed, launch, run_launched
     from batchstate.engine._model import Attend, TinyModel, make_model
-    from batchstate.engine._model_config import ModelConfig
+    from batchstate.engine._model_config import HYBRID_LAYERS, ModelConfig
     from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
     from batchstate.engine._paged import sample_decode, sample_extend
+    from batchstate.engine._plot import check_plot_path, plot_run
     from batchstate.engine._policy import FirstComeFirstServed, SchedulerPolicy
+    from batchstate.engine._progress import progress_for
     from batchstate.engine._random_tokens import RandomTokens
     from batchstate.engine._ranks import PeerLost
+    from batchstate.engine._report import Summary, render_summary, summarize
     from batchstate.engine._simulate import ProgressCallback, Simulation, simulate
     from batchstate.engine._simulation_config import DEVICES, SimulationConfig
     from batchstate.engine._sources import ModelTokens, TokenSource
@@ -57,6 +66,7 @@ __all__ = [
     "ARRIVALS",
     "DEVICES",
     "END_TOKEN",
+    "HYBRID_LAYERS",
     "SAMPLING_MIXES",
     "Acceptance",
     "Arrival",
@@ -85,25 +95,35 @@ __all__ = [
     "SchedulerPolicy",
     "Simulation",
     "SimulationConfig",
+    "Summary",
     "TinyModel",
     "TokenSource",
     "Trace",
     "UnreadAcceptance",
     "WorkloadConfig",
     "check_oracle",
+    "check_plot_path",
     "choose",
     "generate_alone",
     "launch",
+    "launched_by_torchrun",
     "make_kv_cache",
     "make_model",
     "make_workload",
+    "plot_run",
+    "progress_for",
+    "render_dp_summary",
+    "render_summary",
     "reserve",
+    "run_launched",
     "sample_decode",
     "sample_extend",
     "simulate",
+    "summarize",
+    "summarize_dp",
 ]
 
 if not TYPE_CHECKING:
-    from batchstate._lazy import attach
+    from batchstate.base.lazy import attach
 
     __getattr__, __dir__ = attach(globals())

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from batchstate._captured_sizes import PaddingError, check_sizes
+from batchstate.captured.sizes import PaddingError, check_sizes
 from batchstate.engine._config import EngineConfig
 from batchstate.engine._model_config import ModelConfig
 from batchstate.engine._workload import WorkloadConfig

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from batchstate import Filtered, Pools, transfer_targets
-from batchstate._transfer_targets import spans
 from batchstate.engine._alone import Prefilled
 from batchstate.engine._kv_cache import KVCache
 from batchstate.engine._model import TinyModel
+from batchstate.forward.transfer import spans
 
 __all__ = ["write_prefilled"]
 

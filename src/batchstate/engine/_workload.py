@@ -8,7 +8,7 @@ from typing import Final, Literal, assert_never, final
 
 import attrs
 
-from batchstate._sampling_params import GREEDY, SamplingParams
+from batchstate.columns.sampling_params import GREEDY, SamplingParams
 
 __all__ = [
     "ARRIVALS",

@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from batchstate import Pools
-from batchstate._pool_versions import next_version
+from batchstate.pools.pools import next_version
 
 
 def unlocked_leaves(pools: Pools) -> list[tuple[tuple[int, ...], int]]:

@@ -1,0 +1,106 @@
+"""`outcome`: a `Result` taken apart into a closed union that `match` keeps typed.
+
+mypy narrows a `Result[T, E]` matched by `case Success(value)` (or tested
+with `isinstance`) to `Success[Any]`: `value` comes out as `Any`.
+`Ok` and `Err` are two final frozen records with one field each; `outcome`
+turns a `Result[T, E]` into `Ok[T] | Err[E]`, so that `case Ok(step)` types
+`step` as `T`, `case Err(OutOfKVTokens(...))` matches the failure record, and
+`assert_never` proves the two cases exhaustive.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeAlias, final
+
+import attrs
+from returns.pipeline import is_successful
+from returns.primitives.exceptions import UnwrapFailedError
+from returns.result import Result
+from typing_extensions import TypeVar
+
+from batchstate.base.expect import expect_instance
+
+__all__ = ["Err", "Ok", "Outcome", "UnwrapError", "outcome", "unwrap"]
+
+
+_Value = TypeVar("_Value")
+_Error = TypeVar("_Error")
+_Value_co = TypeVar("_Value_co", covariant=True)
+_Error_co = TypeVar("_Error_co", covariant=True)
+
+
+@final
+@attrs.frozen
+class Ok(Generic[_Value_co]):
+    """A transition's value, from a `Success`: match it as `Ok(value)`."""
+
+    value: _Value_co
+
+
+@final
+@attrs.frozen
+class Err(Generic[_Error_co]):
+    """A transition's failure record, from a `Failure`: match it as `Err(error)`."""
+
+    error: _Error_co
+
+
+Outcome: TypeAlias = Ok[_Value] | Err[_Error]
+
+
+def outcome(result: Result[_Value, _Error]) -> Outcome[_Value, _Error]:
+    """`Ok(value)` for a `Success`, `Err(error)` for a `Failure`: one typed `match` for both.
+
+    >>> import torch
+    >>> from batchstate import OutOfReqSlots, Req, extend, idle, make_pools
+    >>> pools = make_pools(1, 8, 16, torch.device("cpu"))
+    >>> match outcome(extend(idle("cpu"), [Req(0, (1, 2)), Req(1, (3,))], pools)):
+    ...     case Ok(step):
+    ...         print(len(step.batch.rows), "rows")
+    ...     case Err(OutOfReqSlots(requested=wanted, available=free)):
+    ...         print(f"{wanted} slots wanted, {free} free")
+    ...     case Err(error):
+    ...         print(error)
+    2 slots wanted, 1 free
+    """
+    expect_instance(result, Result, "outcome: result")
+    if is_successful(result):
+        return Ok(result.unwrap())
+    return Err(result.failure())
+
+
+# `unwrap`: a `Result`'s value, or an exception whose message is the failure's facts.
+
+
+class UnwrapError(UnwrapFailedError):
+    """`unwrap` was handed a `Failure`: the message is the failure record's one line.
+
+    A subclass of `returns`' `UnwrapFailedError`, so code that catches that
+    catches this too. `failure` is the record itself (for example an
+    `OutOfKVTokens`, with its counts); `halted_container` is the `Failure`.
+    """
+
+    def __init__(self, container: Result[object, object]) -> None:
+        super().__init__(container)
+        self.failure: object = container.failure()
+        self.args = (str(self.failure),)
+
+
+def unwrap(result: Result[_Value, _Error]) -> _Value:
+    """The value inside a `Success`; for a `Failure`, raise `UnwrapError` saying why.
+
+    Typed like `result.unwrap()`, and chained from the error that raises.
+
+    >>> import torch
+    >>> from batchstate import Req, extend, idle, make_pools
+    >>> pools = make_pools(1, 8, 16, torch.device("cpu"))
+    >>> unwrap(extend(idle("cpu"), [Req(0, (1, 2)), Req(1, (3,))], pools))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    batchstate.base.results.UnwrapError: out of request slots: 2 requested, 1 free; 1 of the ...
+    """
+    expect_instance(result, Result, "unwrap: result")
+    try:
+        return result.unwrap()
+    except UnwrapFailedError as error:
+        raise UnwrapError(result) from error
