@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from batchstate import Decoding, Pools, Req, decode, extend, idle, make_pools
+from batchstate.pools.pools import expect_pools
 
 __all__ = ["main", "measure"]
 
@@ -46,7 +47,7 @@ def measure(num_rows: int, repeats: int) -> tuple[float, float, float]:
     slots, gens = rows.req_pool_indices.host, rows.gens
 
     def checks() -> bool:
-        pools._expect_newest()
+        expect_pools(pools)  # as decode makes it: the type, then the lineage stamp
         # The generation check as decode makes it: a gather, then a byte compare.
         return pools.slot_gens[slots].tobytes() == gens.tobytes()
 

@@ -72,25 +72,21 @@ class _Injected(RuntimeError):
 
 
 _UPLOAD: Final = batchstate.base.mirrored.upload
-for _module in pkgutil.iter_modules(batchstate.__path__, "batchstate."):
-    if not _module.ispkg and "mypy" not in _module.name and _module.name != "batchstate.__main__":
+for _module in pkgutil.walk_packages(batchstate.__path__, "batchstate."):
+    skipped = ("mypy", "sglang", "engine", "cli", "__main__")
+    if not _module.ispkg and not any(part in _module.name for part in skipped):
         importlib.import_module(_module.name)  # so that every binding of `upload` is seen
 
 # (owner, attribute): every seam the sweep may raise at.
 _SEAMS: Final[tuple[tuple[object, str], ...]] = (
-    # The allocators, where each transition calls them (a module's own name for each).
-    (batchstate.transitions.extend, "take_slots"),
-    (batchstate.transitions.extend, "take_slots"),
-    (batchstate.transitions.extend, "take_fresh"),
-    (batchstate.transitions.extend, "take_tokens"),
-    (batchstate.transitions.mix, "take_slots"),
-    (batchstate.transitions.mix, "take_tokens"),
-    (batchstate.transitions.decode, "take_next"),
-    (batchstate.speculative.verify, "take_tokens"),
+    # The allocators, the trusted Pools methods every transition allocates and frees through.
+    (Pools, "take_slots"),
+    (Pools, "take_fresh"),
+    (Pools, "take_tokens"),
+    (Pools, "take_next"),
     (batchstate.pools.pools, "_take_pages"),
-    (batchstate.pools.pools, "give_back_slots"),  # what `free` and `release` call
-    (batchstate.pools.pools, "shrink_slots"),  # what `shrink` calls
-    (batchstate.speculative.verify, "shrink_slots"),  # what `sync` calls
+    (Pools, "give_back_slots"),  # what `free` and `release` call
+    (Pools, "shrink_slots"),  # what `shrink` and `sync` call
     (TokenTable, "write"),
     (TokenTable, "write_rows"),
     (Mirrored, "from_hosts"),
@@ -368,7 +364,7 @@ def test_allocator_failure_value(
         return failure  # what the transitions' internal allocators return
 
     before = snapshot(pools)
-    monkeypatch.setattr(batchstate.transitions.extend, method, fail)
+    monkeypatch.setattr(Pools, method, fail)
     result = extend(idle(CPU), items, pools)
     monkeypatch.undo()
     assert result == Failure(failure)

@@ -42,7 +42,6 @@ from batchstate import (
     unwrap,
 )
 from batchstate import make_pools as plain_make_pools
-from batchstate.pools.pools import next_version
 
 CPU: Final = torch.device("cpu")
 
@@ -125,7 +124,7 @@ def test_hybrid_inputs_refuse_a_prefix_whose_anchor_is_gone() -> None:
     memory = pools.memory
     cached = memory.cached
     forged = attrs.evolve(cached, anchors=cached.anchors.delete(HEADER))
-    gone = next_version(pools, memory=attrs.evolve(memory, cached=forged))._commit()
+    gone = pools.next_version(memory=attrs.evolve(memory, cached=forged)).commit()
     before = gone.memory.cached
     with pytest.raises(ForwardInputsError, match="no longer keeps"):
         hybrid_inputs(inputs, gone)

@@ -36,7 +36,6 @@ from batchstate import (
     unwrap,
 )
 from batchstate.audit import device_reads
-from batchstate.pools.pools import next_version
 from tests.strategies import assert_unchanged, snapshot
 
 CPU = torch.device("cpu")
@@ -100,7 +99,7 @@ def test_a_forward_naming_a_gone_anchor_raises_before_the_buffers_are_written() 
     # Pools whose pending publish names an anchor they do not hold (made by hand: no
     # transition leaves one; `cached_copies` refuses it as a prefix read as if whole).
     cached = attrs.evolve(pools.memory.cached, anchors=Map(), lengths=Map())
-    broken = next_version(pools, memory=attrs.evolve(pools.memory, cached=cached))._commit()
+    broken = pools.next_version(memory=attrs.evolve(pools.memory, cached=cached)).commit()
     before = snapshot(buffers.block), snapshot(buffers.staging)
     with pytest.raises(ForwardInputsError, match="no longer keeps"):
         fill_hybrid(buffers, padded.inputs, broken)

@@ -120,7 +120,7 @@ def test_merge_conflict_path_reads_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("helper", "path"), [("_too_long", _too_long), ("_expect_current", _stale)]
+    ("helper", "path"), [("_too_long", _too_long), ("expect_current", _stale)]
 )
 def test_a_read_added_to_a_failure_path_is_caught(
     monkeypatch: pytest.MonkeyPatch, helper: str, path: Callable[[], object]

@@ -101,6 +101,6 @@ def test_a_function_without_overloads_keeps_its_annotations(package: griffe.Modu
 def test_a_field_defaulting_to_an_unexported_constant_shows_its_value(
     package: griffe.Module,
 ) -> None:
-    columns = package["_rows.Rows.columns"]
+    columns = package["records.rows.Rows.columns"]
     assert isinstance(columns, griffe.Attribute)
     assert str(columns.value) == "NoColumns()"

@@ -12,9 +12,9 @@ import torch
 from batchstate.base.mirrored import Mirrored
 from batchstate.columns.building import build_columns
 from batchstate.columns.columns import Columns
-from batchstate.columns.sampling_params import SamplingParams
+from batchstate.columns.sampling_params import GREEDY, SamplingParams
 
-__all__ = ["Sampling"]
+__all__ = ["GREEDY", "Sampling", "SamplingParams"]  # the parameters, with the set that carries them
 
 
 @final

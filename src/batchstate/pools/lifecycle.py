@@ -17,7 +17,7 @@ from batchstate.memory.kinds import (
 )
 from batchstate.memory.token_table import TokenTable
 from batchstate.pools.lineage import Stamp
-from batchstate.pools.pools import _NO_PREFIXES, Pools, expect_pools, next_version
+from batchstate.pools.pools import _NO_PREFIXES, Pools, expect_pools
 
 __all__ = ["flush", "make_pools"]
 
@@ -121,6 +121,6 @@ def flush(pools: Pools) -> Pools:
     freed = np.concatenate((pools.retired, np.array(evicted, dtype=np.int64)))
     # Locked anchors stay: a new row's copies from them have not run yet.
     memory = pools.memory.drop_uncached(lambda _: False) if unlocked else None
-    return next_version(
-        pools, page_list=pools.page_list.give(freed), retired=NO_INTS, cache=cache, memory=memory
-    )._commit()
+    return pools.next_version(
+        page_list=pools.page_list.give(freed), retired=NO_INTS, cache=cache, memory=memory
+    ).commit()

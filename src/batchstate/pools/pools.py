@@ -32,84 +32,16 @@ if TYPE_CHECKING:
     from batchstate.cache.prefix_cache import PrefixCache
     from batchstate.memory.hybrid_pools import HybridPools
 
-__all__ = [
-    "Allocation",
-    "Cells",
-    "ExtendRows",
-    "Pools",
-    "cached_prefix_lens",
-    "check_count",
-    "check_free",
-    "check_fresh",
-    "check_next",
-    "check_shrink",
-    "check_tokens",
-    "committed_allocation",
-    "expect_pools",
-    "give_back_slots",
-    "hold_anchors",
-    "lock_cached_prefixes",
-    "lock_matched_prefixes",
-    "next_version",
-    "owned_tokens",
-    "page_ref_counts",
-    "publish_computed",
-    "publish_tails",
-    "reissue",
-    "resume_rows",
-    "shrink_slots",
-    "take_fresh",
-    "take_next",
-    "take_slots",
-    "take_tokens",
-    "usable_prefix",
-]
+__all__ = ["Allocation", "ExtendRows", "Pools", "expect_pools"]
 
 
-def next_version(  # one keyword per field a transition may replace
-    pools: Pools,
-    *,
-    slot_list: FreeList | None = None,
-    page_list: FreeList | None = None,
-    retired: HostArray | None = None,
-    num_retired: int | None = None,
-    slot_tokens: HostArray | None = None,
-    cache: PrefixCache | None = None,
-    prefixes: Map[int, Tokens] | None = None,
-    slot_gens: HostArray | None = None,
-    next_gen: int | None = None,
-    memory: HybridPools | None = None,
-) -> Pools:
-    """A copy of `pools` with some fields replaced, at a new version not yet committed.
-
-    The transition commits its result; attrs.evolve costs four times as much.
-    """
-    return type(pools)(
-        pools.table,
-        pools.page_size,
-        pools.num_pages,
-        pools.slot_list if slot_list is None else slot_list,
-        pools.page_list if page_list is None else page_list,
-        pools.retired if retired is None else retired,
-        pools.num_retired if num_retired is None else num_retired,
-        pools.slot_tokens if slot_tokens is None else slot_tokens,
-        pools.cache if cache is None else cache,
-        pools.prefixes if prefixes is None else prefixes,
-        pools.slot_gens if slot_gens is None else slot_gens,
-        pools.next_gen if next_gen is None else next_gen,
-        pools.memory if memory is None else memory,
-        pools._stamp,
-        pools._stamp.issue(),
-    )
-
-
-def committed_allocation(
+def _committed_allocation(
     allocation: Allocation | OutOfKVTokens,
 ) -> Result[Allocation, OutOfKVTokens]:
     """The allocation with its pools committed (the newest now), or the failure as it is."""
     if isinstance(allocation, OutOfKVTokens):
         return Failure(allocation)
-    allocation.pools._commit()
+    allocation.pools.commit()
     return Success(allocation)
 
 
@@ -124,7 +56,7 @@ def committed_allocation(
 # anything is taken or freed.
 
 
-def check_count(num_slots: object) -> int:
+def _check_count(num_slots: object) -> int:
     """`num_slots` as an int, if it is a non-negative integer (not a bool)."""
     if isinstance(num_slots, bool | np.bool_):
         raise PoolsArgumentError("num_slots must be an integer, got a bool")
@@ -139,7 +71,7 @@ def check_count(num_slots: object) -> int:
     return count
 
 
-def check_tokens(pools: Pools, slots: object, old_lens: object, new_lens: object) -> None:
+def _check_tokens(pools: Pools, slots: object, old_lens: object, new_lens: object) -> None:
     """`allocate_tokens`' arguments: owned slots, at the length each owns, growing in the table."""
     checked = _owned(pools, slots)
     old = _host_array("old_lens", old_lens, checked.shape[0])
@@ -148,7 +80,7 @@ def check_tokens(pools: Pools, slots: object, old_lens: object, new_lens: object
     _expect_growth(pools, checked, old, new)
 
 
-def check_fresh(pools: Pools, slots: object, seq_lens: object) -> list[int]:
+def _check_fresh(pools: Pools, slots: object, seq_lens: object) -> list[int]:
     """`allocate_fresh`'s arguments: owned slots holding nothing yet, lengths in the table.
 
     Returns the lengths as Python ints, as the allocator counts them.
@@ -164,7 +96,7 @@ def check_fresh(pools: Pools, slots: object, seq_lens: object) -> list[int]:
     return fresh
 
 
-def check_next(pools: Pools, slots: object, new_lens: object) -> None:
+def _check_next(pools: Pools, slots: object, new_lens: object) -> None:
     """`allocate_next`'s arguments: owned slots, each growing by exactly one token."""
     checked = _owned(pools, slots)
     new = _host_array("new_lens", new_lens, checked.shape[0])
@@ -172,7 +104,7 @@ def check_next(pools: Pools, slots: object, new_lens: object) -> None:
     _expect_growth(pools, checked, new - 1, new)
 
 
-def check_free(slots: object, seq_lens: object, tokens: object, gens: object) -> None:
+def _check_free(slots: object, seq_lens: object, tokens: object, gens: object) -> None:
     """`free`'s arguments' types and shapes; ownership is `owned_tokens`' to check."""
     checked = _host_array("slots", slots)
     if seq_lens is not None:
@@ -186,7 +118,7 @@ def check_free(slots: object, seq_lens: object, tokens: object, gens: object) ->
         )
 
 
-def check_shrink(slots: object, new_lens: object) -> None:
+def _check_shrink(slots: object, new_lens: object) -> None:
     """`shrink`'s arguments' types and shapes; ownership and range are checked there."""
     checked = _host_array("slots", slots)
     _host_array("new_lens", new_lens, checked.shape[0])
@@ -268,33 +200,6 @@ def _ints(name: str, value: object, length: int) -> HostArray:
         raise PoolsArgumentError(f"{name} must fit in int64, got {list(value)}") from None
 
 
-# Who reads what, found by a scan of every slot: per-page reference counts, per-slot prefixes.
-#
-# Host work over every slot's row of the table and over the cache: for checks
-# and reports, not per step.
-
-
-def cached_prefix_lens(pools: Pools) -> HostArray:
-    """Read-only int64 `[max_reqs + 1]`: tokens each slot's row reads from the cache."""
-    lens = np.zeros_like(pools.slot_tokens)
-    for slot, tokens in pools.prefixes.items():
-        lens[slot] = len(tokens)
-    return frozen(lens)
-
-
-def page_ref_counts(pools: Pools) -> HostArray:
-    """Read-only int64 `[num_pages + 1]`: rows reading each page, plus one if cached."""
-    counts = np.zeros(pools.num_pages + 1, dtype=np.int64)
-    for page, locks in pools.cache.entries().values():
-        counts[page] += 1 + locks
-    page_size, table = pools.page_size, pools.table.host
-    for slot in pools.slot_tokens.nonzero()[0].tolist():
-        start = len(pools.prefixes.get(slot, ()))
-        private = table[slot, start : int(pools.slot_tokens[slot]) : page_size] // page_size
-        counts[private.astype(np.int64)] += 1
-    return frozen(counts)
-
-
 # Taking request slots and KV pages from `Pools`: host arithmetic only, nothing committed.
 #
 # Each function returns the new pools (not yet committed: the transition
@@ -310,29 +215,6 @@ class Allocation(NamedTuple):
     pools: Pools
 
 
-def take_slots(pools: Pools, num_slots: int) -> tuple[HostArray, Pools] | OutOfReqSlots:
-    """`num_slots` free request slots at one new generation, owning no tokens yet."""
-    if num_slots > pools.num_free_slots:
-        return OutOfReqSlots(num_slots, pools.num_free_slots)
-    memory = pools.memory
-    if memory.states and num_slots > memory.free_states():  # a state slot per request
-        available = memory.free_or_evictable_states()  # anchors' states may be evicted
-        if num_slots > available:
-            return OutOfReqSlots(num_slots, available)
-    slots, rest = pools.slot_list.take(num_slots)
-    slot_gens = pools.slot_gens.copy()
-    slot_gens[slots] = pools.next_gen  # one generation per allocation call
-    # A copy: the rows keep these as their mirror, and a view would tie that mirror to
-    # the free list's buffer, which later values write.
-    return frozen(slots.copy()), next_version(
-        pools,
-        slot_list=rest,
-        slot_gens=frozen(slot_gens),
-        next_gen=pools.next_gen + 1,
-        memory=_admitted(pools, memory, slots),
-    )
-
-
 def _admitted(pools: Pools, memory: HybridPools, slots: HostArray) -> HybridPools | None:
     # A state slot per new row, and with the cache on each row pending until it grows:
     # a release before then keeps no anchor of memory its forward or transfer never wrote.
@@ -340,110 +222,6 @@ def _admitted(pools: Pools, memory: HybridPools, slots: HostArray) -> HybridPool
         return None
     taken = memory.take_slots(slots)
     return taken.admit(slots) if pools.cache.enabled else taken
-
-
-def reissue(pools: Pools, slots: HostArray) -> tuple[HostArray, Pools]:
-    """Owned `slots` at one new generation (returned per slot): every older holder is stale.
-
-    For a record consumed by a transition that keeps its slots (a synced
-    verify window): the record it returns holds the new generation, and the
-    consumed one, at the old, is refused by every transition and `release`.
-    """
-    slot_gens = pools.slot_gens.copy()
-    slot_gens[slots] = pools.next_gen
-    gens = frozen(np.full(slots.shape[0], pools.next_gen, dtype=np.int64))
-    return gens, next_version(pools, slot_gens=frozen(slot_gens), next_gen=pools.next_gen + 1)
-
-
-def take_tokens(
-    pools: Pools,
-    slots: HostArray,
-    old_lens: HostArray,
-    new_lens: HostArray,
-    reads_from: HostArray | None = None,
-) -> Allocation | OutOfKVTokens:
-    """Locations for positions `[old_lens[i], new_lens[i])` of each slot `slots[i]`.
-
-    `reads_from`: the first position each row's forward queries, where it
-    is not `old_lens`: before it (a verify window queries its decode token
-    again), or `new_lens` for rows no forward computes here (`prebuilt`);
-    window pages are held only from what that position reads on.
-    """
-    page_size = pools.page_size
-    num_tokens = new_lens - old_lens
-    pages_before = (old_lens + page_size - 1) // page_size
-    new_pages_per_row = (new_lens + page_size - 1) // page_size - pages_before
-    num_new_pages = int(new_pages_per_row.sum())
-    taken = _take_pages(pools, slots, new_lens, num_new_pages, reads_from)
-    if isinstance(taken, OutOfKVTokens):
-        return taken
-    new_pages, after = taken
-    if page_size == 1:
-        return Allocation(new_pages, after)  # one page per token, in row order
-    rows = np.repeat(np.arange(slots.shape[0]), num_tokens)
-    first_token = np.cumsum(num_tokens) - num_tokens
-    positions = old_lens[rows] + np.arange(rows.shape[0]) - first_token[rows]
-    page_of_req = positions // page_size
-    is_new = page_of_req >= pages_before[rows]
-    # The page already holding a position, from the host table; the cell is
-    # stale where `is_new`, and `np.where` drops it there.
-    existing = pools.table.host[slots[rows], page_of_req * page_size].astype(np.int64)
-    page = existing // page_size
-    if num_new_pages:
-        first_new = (np.cumsum(new_pages_per_row) - new_pages_per_row)[rows]
-        new_index = (first_new + page_of_req - pages_before[rows]).clip(0, num_new_pages - 1)
-        page = np.where(is_new, new_pages[new_index], page)
-    return Allocation(page * page_size + positions % page_size, after)
-
-
-def take_fresh(
-    pools: Pools, slots: HostArray, seq_lens: Sequence[int], *, transferred: bool = False
-) -> Allocation | OutOfKVTokens:
-    """Locations for positions `[0, seq_lens[i])` of each newly owned slot (the extend path).
-
-    Pages are counted in Python and each row's locations are its whole
-    pages laid out in order. `transferred`: no forward computes the rows
-    here (`prebuilt`), so window pages are taken for each window's tail only.
-    """
-    page_size = pools.page_size
-    pages_per_row = [-(-length // page_size) for length in seq_lens]
-    lengths = host_int64(seq_lens)
-    taken = _take_pages(pools, slots, lengths, sum(pages_per_row), lengths if transferred else None)
-    if isinstance(taken, OutOfKVTokens):
-        return taken
-    new_pages, after = taken
-    if page_size == 1:
-        return Allocation(new_pages, after)
-    tokens = (new_pages[:, None] * page_size + lanes(page_size)).ravel()
-    first_page = 0
-    runs = []
-    for length, num_pages in zip(seq_lens, pages_per_row, strict=True):
-        runs.append(tokens[first_page * page_size : first_page * page_size + length])
-        first_page += num_pages
-    return Allocation(runs[0] if len(runs) == 1 else np.concatenate(runs), after)
-
-
-def take_next(pools: Pools, slots: HostArray, new_lens: HostArray) -> Allocation | OutOfKVTokens:
-    """One more token for each slot, at position `new_lens[i] - 1` (the decode path).
-
-    The same as `take_tokens(pools, slots, new_lens - 1, new_lens)` in fewer
-    host ops: a row needs a page only where its new position starts one.
-    """
-    page_size = pools.page_size
-    if page_size == 1:
-        taken = _take_pages(pools, slots, new_lens, slots.shape[0])
-        return taken if isinstance(taken, OutOfKVTokens) else Allocation(*taken)
-    positions = new_lens - 1
-    starts = np.flatnonzero(positions % page_size == 0)  # rows whose token opens a page
-    taken = _take_pages(pools, slots, new_lens, starts.shape[0])
-    if isinstance(taken, OutOfKVTokens):
-        return taken
-    new_pages, after = taken
-    # Every other row continues right after its previous token (a row opening
-    # a page reads a stale cell here, then gets its new page below).
-    locs = pools.table.host[slots, positions - 1] + _ONE  # int64: _ONE is int64
-    locs[starts] = new_pages * page_size
-    return Allocation(locs, after)
 
 
 def _take_pages(
@@ -475,8 +253,7 @@ def _take_pages(
     pages, rest = page_list.take(num_pages)
     slot_tokens = pools.slot_tokens.copy()
     slot_tokens[slots] = new_lens
-    return pages, next_version(
-        pools,
+    return pages, pools.next_version(
         page_list=rest,
         retired=NO_INTS,
         slot_tokens=frozen(slot_tokens),
@@ -510,55 +287,6 @@ def _hybrid_taken(
 _ONE: Final = np.int64(1)
 
 
-# Giving request slots and KV pages back to `Pools`: checked against ownership, nothing committed.
-#
-# Each function checks that the slots are owned (in range, held, distinct,
-# at the caller's length and generation) before it changes anything, and
-# returns new pools the caller commits, or `Failure(NotOwned)` naming the
-# slots that are not the caller's.
-
-
-def give_back_slots(
-    pools: Pools,
-    slots: HostArray,
-    seq_lens: HostArray | None,
-    tokens: Sequence[Tokens] | None,
-    gens: HostArray | None,
-) -> Result[Pools, NotOwned]:
-    """`Pools.free` without the commit: see there."""
-    owned = owned_tokens(pools, slots, None if seq_lens is None else seq_lens.tolist(), gens)
-    if isinstance(owned, NotOwned):
-        return Failure(owned)
-    if not owned:
-        return Success(pools)  # nothing to give back
-    if pools.cache.enabled:
-        return Success(_give_back_shared(pools, slots, owned, tokens))
-    page_size, table = pools.page_size, pools.table.host
-    if len(owned) <= _MAX_ROW_READS:
-        # A few requests finishing, the common case: one strided row read each.
-        # int32 table cells: the free list's buffer converts as it copies them.
-        rows = [table[slot, :tokens:page_size] for slot, tokens in owned]
-        pages = rows[0] if len(rows) == 1 else np.concatenate(rows)
-    else:
-        num_pages = (pools.slot_tokens[slots] + page_size - 1) // page_size
-        rows_of_pages = np.repeat(np.arange(slots.shape[0]), num_pages)
-        first_page = np.cumsum(num_pages) - num_pages
-        columns = (np.arange(rows_of_pages.shape[0]) - first_page[rows_of_pages]) * page_size
-        pages = table[slots[rows_of_pages], columns]
-    if page_size > 1:
-        pages = pages // page_size
-    return Success(
-        next_version(
-            pools,
-            slot_list=pools.slot_list.give(slots),
-            page_list=pools.page_list.give(pages),
-            slot_tokens=_zeroed(pools.slot_tokens, slots),
-            slot_gens=_zeroed(pools.slot_gens, slots),
-            memory=_hybrid_given_back(pools, slots),
-        )
-    )
-
-
 def _give_back_shared(
     pools: Pools, slots: HostArray, owned: list[tuple[int, int]], tokens: Sequence[Tokens] | None
 ) -> Pools:
@@ -568,8 +296,7 @@ def _give_back_shared(
     prefixes = pools.prefixes.mutate()
     kept = _finished_tails(pools, owned, tokens)
     cache, freed = give_back(pools.cache, pools.table.host, prefixes, owned, tokens)
-    return next_version(
-        pools,
+    return pools.next_version(
         slot_list=pools.slot_list.give(slots),
         page_list=pools.page_list.give(freed),
         slot_tokens=_zeroed(pools.slot_tokens, slots),
@@ -611,70 +338,6 @@ def _hybrid_given_back(
     if not pools.memory.kinds.is_hybrid:
         return None
     return pools.memory.give_back(slots, pools.slot_tokens[slots], kept)
-
-
-def shrink_slots(pools: Pools, slots: HostArray, new_lens: HostArray) -> Result[Pools, NotOwned]:
-    """`Pools.shrink` without the commit: see there."""
-    owned = owned_tokens(pools, slots, None)
-    if isinstance(owned, NotOwned):
-        return Failure(owned)
-    held = pools.slot_tokens[slots]
-    floor = np.array([max(len(pools.prefixes.get(slot, ())), 1) for slot, _ in owned])
-    bad = (new_lens < floor) | (new_lens > held)
-    if bad.any():
-        at = int(bad.argmax())
-        raise PoolsArgumentError(
-            f"slot {int(slots[at])} owns {int(held[at])} tokens"
-            f" ({int(floor[at])} of them needed: its cached prefix, or one),"
-            f" cannot shrink to {int(new_lens[at])}"
-        )
-    page_size = pools.page_size
-    kept_pages = (new_lens + page_size - 1) // page_size
-    num_freed = (held + page_size - 1) // page_size - kept_pages
-    rows = np.repeat(np.arange(slots.shape[0]), num_freed)
-    first_freed = np.cumsum(num_freed) - num_freed
-    page_index = kept_pages[rows] + np.arange(rows.shape[0]) - first_freed[rows]
-    pages = pools.table.host[slots[rows], page_index * page_size].astype(np.int64) // page_size
-    slot_tokens = pools.slot_tokens.copy()
-    slot_tokens[slots] = new_lens
-    memory = pools.memory.shrink(slots, held, new_lens) if pools.memory.windows else None
-    return Success(
-        next_version(
-            pools,
-            page_list=pools.page_list.give(pages),
-            slot_tokens=frozen(slot_tokens),
-            memory=memory,
-        )
-    )
-
-
-def owned_tokens(
-    pools: Pools, slots: HostArray, expected: list[int] | None, gens: HostArray | None = None
-) -> list[tuple[int, int]] | NotOwned:
-    """(slot, tokens it owns) for each of `slots`, or `NotOwned` naming the others.
-
-    A slot is not owned if it is out of range, free, repeated, owns other
-    than `expected` tokens, or is at another generation than `gens`. Few
-    slots leave at a time: they are checked in Python.
-    """
-    values = slots.tolist()
-    if not values:
-        return []
-    unowned = [slot for slot in values if not 1 <= slot <= pools.max_reqs]
-    if not unowned:
-        owned = list(zip(values, pools.slot_tokens[slots].tolist(), strict=True))
-        held = pools.slot_gens[slots]
-        unowned = [slot for slot, gen in zip(values, held.tolist(), strict=True) if not gen]
-        if gens is not None and not unowned and not same(held, gens):
-            unowned = [slot for slot, g, h in zip(values, gens, held, strict=True) if g != h]
-        if expected is not None and not unowned:
-            pairs = zip(owned, expected, strict=True)
-            unowned = [slot for (slot, tokens), length in pairs if tokens != length]
-        if not unowned:
-            if len(set(values)) == len(values):
-                return owned
-            unowned = values  # the same slot twice in one call
-    return NotOwned(tuple(unowned))
 
 
 def _zeroed(per_slot: HostArray, slots: HostArray) -> HostArray:
@@ -720,90 +383,6 @@ class ExtendRows(NamedTuple):
     first_cell: Sequence[int]
 
 
-def publish_computed(
-    pools: Pools,
-    reading: Sequence[tuple[int, Tokens]],
-    rows: ExtendRows,
-    cells: Cells,
-    *,
-    retire: bool,
-) -> tuple[Pools, Cells]:
-    """Record what new rows read, then publish each row's whole pages (or read the cache's).
-
-    `reading` holds (slot, cached prefix) of each new row that reads one
-    (locked already). `cells` are the transition's table cells, not written
-    yet; returns the pools and the cells to write instead: a duplicate's
-    cells point at the cache's pages, and cells of positions computed by an
-    earlier forward are appended. Without `retire` (`prebuilt`: no forward
-    computes the pages, a KV transfer fills them through the table after
-    this) such a row keeps its own pages private until release instead.
-    """
-    if not pools.cache.enabled:
-        return pools, cells
-    prefixes = pools.prefixes.mutate()  # changes a few entries, copies none of the rest
-    for slot, prefix in reading:
-        if prefix:
-            prefixes[slot] = prefix
-    cache, table, page_size = pools.cache, pools.table.host, pools.page_size
-    locs32 = cells[2]
-    retired: list[HostArray] = []
-    extra: list[Cells] = []
-    for slot, tokens, start, first in zip(*rows, strict=True):
-        full = len(tokens) // page_size * page_size
-        old = prefixes.get(slot, ())
-        if full <= len(old):
-            continue
-        ids = tuple(tokens[:full])
-        row = _RowLocs(table[slot], locs32, start, first)
-        # Most rows find nothing cached past their prefix: the walk that publishes their
-        # pages finds that out (None: the cache holds the next page, another row's).
-        own_pages = row.at(np.arange(len(old), full, page_size)) // page_size
-        published = cache._publish(ids, len(old), own_pages.tolist())
-        if published is not None:
-            cache = published
-            prefixes[slot] = ids
-            continue
-        if not retire:
-            continue  # cached past its prefix already: its own copy stays private
-        cached, pages = cache._cached(ids)  # full-attention pages: hybrid rows dedup too
-        cache = _read_cached(cache, old, ids[:cached])
-        prefixes[slot] = ids[:cached]
-        positions = np.arange(len(old), cached)
-        retired.append(row.at(positions[::page_size]) // page_size)
-        shared = pages[positions // page_size] * page_size + positions % page_size
-        later = positions >= start
-        if later.any():
-            if locs32 is cells[2]:
-                locs32 = locs32.copy()  # the caller's stays as it was
-            locs32[first + positions[later] - start] = shared[later]
-        if not later.all():
-            before = positions[~later]
-            extra.append(
-                (
-                    np.full(before.shape[0], slot, dtype=np.int64),
-                    before,
-                    shared[~later].astype(np.int32),
-                )
-            )
-        if cached < full:
-            rest = own_pages[(cached - len(old)) // page_size :]
-            published = cache._publish(ids, cached, rest.tolist())
-            assert published is not None, "the match stopped at `cached`: no page past it is cached"
-            cache = published
-            prefixes[slot] = ids
-    if not retired:
-        return next_version(pools, cache=cache, prefixes=prefixes.finish()), cells
-    freed = np.concatenate(retired)
-    after = next_version(
-        pools,
-        cache=cache,
-        prefixes=prefixes.finish(),
-        retired=frozen(np.concatenate((pools.retired, freed))),
-        num_retired=pools.num_retired + freed.shape[0],
-    )
-    return after, _joined((cells[0], cells[1], locs32), extra)
-
-
 class _RowLocs(NamedTuple):
     # One row's own locations: earlier forwards' from its table row, this forward's
     # from the transition's cells (`locs32[first:]` holds positions `start` onwards).
@@ -841,68 +420,6 @@ def _joined(cells: Cells, extra: Sequence[Cells]) -> Cells:
     )
 
 
-# Reading a cached prefix on hybrid pools: matched to an anchor, resumed, published.
-#
-# The pools' side of `_hybrid_cache`: a prompt's usable cached prefix is its
-# full-attention match cut back to the longest anchor (`usable_prefix`); a
-# new row that reads one resumes from that anchor (`resume_rows`); an extend
-# row that computes past a page boundary publishes an anchor there
-# (`publish_tails`). Full-attention pools pass through untouched. The
-# results are not committed: the transition that calls these commits its own.
-
-
-def usable_prefix(
-    pools: Pools, tokens: Sequence[int], cap: int | None = None
-) -> tuple[int, HostArray]:
-    """A prompt's longest cached prefix it may read, leaving a token to compute: length, pages.
-
-    At most `cap` tokens, whole pages, if given. On hybrid pools the
-    full-attention match is cut back to the longest anchor at or before
-    it: a prefix whose window tail or state the cache does not keep is
-    never read (docs/hybrid.md).
-    """
-    cache = pools.cache
-    ids = tuple(tokens)
-    page_size = cache.page_size
-    usable = (len(ids) - 1) // page_size * page_size
-    if cap is not None:
-        usable = min(usable, cap // page_size * page_size)
-    if not pools.memory.kinds.is_hybrid:
-        return cache.match(ids[:usable])
-    matched, pages = cache._cached(ids[:usable])
-    anchors = pools.memory.cached
-    length = anchors.longest(ids, matched) if matched and anchors.anchors else 0
-    return length, pages[: length // cache.page_size]
-
-
-def hold_anchors(pools: Pools, token_lists: Sequence[Tokens], lengths: Sequence[int]) -> Pools:
-    """The anchors new rows matched (`lengths[i]` tokens of `token_lists[i]`), locked.
-
-    Before the rows take their slots: taking state slots may evict anchors,
-    never one a row of the same transition resumes from.
-    """
-    if not pools.memory.kinds.is_hybrid or not any(lengths):
-        return pools
-    return next_version(pools, memory=pools.memory.hold(_read(token_lists, lengths)))
-
-
-def resume_rows(
-    pools: Pools, slots: Sequence[int], token_lists: Sequence[Tokens], lengths: Sequence[int]
-) -> Pools:
-    """New rows (their slots just taken) that read `lengths[i]` cached tokens resume there.
-
-    Each such row's window start moves to its anchor's tail, and the anchor
-    (held since the match) stays locked until the row's forward copied its
-    tail and state.
-    """
-    rows = [(slot, len_) for slot, len_ in zip(slots, lengths, strict=True) if len_]
-    if not rows or not pools.memory.kinds.is_hybrid:
-        return pools
-    reading = [slot for slot, _ in rows]
-    memory = pools.memory.resume(reading, _read(token_lists, lengths), pools.page_size)
-    return next_version(pools, memory=memory)
-
-
 def _read(token_lists: Sequence[Tokens], lengths: Sequence[int]) -> list[Tokens]:
     # The cached prefixes new rows read (the anchors they resume from), rows reading none left out.
     return [
@@ -910,77 +427,6 @@ def _read(token_lists: Sequence[Tokens], lengths: Sequence[int]) -> list[Tokens]
         for tokens, length in zip(token_lists, lengths, strict=True)
         if length
     ]
-
-
-def publish_tails(
-    pools: Pools,
-    slots: Sequence[int],
-    token_lists: Sequence[Tokens],
-    computed_from: Sequence[int],
-) -> Pools:
-    """An anchor at each extend row's last page boundary its forward computes, where there is room.
-
-    `token_lists[i]`: the tokens the row in `slots[i]` holds KV for once the
-    forward ran (cached already, whole pages); `computed_from[i]`: the first
-    position it computes. The forward copies the row's window tail into
-    the anchor's window pages and checkpoints its state after the boundary.
-    """
-    memory = pools.memory
-    if not memory.kinds.is_hybrid or not pools.cache.enabled:
-        return pools
-    page_size = pools.page_size
-    for slot, tokens, start in zip(slots, token_lists, computed_from, strict=True):
-        end = len(tokens) // page_size * page_size
-        if end <= start:
-            continue  # no boundary in this forward: an earlier one published it
-        prefix = tuple(tokens[:end])
-        if prefix not in memory.cached.anchors:
-            memory = memory.publish(slot, prefix)
-    return pools if memory is pools.memory else next_version(pools, memory=memory)
-
-
-# The pools' side of prefix sharing: lock the prefixes rows read.
-#
-# With the cache off each function returns the pools given: nothing is
-# matched or locked. On hybrid pools a prompt's prefix is the one
-# `usable_prefix` gives (the match cut back to the longest anchor), and
-# the anchor it ends at is held with it. The results are not committed: the
-# transition that calls them commits its own.
-
-
-def lock_cached_prefixes(
-    pools: Pools, token_lists: Sequence[Tokens]
-) -> tuple[Pools, list[int], list[HostArray]]:
-    """Each prompt's longest cached prefix that leaves a token to compute, locked.
-
-    On hybrid pools, its longest usable one (`usable_prefix`), its anchor held.
-
-    Returns the pools whose cache holds the locks, the prefix lengths and their pages.
-    """
-    if not pools.cache.enabled:
-        return pools, [0] * len(token_lists), [NO_INTS] * len(token_lists)
-    if pools.memory.kinds.is_hybrid:  # cut back to what the cache keeps beside the pages
-        matches = [usable_prefix(pools, tokens) for tokens in token_lists]
-        lengths = [length for length, _ in matches]
-        cache = lock_matched(pools.cache, token_lists, lengths)
-        locked = hold_anchors(next_version(pools, cache=cache), token_lists, lengths)
-        return locked, lengths, [pages for _, pages in matches]
-    cache, lengths, pages = lock_prefixes(pools.cache, token_lists)
-    return next_version(pools, cache=cache), lengths, pages
-
-
-def lock_matched_prefixes(
-    pools: Pools, token_lists: Sequence[Tokens], lengths: Sequence[int]
-) -> Pools:
-    """`lock_cached_prefixes` for prompts matched already on this cache.
-
-    By `match_prefix`, or on hybrid pools by `usable_prefix`: the anchors
-    the matches end at are held too.
-    """
-    if not any(lengths):
-        return pools
-    locked = next_version(pools, cache=lock_matched(pools.cache, token_lists, lengths))
-    return hold_anchors(locked, token_lists, lengths)
 
 
 # Request slots and KV pages (free, cached or in use), as an immutable value.
@@ -1022,6 +468,15 @@ class Pools:
     `memory`, window pages (given back as rows grow past their window) and
     a state slot per owned request slot, each allocated and freed by the
     same calls as the slots and pages above (docs/hybrid.md).
+
+    Two kinds of method change them. The checked ones (`allocate_slots`,
+    `allocate_tokens`, `allocate_fresh`, `allocate_next`, `free`, `shrink`)
+    validate every argument, commit their result and return a `Result`: they
+    are for callers outside the transitions. The trusted ones (`take_*`,
+    `lock_*`, `publish_*`, `resume_rows`, `shrink_slots`, `give_back_slots`,
+    `next_version`) are the steps transitions are built from: the calling
+    transition has checked their arguments, and commits (`commit`) only the
+    pools it returns on success.
 
     NOTE: pools are linear, and that is enforced: every value of one
     lineage (one `make_pools`) shares the table and free-list buffers, and
@@ -1068,8 +523,12 @@ class Pools:
                 " transition; pass the newest pools (the one the last transition returned)"
             )
 
-    def _commit(self) -> Pools:
-        # A transition succeeded with these pools as its result: they are the newest now.
+    def commit(self) -> Pools:
+        """Make these pools their lineage's newest value, and return them.
+
+        A transition calls it once, on the pools it returns on success: every
+        earlier value of the lineage is stale from then on.
+        """
         self._stamp.current = self._version
         return self
 
@@ -1113,7 +572,7 @@ class Pools:
     @property
     def prefix_lens(self) -> HostArray:
         """Read-only int64 `[max_reqs + 1]`: tokens each slot's row reads from the cache."""
-        return cached_prefix_lens(self)
+        return self.cached_prefix_lens()
 
     def ref_counts(self) -> HostArray:
         """Read-only int64 `[num_pages + 1]`: rows reading each page, plus one if cached.
@@ -1121,7 +580,7 @@ class Pools:
         0 for a free page, 1 for a private page or an evictable cached one.
         Host work over every slot's row and the cache: for checks, not per step.
         """
-        return page_ref_counts(self)
+        return self.page_ref_counts()
 
     @property
     def kv_cache_size(self) -> int:
@@ -1139,10 +598,10 @@ class Pools:
         derive their arguments from records already checked.
         """
         self._expect_newest()
-        allocated = take_slots(self, check_count(num_slots))
+        allocated = self.take_slots(_check_count(num_slots))
         if isinstance(allocated, OutOfReqSlots):
             return Failure(allocated)
-        allocated[1]._commit()
+        allocated[1].commit()
         return Success(allocated)
 
     def allocate_tokens(
@@ -1157,9 +616,9 @@ class Pools:
         `old_lens` tokens each; `new_lens >= old_lens`, within the table.
         """
         self._expect_newest()
-        check_tokens(self, slots, old_lens, new_lens)
-        allocation = take_tokens(self, slots, old_lens, new_lens)
-        return committed_allocation(allocation)
+        _check_tokens(self, slots, old_lens, new_lens)
+        allocation = self.take_tokens(slots, old_lens, new_lens)
+        return _committed_allocation(allocation)
 
     def allocate_fresh(
         self, slots: HostArray, seq_lens: Sequence[int]
@@ -1171,8 +630,8 @@ class Pools:
         owned and hold no tokens yet; each length is in `[1, max_context_len]`.
         """
         self._expect_newest()
-        allocation = take_fresh(self, slots, check_fresh(self, slots, seq_lens))
-        return committed_allocation(allocation)
+        allocation = self.take_fresh(slots, _check_fresh(self, slots, seq_lens))
+        return _committed_allocation(allocation)
 
     def allocate_next(
         self, slots: HostArray, new_lens: HostArray
@@ -1184,9 +643,9 @@ class Pools:
         Each slot must be owned and hold `new_lens[i] - 1` tokens.
         """
         self._expect_newest()
-        check_next(self, slots, new_lens)
-        allocation = take_next(self, slots, new_lens)
-        return committed_allocation(allocation)
+        _check_next(self, slots, new_lens)
+        allocation = self.take_next(slots, new_lens)
+        return _committed_allocation(allocation)
 
     def free(
         self,
@@ -1229,9 +688,9 @@ class Pools:
             StalePools: `self` is not the newest pools.
         """
         self._expect_newest()
-        check_free(slots, seq_lens, tokens, gens)
-        freed = give_back_slots(self, slots, seq_lens, tokens, gens)
-        return freed if isinstance(freed, Failure) else Success(freed.unwrap()._commit())
+        _check_free(slots, seq_lens, tokens, gens)
+        freed = self.give_back_slots(slots, seq_lens, tokens, gens)
+        return freed if isinstance(freed, Failure) else Success(freed.unwrap().commit())
 
     def shrink(self, slots: HostArray, new_lens: HostArray) -> Result[Pools, NotOwned]:
         """Keep the first `new_lens[i]` tokens of each slot `slots[i]`, free the pages past them.
@@ -1256,9 +715,475 @@ class Pools:
             StalePools: `self` is not the newest pools.
         """
         self._expect_newest()
-        check_shrink(slots, new_lens)
-        shrunk = shrink_slots(self, slots, new_lens)
-        return shrunk if isinstance(shrunk, Failure) else Success(shrunk.unwrap()._commit())
+        _check_shrink(slots, new_lens)
+        shrunk = self.shrink_slots(slots, new_lens)
+        return shrunk if isinstance(shrunk, Failure) else Success(shrunk.unwrap().commit())
+
+    def take_slots(self, num_slots: int) -> tuple[HostArray, Pools] | OutOfReqSlots:
+        """`num_slots` free request slots at one new generation, owning no tokens yet."""
+        if num_slots > self.num_free_slots:
+            return OutOfReqSlots(num_slots, self.num_free_slots)
+        memory = self.memory
+        if memory.states and num_slots > memory.free_states():  # a state slot per request
+            available = memory.free_or_evictable_states()  # anchors' states may be evicted
+            if num_slots > available:
+                return OutOfReqSlots(num_slots, available)
+        slots, rest = self.slot_list.take(num_slots)
+        slot_gens = self.slot_gens.copy()
+        slot_gens[slots] = self.next_gen  # one generation per allocation call
+        # A copy: the rows keep these as their mirror, and a view would tie that mirror to
+        # the free list's buffer, which later values write.
+        return frozen(slots.copy()), self.next_version(
+            slot_list=rest,
+            slot_gens=frozen(slot_gens),
+            next_gen=self.next_gen + 1,
+            memory=_admitted(self, memory, slots),
+        )
+
+    def take_tokens(
+        self,
+        slots: HostArray,
+        old_lens: HostArray,
+        new_lens: HostArray,
+        reads_from: HostArray | None = None,
+    ) -> Allocation | OutOfKVTokens:
+        """Locations for positions `[old_lens[i], new_lens[i])` of each slot `slots[i]`.
+
+        `reads_from`: the first position each row's forward queries, where it
+        is not `old_lens`: before it (a verify window queries its decode token
+        again), or `new_lens` for rows no forward computes here (`prebuilt`);
+        window pages are held only from what that position reads on.
+        """
+        page_size = self.page_size
+        num_tokens = new_lens - old_lens
+        pages_before = (old_lens + page_size - 1) // page_size
+        new_pages_per_row = (new_lens + page_size - 1) // page_size - pages_before
+        num_new_pages = int(new_pages_per_row.sum())
+        taken = _take_pages(self, slots, new_lens, num_new_pages, reads_from)
+        if isinstance(taken, OutOfKVTokens):
+            return taken
+        new_pages, after = taken
+        if page_size == 1:
+            return Allocation(new_pages, after)  # one page per token, in row order
+        rows = np.repeat(np.arange(slots.shape[0]), num_tokens)
+        first_token = np.cumsum(num_tokens) - num_tokens
+        positions = old_lens[rows] + np.arange(rows.shape[0]) - first_token[rows]
+        page_of_req = positions // page_size
+        is_new = page_of_req >= pages_before[rows]
+        # The page already holding a position, from the host table; the cell is
+        # stale where `is_new`, and `np.where` drops it there.
+        existing = self.table.host[slots[rows], page_of_req * page_size].astype(np.int64)
+        page = existing // page_size
+        if num_new_pages:
+            first_new = (np.cumsum(new_pages_per_row) - new_pages_per_row)[rows]
+            new_index = (first_new + page_of_req - pages_before[rows]).clip(0, num_new_pages - 1)
+            page = np.where(is_new, new_pages[new_index], page)
+        return Allocation(page * page_size + positions % page_size, after)
+
+    def take_fresh(
+        self, slots: HostArray, seq_lens: Sequence[int], *, transferred: bool = False
+    ) -> Allocation | OutOfKVTokens:
+        """Locations for positions `[0, seq_lens[i])` of each newly owned slot (the extend path).
+
+        Pages are counted in Python and each row's locations are its whole
+        pages laid out in order. `transferred`: no forward computes the rows
+        here (`prebuilt`), so window pages are taken for each window's tail only.
+        """
+        page_size = self.page_size
+        pages_per_row = [-(-length // page_size) for length in seq_lens]
+        lengths = host_int64(seq_lens)
+        taken = _take_pages(
+            self, slots, lengths, sum(pages_per_row), lengths if transferred else None
+        )
+        if isinstance(taken, OutOfKVTokens):
+            return taken
+        new_pages, after = taken
+        if page_size == 1:
+            return Allocation(new_pages, after)
+        tokens = (new_pages[:, None] * page_size + lanes(page_size)).ravel()
+        first_page = 0
+        runs = []
+        for length, num_pages in zip(seq_lens, pages_per_row, strict=True):
+            runs.append(tokens[first_page * page_size : first_page * page_size + length])
+            first_page += num_pages
+        return Allocation(runs[0] if len(runs) == 1 else np.concatenate(runs), after)
+
+    def take_next(self, slots: HostArray, new_lens: HostArray) -> Allocation | OutOfKVTokens:
+        """One more token for each slot, at position `new_lens[i] - 1` (the decode path).
+
+        The same as `take_tokens(pools, slots, new_lens - 1, new_lens)` in fewer
+        host ops: a row needs a page only where its new position starts one.
+        """
+        page_size = self.page_size
+        if page_size == 1:
+            taken = _take_pages(self, slots, new_lens, slots.shape[0])
+            return taken if isinstance(taken, OutOfKVTokens) else Allocation(*taken)
+        positions = new_lens - 1
+        starts = np.flatnonzero(positions % page_size == 0)  # rows whose token opens a page
+        taken = _take_pages(self, slots, new_lens, starts.shape[0])
+        if isinstance(taken, OutOfKVTokens):
+            return taken
+        new_pages, after = taken
+        # Every other row continues right after its previous token (a row opening
+        # a page reads a stale cell here, then gets its new page below).
+        locs = self.table.host[slots, positions - 1] + _ONE  # int64: _ONE is int64
+        locs[starts] = new_pages * page_size
+        return Allocation(locs, after)
+
+    def reissue(self, slots: HostArray) -> tuple[HostArray, Pools]:
+        """Owned `slots` at one new generation (returned per slot): every older holder is stale.
+
+        For a record consumed by a transition that keeps its slots (a synced
+        verify window): the record it returns holds the new generation, and the
+        consumed one, at the old, is refused by every transition and `release`.
+        """
+        slot_gens = self.slot_gens.copy()
+        slot_gens[slots] = self.next_gen
+        gens = frozen(np.full(slots.shape[0], self.next_gen, dtype=np.int64))
+        return gens, self.next_version(slot_gens=frozen(slot_gens), next_gen=self.next_gen + 1)
+
+    def shrink_slots(self, slots: HostArray, new_lens: HostArray) -> Result[Pools, NotOwned]:
+        """`Pools.shrink` without the commit: see there."""
+        owned = self.owned_tokens(slots, None)
+        if isinstance(owned, NotOwned):
+            return Failure(owned)
+        held = self.slot_tokens[slots]
+        floor = np.array([max(len(self.prefixes.get(slot, ())), 1) for slot, _ in owned])
+        bad = (new_lens < floor) | (new_lens > held)
+        if bad.any():
+            at = int(bad.argmax())
+            raise PoolsArgumentError(
+                f"slot {int(slots[at])} owns {int(held[at])} tokens"
+                f" ({int(floor[at])} of them needed: its cached prefix, or one),"
+                f" cannot shrink to {int(new_lens[at])}"
+            )
+        page_size = self.page_size
+        kept_pages = (new_lens + page_size - 1) // page_size
+        num_freed = (held + page_size - 1) // page_size - kept_pages
+        rows = np.repeat(np.arange(slots.shape[0]), num_freed)
+        first_freed = np.cumsum(num_freed) - num_freed
+        page_index = kept_pages[rows] + np.arange(rows.shape[0]) - first_freed[rows]
+        pages = self.table.host[slots[rows], page_index * page_size].astype(np.int64) // page_size
+        slot_tokens = self.slot_tokens.copy()
+        slot_tokens[slots] = new_lens
+        memory = self.memory.shrink(slots, held, new_lens) if self.memory.windows else None
+        return Success(
+            self.next_version(
+                page_list=self.page_list.give(pages),
+                slot_tokens=frozen(slot_tokens),
+                memory=memory,
+            )
+        )
+
+    def lock_cached_prefixes(
+        self, token_lists: Sequence[Tokens]
+    ) -> tuple[Pools, list[int], list[HostArray]]:
+        """Each prompt's longest cached prefix that leaves a token to compute, locked.
+
+        On hybrid pools, its longest usable one (`usable_prefix`), its anchor held.
+
+        Returns the pools whose cache holds the locks, the prefix lengths and their pages.
+        """
+        if not self.cache.enabled:
+            return self, [0] * len(token_lists), [NO_INTS] * len(token_lists)
+        if self.memory.kinds.is_hybrid:  # cut back to what the cache keeps beside the pages
+            matches = [self.usable_prefix(tokens) for tokens in token_lists]
+            lengths = [length for length, _ in matches]
+            cache = lock_matched(self.cache, token_lists, lengths)
+            locked = self.next_version(cache=cache).hold_anchors(token_lists, lengths)
+            return locked, lengths, [pages for _, pages in matches]
+        cache, lengths, pages = lock_prefixes(self.cache, token_lists)
+        return self.next_version(cache=cache), lengths, pages
+
+    def lock_matched_prefixes(self, token_lists: Sequence[Tokens], lengths: Sequence[int]) -> Pools:
+        """`lock_cached_prefixes` for prompts matched already on this cache.
+
+        By `match_prefix`, or on hybrid pools by `usable_prefix`: the anchors
+        the matches end at are held too.
+        """
+        if not any(lengths):
+            return self
+        locked = self.next_version(cache=lock_matched(self.cache, token_lists, lengths))
+        return locked.hold_anchors(token_lists, lengths)
+
+    def publish_computed(
+        self,
+        reading: Sequence[tuple[int, Tokens]],
+        rows: ExtendRows,
+        cells: Cells,
+        *,
+        retire: bool,
+    ) -> tuple[Pools, Cells]:
+        """Record what new rows read, then publish each row's whole pages (or read the cache's).
+
+        `reading` holds (slot, cached prefix) of each new row that reads one
+        (locked already). `cells` are the transition's table cells, not written
+        yet; returns the pools and the cells to write instead: a duplicate's
+        cells point at the cache's pages, and cells of positions computed by an
+        earlier forward are appended. Without `retire` (`prebuilt`: no forward
+        computes the pages, a KV transfer fills them through the table after
+        this) such a row keeps its own pages private until release instead.
+        """
+        if not self.cache.enabled:
+            return self, cells
+        prefixes = self.prefixes.mutate()  # changes a few entries, copies none of the rest
+        for slot, prefix in reading:
+            if prefix:
+                prefixes[slot] = prefix
+        cache, table, page_size = self.cache, self.table.host, self.page_size
+        locs32 = cells[2]
+        retired: list[HostArray] = []
+        extra: list[Cells] = []
+        for slot, tokens, start, first in zip(*rows, strict=True):
+            full = len(tokens) // page_size * page_size
+            old = prefixes.get(slot, ())
+            if full <= len(old):
+                continue
+            ids = tuple(tokens[:full])
+            row = _RowLocs(table[slot], locs32, start, first)
+            # Most rows find nothing cached past their prefix: the walk that publishes their
+            # pages finds that out (None: the cache holds the next page, another row's).
+            own_pages = row.at(np.arange(len(old), full, page_size)) // page_size
+            published = cache._publish(ids, len(old), own_pages.tolist())
+            if published is not None:
+                cache = published
+                prefixes[slot] = ids
+                continue
+            if not retire:
+                continue  # cached past its prefix already: its own copy stays private
+            cached, pages = cache._cached(ids)  # full-attention pages: hybrid rows dedup too
+            cache = _read_cached(cache, old, ids[:cached])
+            prefixes[slot] = ids[:cached]
+            positions = np.arange(len(old), cached)
+            retired.append(row.at(positions[::page_size]) // page_size)
+            shared = pages[positions // page_size] * page_size + positions % page_size
+            later = positions >= start
+            if later.any():
+                if locs32 is cells[2]:
+                    locs32 = locs32.copy()  # the caller's stays as it was
+                locs32[first + positions[later] - start] = shared[later]
+            if not later.all():
+                before = positions[~later]
+                extra.append(
+                    (
+                        np.full(before.shape[0], slot, dtype=np.int64),
+                        before,
+                        shared[~later].astype(np.int32),
+                    )
+                )
+            if cached < full:
+                rest = own_pages[(cached - len(old)) // page_size :]
+                published = cache._publish(ids, cached, rest.tolist())
+                assert published is not None, (
+                    "the match stopped at `cached`: no page past it is cached"
+                )
+                cache = published
+                prefixes[slot] = ids
+        if not retired:
+            return self.next_version(cache=cache, prefixes=prefixes.finish()), cells
+        freed = np.concatenate(retired)
+        after = self.next_version(
+            cache=cache,
+            prefixes=prefixes.finish(),
+            retired=frozen(np.concatenate((self.retired, freed))),
+            num_retired=self.num_retired + freed.shape[0],
+        )
+        return after, _joined((cells[0], cells[1], locs32), extra)
+
+    def publish_tails(
+        self,
+        slots: Sequence[int],
+        token_lists: Sequence[Tokens],
+        computed_from: Sequence[int],
+    ) -> Pools:
+        """An anchor at each extend row's last page boundary its forward computes, room allowing.
+
+        `token_lists[i]`: the tokens the row in `slots[i]` holds KV for once the
+        forward ran (cached already, whole pages); `computed_from[i]`: the first
+        position it computes. The forward copies the row's window tail into
+        the anchor's window pages and checkpoints its state after the boundary.
+        """
+        memory = self.memory
+        if not memory.kinds.is_hybrid or not self.cache.enabled:
+            return self
+        page_size = self.page_size
+        for slot, tokens, start in zip(slots, token_lists, computed_from, strict=True):
+            end = len(tokens) // page_size * page_size
+            if end <= start:
+                continue  # no boundary in this forward: an earlier one published it
+            prefix = tuple(tokens[:end])
+            if prefix not in memory.cached.anchors:
+                memory = memory.publish(slot, prefix)
+        return self if memory is self.memory else self.next_version(memory=memory)
+
+    def resume_rows(
+        self, slots: Sequence[int], token_lists: Sequence[Tokens], lengths: Sequence[int]
+    ) -> Pools:
+        """New rows (their slots just taken) that read `lengths[i]` cached tokens resume there.
+
+        Each such row's window start moves to its anchor's tail, and the anchor
+        (held since the match) stays locked until the row's forward copied its
+        tail and state.
+        """
+        rows = [(slot, len_) for slot, len_ in zip(slots, lengths, strict=True) if len_]
+        if not rows or not self.memory.kinds.is_hybrid:
+            return self
+        reading = [slot for slot, _ in rows]
+        memory = self.memory.resume(reading, _read(token_lists, lengths), self.page_size)
+        return self.next_version(memory=memory)
+
+    def usable_prefix(self, tokens: Sequence[int], cap: int | None = None) -> tuple[int, HostArray]:
+        """A prompt's longest cached prefix it may read, leaving a token to compute: length, pages.
+
+        At most `cap` tokens, whole pages, if given. On hybrid pools the
+        full-attention match is cut back to the longest anchor at or before
+        it: a prefix whose window tail or state the cache does not keep is
+        never read (docs/hybrid.md).
+        """
+        cache = self.cache
+        ids = tuple(tokens)
+        page_size = cache.page_size
+        usable = (len(ids) - 1) // page_size * page_size
+        if cap is not None:
+            usable = min(usable, cap // page_size * page_size)
+        if not self.memory.kinds.is_hybrid:
+            return cache.match(ids[:usable])
+        matched, pages = cache._cached(ids[:usable])
+        anchors = self.memory.cached
+        length = anchors.longest(ids, matched) if matched and anchors.anchors else 0
+        return length, pages[: length // cache.page_size]
+
+    def next_version(  # one keyword per field a transition may replace
+        self,
+        *,
+        slot_list: FreeList | None = None,
+        page_list: FreeList | None = None,
+        retired: HostArray | None = None,
+        num_retired: int | None = None,
+        slot_tokens: HostArray | None = None,
+        cache: PrefixCache | None = None,
+        prefixes: Map[int, Tokens] | None = None,
+        slot_gens: HostArray | None = None,
+        next_gen: int | None = None,
+        memory: HybridPools | None = None,
+    ) -> Pools:
+        """A copy of `pools` with some fields replaced, at a new version not yet committed.
+
+        The transition commits its result; attrs.evolve costs four times as much.
+        """
+        return type(self)(
+            self.table,
+            self.page_size,
+            self.num_pages,
+            self.slot_list if slot_list is None else slot_list,
+            self.page_list if page_list is None else page_list,
+            self.retired if retired is None else retired,
+            self.num_retired if num_retired is None else num_retired,
+            self.slot_tokens if slot_tokens is None else slot_tokens,
+            self.cache if cache is None else cache,
+            self.prefixes if prefixes is None else prefixes,
+            self.slot_gens if slot_gens is None else slot_gens,
+            self.next_gen if next_gen is None else next_gen,
+            self.memory if memory is None else memory,
+            self._stamp,
+            self._stamp.issue(),
+        )
+
+    def hold_anchors(self, token_lists: Sequence[Tokens], lengths: Sequence[int]) -> Pools:
+        """The anchors new rows matched (`lengths[i]` tokens of `token_lists[i]`), locked.
+
+        Before the rows take their slots: taking state slots may evict anchors,
+        never one a row of the same transition resumes from.
+        """
+        if not self.memory.kinds.is_hybrid or not any(lengths):
+            return self
+        return self.next_version(memory=self.memory.hold(_read(token_lists, lengths)))
+
+    def give_back_slots(
+        self,
+        slots: HostArray,
+        seq_lens: HostArray | None,
+        tokens: Sequence[Tokens] | None,
+        gens: HostArray | None,
+    ) -> Result[Pools, NotOwned]:
+        """`Pools.free` without the commit: see there."""
+        owned = self.owned_tokens(slots, None if seq_lens is None else seq_lens.tolist(), gens)
+        if isinstance(owned, NotOwned):
+            return Failure(owned)
+        if not owned:
+            return Success(self)  # nothing to give back
+        if self.cache.enabled:
+            return Success(_give_back_shared(self, slots, owned, tokens))
+        page_size, table = self.page_size, self.table.host
+        if len(owned) <= _MAX_ROW_READS:
+            # A few requests finishing, the common case: one strided row read each.
+            # int32 table cells: the free list's buffer converts as it copies them.
+            rows = [table[slot, :tokens:page_size] for slot, tokens in owned]
+            pages = rows[0] if len(rows) == 1 else np.concatenate(rows)
+        else:
+            num_pages = (self.slot_tokens[slots] + page_size - 1) // page_size
+            rows_of_pages = np.repeat(np.arange(slots.shape[0]), num_pages)
+            first_page = np.cumsum(num_pages) - num_pages
+            columns = (np.arange(rows_of_pages.shape[0]) - first_page[rows_of_pages]) * page_size
+            pages = table[slots[rows_of_pages], columns]
+        if page_size > 1:
+            pages = pages // page_size
+        return Success(
+            self.next_version(
+                slot_list=self.slot_list.give(slots),
+                page_list=self.page_list.give(pages),
+                slot_tokens=_zeroed(self.slot_tokens, slots),
+                slot_gens=_zeroed(self.slot_gens, slots),
+                memory=_hybrid_given_back(self, slots),
+            )
+        )
+
+    def cached_prefix_lens(self) -> HostArray:
+        """Read-only int64 `[max_reqs + 1]`: tokens each slot's row reads from the cache."""
+        lens = np.zeros_like(self.slot_tokens)
+        for slot, tokens in self.prefixes.items():
+            lens[slot] = len(tokens)
+        return frozen(lens)
+
+    def page_ref_counts(self) -> HostArray:
+        """Read-only int64 `[num_pages + 1]`: rows reading each page, plus one if cached."""
+        counts = np.zeros(self.num_pages + 1, dtype=np.int64)
+        for page, locks in self.cache.entries().values():
+            counts[page] += 1 + locks
+        page_size, table = self.page_size, self.table.host
+        for slot in self.slot_tokens.nonzero()[0].tolist():
+            start = len(self.prefixes.get(slot, ()))
+            private = table[slot, start : int(self.slot_tokens[slot]) : page_size] // page_size
+            counts[private.astype(np.int64)] += 1
+        return frozen(counts)
+
+    def owned_tokens(
+        self, slots: HostArray, expected: list[int] | None, gens: HostArray | None = None
+    ) -> list[tuple[int, int]] | NotOwned:
+        """(slot, tokens it owns) for each of `slots`, or `NotOwned` naming the others.
+
+        A slot is not owned if it is out of range, free, repeated, owns other
+        than `expected` tokens, or is at another generation than `gens`. Few
+        slots leave at a time: they are checked in Python.
+        """
+        values = slots.tolist()
+        if not values:
+            return []
+        unowned = [slot for slot in values if not 1 <= slot <= self.max_reqs]
+        if not unowned:
+            owned = list(zip(values, self.slot_tokens[slots].tolist(), strict=True))
+            held = self.slot_gens[slots]
+            unowned = [slot for slot, gen in zip(values, held.tolist(), strict=True) if not gen]
+            if gens is not None and not unowned and not same(held, gens):
+                unowned = [slot for slot, g, h in zip(values, gens, held, strict=True) if g != h]
+            if expected is not None and not unowned:
+                pairs = zip(owned, expected, strict=True)
+                unowned = [slot for (slot, tokens), length in pairs if tokens != length]
+            if not unowned:
+                if len(set(values)) == len(values):
+                    return owned
+                unowned = values  # the same slot twice in one call
+        return NotOwned(tuple(unowned))
 
     def __repr__(self) -> str:
         cached = (

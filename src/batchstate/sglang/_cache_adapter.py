@@ -18,7 +18,6 @@ import attrs
 import numpy as np
 
 from batchstate import Pools
-from batchstate.pools.pools import next_version
 
 
 def unlocked_leaves(pools: Pools) -> list[tuple[tuple[int, ...], int]]:
@@ -52,4 +51,4 @@ def evict_leaves(pools: Pools, leaves: Sequence[tuple[tuple[int, ...], int]]) ->
     memory = pools.memory
     if memory.cached.anchors:  # anchors ending in evicted pages go with them, as on allocation
         memory = memory.drop_uncached(lambda prefix: cache._cached(prefix)[0] == len(prefix))
-    return next_version(pools, page_list=freed, cache=cache, memory=memory)._commit()
+    return pools.next_version(page_list=freed, cache=cache, memory=memory).commit()

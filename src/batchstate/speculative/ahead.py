@@ -36,7 +36,7 @@ from batchstate.base.read_only import read_only_copies
 from batchstate.base.upper_bound import UpperBound
 from batchstate.columns.columns import NO_COLUMNS, C
 from batchstate.errors import ContextTooLong, DraftError, OutOfKVTokens, PhaseError
-from batchstate.pools.pools import Pools, expect_pools, shrink_slots, take_tokens
+from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.rows import Req
 from batchstate.records.verifying import Verifying, VerifyStep, window_lens
 from batchstate.speculative.verify import Drafts, _draft_lens
@@ -150,7 +150,7 @@ def verify_ahead(
         row = int(too_long.argmax())
         return Failure(ContextTooLong(window.reqs[row].rid, int(bound[row]), pools.max_context_len))
     # The next window's forward queries from `floor + accepted` on: `floor` at the least.
-    allocation = take_tokens(pools, slots, held, bound, floor)
+    allocation = pools.take_tokens(slots, held, bound, floor)
     if isinstance(allocation, OutOfKVTokens):
         return Failure(allocation)
     new_locs, after = allocation
@@ -196,7 +196,7 @@ def verify_ahead(
         DeviceOnly(locs),
         window.columns,
     )
-    return Success(AheadStep(ahead, after._commit()))
+    return Success(AheadStep(ahead, after.commit()))
 
 
 def settle_ahead(
@@ -246,7 +246,7 @@ def settle_ahead(
         raise DraftError("the pools do not hold this window: pass the pools verify_ahead returned")
     committed = ahead.floor + accepted + 1  # the token after the accepted ones included
     held = committed + ahead.draft_lens
-    shrunk = shrink_slots(pools, slots, held)
+    shrunk = pools.shrink_slots(slots, held)
     if not isinstance(shrunk, Success):
         raise DraftError(f"the pools do not own this window's slots: {shrunk.failure()}")
     qo_indptr = ahead.qo_indptr.host.astype(np.int64)
@@ -266,4 +266,4 @@ def settle_ahead(
         Mirrored._pair(frozen(out_cache_loc), out_side),
         ahead.columns,
     )
-    return VerifyStep(verifying, shrunk.unwrap()._commit())
+    return VerifyStep(verifying, shrunk.unwrap().commit())

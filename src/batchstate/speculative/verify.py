@@ -26,7 +26,7 @@ from batchstate.audit import permitted_reads
 from batchstate.base.mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate.columns.columns import C
 from batchstate.errors import ContextTooLong, DraftError, OutOfKVTokens, PhaseError
-from batchstate.pools.pools import Pools, expect_pools, reissue, shrink_slots, take_tokens
+from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.phases import Decoding, Filtered, Step
 from batchstate.records.rows import build_rows, check_columns, expect_current, pack_ints
 from batchstate.records.verifying import Verifying, VerifyStep, window_layout, window_lens
@@ -92,7 +92,7 @@ def verify(
     expect_current(rows, pools)
     slots = rows.req_pool_indices.host
     # The window's forward queries the decode token again, at `committed - 1`.
-    allocation = take_tokens(pools, slots, committed, reserved, committed - 1)
+    allocation = pools.take_tokens(slots, committed, reserved, committed - 1)
     if isinstance(allocation, OutOfKVTokens):
         return Failure(allocation)
     draft_locs, after = allocation
@@ -123,7 +123,7 @@ def verify(
         Mirrored._pair(frozen(cells[1]), cell_sides[1]),
         Mirrored._pair(frozen(cells[2]), cell_sides[2]),
     )
-    return Success(VerifyStep(verifying, after._commit()))
+    return Success(VerifyStep(verifying, after.commit()))
 
 
 def sync(
@@ -199,12 +199,12 @@ def sync(
         row = int(bad.argmax())
         raise DraftError(f"row {row} accepted {int(accepted[row])} of {int(drafts[row])} drafts")
     seq_lens = committed + accepted
-    shrunk = shrink_slots(pools, slots, seq_lens)
+    shrunk = pools.shrink_slots(slots, seq_lens)
     if not isinstance(shrunk, Success):
         raise DraftError(f"the pools do not own this batch's slots: {shrunk.failure()}")
     # The window is consumed: its slots move to a new generation, so a second
     # sync or a release of the window is refused, whatever it accepted.
-    gens, after = reissue(shrunk.unwrap(), slots)
+    gens, after = shrunk.unwrap().reissue(slots)
     rows, _ = build_rows(
         batch.device,
         batch.reqs,
@@ -215,7 +215,7 @@ def sync(
         batch.columns,
     )
     check_columns(rows)
-    return Step(Filtered(rows), after._commit())
+    return Step(Filtered(rows), after.commit())
 
 
 def _draft_lens(draft_lens: Drafts, num_reqs: int) -> HostArray:

@@ -14,7 +14,7 @@ from batchstate.errors import (
     OutOfKVTokens,
     PhaseError,
 )
-from batchstate.pools.pools import Pools, expect_pools, take_next
+from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.phases import RUNNING_PHASES, Decoding, Running, Step
 from batchstate.records.rows import NUM_INTS, SEQ_LENS, Rows, build_rows, expect_current
 
@@ -60,7 +60,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
     if isinstance(grown, OutOfKVTokens):
         return Failure(grown)
     new_rows, out_cache_loc, after = grown
-    return Success(Step(Decoding._trusted(new_rows, out_cache_loc), after._commit()))
+    return Success(Step(Decoding._trusted(new_rows, out_cache_loc), after.commit()))
 
 
 def grow(rows: Rows[C], pools: Pools) -> tuple[Rows[C], DeviceOnly, Pools] | OutOfKVTokens:
@@ -72,7 +72,7 @@ def grow(rows: Rows[C], pools: Pools) -> tuple[Rows[C], DeviceOnly, Pools] | Out
     slots = rows.req_pool_indices
     ints = rows.ints + _ONE_MORE_TOKEN  # a fresh array, its lengths one longer
     seq_lens = ints[SEQ_LENS]
-    allocation = take_next(pools, slots.host, seq_lens)
+    allocation = pools.take_next(slots.host, seq_lens)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation

@@ -36,18 +36,7 @@ from batchstate.errors import (
     OutOfReqSlots,
     PhaseError,
 )
-from batchstate.pools.pools import (
-    ExtendRows,
-    Pools,
-    expect_pools,
-    lock_cached_prefixes,
-    publish_computed,
-    publish_tails,
-    resume_rows,
-    take_fresh,
-    take_slots,
-    take_tokens,
-)
+from batchstate.pools.pools import ExtendRows, Pools, expect_pools
 from batchstate.records.chunked import Chunked, columns_in_order
 from batchstate.records.phases import Extended, Filtered, Idle, Step
 from batchstate.records.rows import Req, Rows, build_rows, pack_ints
@@ -76,14 +65,14 @@ def _allocates(inputs: Sequence[Req | Chunked[C]], pools: Pools, *, match: bool)
     if len(new_ids) > pools.num_free_slots:
         return False
     locked, matched, _ = (
-        lock_cached_prefixes(pools, new_ids) if match else (pools, [0] * len(new_ids), [])
+        pools.lock_cached_prefixes(new_ids) if match else (pools, [0] * len(new_ids), [])
     )
-    taken = take_slots(locked, len(new_ids))
+    taken = locked.take_slots(len(new_ids))
     if isinstance(taken, OutOfReqSlots):
         return False
     new_slots, with_slots = taken
     if match and any(matched):  # hybrid pools: window starts at the anchors' tails
-        with_slots = resume_rows(with_slots, new_slots.tolist(), new_ids, matched)
+        with_slots = with_slots.resume_rows(new_slots.tolist(), new_ids, matched)
     next_slot, next_match = iter(new_slots.tolist()), iter(matched)
     slots: list[int] = []
     prefix: list[int] = []
@@ -100,7 +89,7 @@ def _allocates(inputs: Sequence[Req | Chunked[C]], pools: Pools, *, match: bool)
     lengths = host_int64(seq_lens)
     # `prebuilt` (no match) takes window pages for each window's tail only, as it admits.
     reads_from = None if match else lengths
-    allocation = take_tokens(with_slots, host_int64(slots), host_int64(prefix), lengths, reads_from)
+    allocation = with_slots.take_tokens(host_int64(slots), host_int64(prefix), lengths, reads_from)
     return not isinstance(allocation, OutOfKVTokens)
 
 
@@ -180,11 +169,11 @@ def _place_fresh(
         problem = _first_problem(reqs, [0] * len(reqs), pools.max_context_len)
         assert problem is not None
         return problem
-    allocated = take_slots(pools, len(reqs))
+    allocated = pools.take_slots(len(reqs))
     if isinstance(allocated, OutOfReqSlots):
         return allocated
     slots, with_slots = allocated
-    allocation = take_fresh(with_slots, slots, seq_lens, transferred=transferred)
+    allocation = with_slots.take_fresh(slots, seq_lens, transferred=transferred)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation
@@ -239,8 +228,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     prefix_host = host_int64(prefix_lens)
     seq_lens_host = host_int64(seq_lens)
     if retire and any(matched.lengths):  # hybrid pools: new rows resume from anchors
-        pools = resume_rows(
-            pools,
+        pools = pools.resume_rows(
             [slots[row] for row in new_rows],
             [reqs[row].input_ids for row in new_rows],
             matched.lengths,
@@ -248,7 +236,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     # Rows no forward computes here (`prebuilt`) are first read by their next decode,
     # at `seq_len`: they take window pages for their window's tail only.
     reads_from = None if retire else seq_lens_host
-    allocation = take_tokens(pools, slots_host, prefix_host, seq_lens_host, reads_from)
+    allocation = pools.take_tokens(slots_host, prefix_host, seq_lens_host, reads_from)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation
@@ -259,8 +247,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     token_slots = slots_host[rows_of_tokens]
     locs32 = locs.astype(np.int32)
     # Each row's whole pages go into the cache, or its cells move onto the cache's copy.
-    after, (token_slots, positions, locs32) = publish_computed(
-        after,
+    after, (token_slots, positions, locs32) = after.publish_computed(
         [
             (slots[row], reqs[row].input_ids[:length])
             for row, length in zip(new_rows, matched.lengths, strict=True)
@@ -270,7 +257,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         retire=retire,
     )
     if retire:  # hybrid pools: an anchor at each row's last page boundary, where there is room
-        after = publish_tails(after, slots, [req.input_ids for req in reqs], prefix_lens)
+        after = after.publish_tails(slots, [req.input_ids for req in reqs], prefix_lens)
     if any(matched.lengths):
         # Rows that read a cached prefix: their table cells there are the cache's pages.
         prefix_rows = [
@@ -417,7 +404,7 @@ def extend(  # the overloads above are the API; Any stands for their column set 
         admitted.extend_lens,
         admitted.num_computed,
     )
-    return Success(Step(extended, admitted.pools._commit()))
+    return Success(Step(extended, admitted.pools.commit()))
 
 
 @overload
@@ -452,7 +439,7 @@ def prebuilt(  # the overloads above are the API; Any stands for their column se
     admitted = _admit(batch, reqs, pools, columns, match=False)
     if not isinstance(admitted, _Admitted):
         return Failure(admitted)
-    return Success(Step(Filtered(admitted.rows), admitted.pools._commit()))
+    return Success(Step(Filtered(admitted.rows), admitted.pools.commit()))
 
 
 # Up to this many fresh requests, writing the table row by row beats index tensors.
@@ -505,9 +492,9 @@ def _admit_all(
     num_new = len(inputs) - len(held)
     new_ids = [item.input_ids for item in inputs if not isinstance(item, Chunked)]
     locked, matched, pages = (
-        lock_cached_prefixes(pools, new_ids) if match else (pools, [0] * num_new, [])
+        pools.lock_cached_prefixes(new_ids) if match else (pools, [0] * num_new, [])
     )
-    allocated = take_slots(locked, num_new)  # too few free slots (or states): nothing taken
+    allocated = locked.take_slots(num_new)  # too few free slots (or states): nothing taken
     if isinstance(allocated, OutOfReqSlots):
         return allocated
     return _place(

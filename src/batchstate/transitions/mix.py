@@ -47,18 +47,7 @@ from batchstate.errors import (
     OutOfReqSlots,
     PhaseError,
 )
-from batchstate.pools.pools import (
-    ExtendRows,
-    Pools,
-    expect_pools,
-    lock_matched_prefixes,
-    publish_computed,
-    publish_tails,
-    resume_rows,
-    take_slots,
-    take_tokens,
-    usable_prefix,
-)
+from batchstate.pools.pools import ExtendRows, Pools, expect_pools
 from batchstate.records.chunked import Chunked, columns_in_order
 from batchstate.records.mixed import Mixed, MixStep
 from batchstate.records.phases import Filtered, Idle
@@ -101,7 +90,7 @@ def _fill(
             # hybrid pools, an anchor: a prefix is never read where its tail is not kept.
             cap = caps.get(req.rid)
             cached, pages = (
-                usable_prefix(pools, req.input_ids, cap) if cache.enabled else (0, NO_INTS)
+                pools.usable_prefix(req.input_ids, cap) if cache.enabled else (0, NO_INTS)
             )
             prefix_pages.append(pages)
         take = min(len(req.input_ids) - cached, left)
@@ -143,8 +132,7 @@ def _build(
         # Each chunk's end: its whole pages go into the cache and its lock moves to them,
         # or, where the cache holds them already, its cells move onto the cache's copy.
         ends = seq_lens[:num_extend].tolist()
-        after, cells = publish_computed(
-            after,
+        after, cells = after.publish_computed(
             [
                 (slot, ids[:length])
                 for slot, ids, length in zip(new_slots, new_ids, matched, strict=True)
@@ -161,7 +149,7 @@ def _build(
             retire=True,
         )
         # Hybrid pools: an anchor at each chunk's last page boundary, where there is room.
-        after = publish_tails(after, extend_slots, chunk_tokens, chunks.prefix_lens)
+        after = after.publish_tails(extend_slots, chunk_tokens, chunks.prefix_lens)
     if any(matched):  # new rows read a cached prefix: their cells there are the cache's pages
         cells = prefix_cells(
             list(zip(new_slots, prefix_pages, strict=True)), pools.page_size, cells
@@ -222,7 +210,7 @@ def _build(
         sum(chunks.extend_lens),
         partial,
     )
-    return MixStep(mixed, after._commit())
+    return MixStep(mixed, after.commit())
 
 
 _Allocated: TypeAlias = tuple[
@@ -249,13 +237,13 @@ def _allocate(
             for length, slot in zip(chunks.prefix_lens, chunks.slots, strict=True)
             if not slot
         ]
-        pools = lock_matched_prefixes(pools, new_ids, matched)
-        allocated = take_slots(pools, num_new)
+        pools = pools.lock_matched_prefixes(new_ids, matched)
+        allocated = pools.take_slots(num_new)
         if isinstance(allocated, OutOfReqSlots):  # hybrid pools: fewer state slots than slots
             return allocated
         taken, pools = allocated
         new_slots = taken.tolist()
-        pools = resume_rows(pools, new_slots, new_ids, matched)  # hybrid pools: from anchors
+        pools = pools.resume_rows(new_slots, new_ids, matched)  # hybrid pools: from anchors
     next_new = iter(new_slots)
     extend_slots = [slot or next(next_new) for slot in chunks.slots]
     slots = np.concatenate((host_int64(extend_slots), rows.req_pool_indices.host))
@@ -264,7 +252,7 @@ def _allocate(
         (host_int64(chunks.extend_lens), np.ones(len(rows), dtype=np.int64))
     )
     seq_lens = prefix + extend_lens
-    allocation = take_tokens(pools, slots, prefix, seq_lens)
+    allocation = pools.take_tokens(slots, prefix, seq_lens)
     if isinstance(allocation, OutOfKVTokens):
         return allocation
     locs, after = allocation
@@ -543,7 +531,7 @@ def decode_sampled(
         0,
         (),
     )
-    return Success(MixStep(mixed, after._commit()))
+    return Success(MixStep(mixed, after.commit()))
 
 
 def _ones(num_rows: int) -> HostArray:
