@@ -119,9 +119,7 @@ def test_merge_conflict_path_reads_nothing() -> None:
         merge(batch, kept)
 
 
-@pytest.mark.parametrize(
-    ("helper", "path"), [("_too_long", _too_long), ("expect_current", _stale)]
-)
+@pytest.mark.parametrize(("helper", "path"), [("_too_long", _too_long), ("expect_current", _stale)])
 def test_a_read_added_to_a_failure_path_is_caught(
     monkeypatch: pytest.MonkeyPatch, helper: str, path: Callable[[], object]
 ) -> None:

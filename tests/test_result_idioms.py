@@ -119,7 +119,7 @@ def test_outcome_match_binds_typed_names() -> None:
     assert report.errors == []
     assert report.revealed == [
         "batchstate.records.phases.Decoding[batchstate.columns.columns.NoColumns]",
-        "batchstate.errors.OutOfKVTokens | batchstate.errors.ContextTooLong",
+        "batchstate.base.errors.OutOfKVTokens | batchstate.base.errors.ContextTooLong",
     ]
 
 

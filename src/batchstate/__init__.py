@@ -14,6 +14,30 @@ transition returns a new record (and new `Pools` where it allocates).
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from batchstate.base.errors import (
+        AllocError,
+        BatchConflict,
+        ColumnError,
+        ContextTooLong,
+        DraftError,
+        EmptyExtend,
+        EmptyPrompt,
+        InvariantViolation,
+        KeepIndicesError,
+        MemoryKindError,
+        NoChunkBudget,
+        NotHeld,
+        NotOwned,
+        OutOfKVTokens,
+        OutOfReqSlots,
+        PhaseError,
+        PoolsArgumentError,
+        RecordShapeError,
+        ReleaseError,
+        StalePools,
+        StaleRecord,
+        StillRunning,
+    )
     from batchstate.base.mirrored import DeviceOnly, Mirrored
     from batchstate.base.results import Err, Ok, Outcome, UnwrapError, outcome, unwrap
     from batchstate.base.upper_bound import UpperBound
@@ -41,30 +65,6 @@ if TYPE_CHECKING:
     from batchstate.columns.columns import Columns, HostColumn, NoColumns
     from batchstate.columns.sampling import Sampling
     from batchstate.columns.sampling_params import GREEDY, SamplingParams
-    from batchstate.errors import (
-        AllocError,
-        BatchConflict,
-        ColumnError,
-        ContextTooLong,
-        DraftError,
-        EmptyExtend,
-        EmptyPrompt,
-        InvariantViolation,
-        KeepIndicesError,
-        MemoryKindError,
-        NoChunkBudget,
-        NotHeld,
-        NotOwned,
-        OutOfKVTokens,
-        OutOfReqSlots,
-        PhaseError,
-        PoolsArgumentError,
-        RecordShapeError,
-        ReleaseError,
-        StalePools,
-        StaleRecord,
-        StillRunning,
-    )
     from batchstate.forward.accepted_states import StateCopies, accepted_states
     from batchstate.forward.anchor_copies import CachedCopies
     from batchstate.forward.hybrid import HybridInputs, StateInputs, WindowInputs, hybrid_inputs

@@ -22,6 +22,8 @@ import attrs
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from batchstate.base.errors import Error
+
 __all__ = [
     "DeviceRead",
     "DeviceReadError",
@@ -209,7 +211,7 @@ class DeviceReadReport:
         return "\n".join(lines)
 
 
-class DeviceReadError(RuntimeError):
+class DeviceReadError(Error, RuntimeError):
     """A device-to-host read inside `device_reads(forbid=True)`.
 
     A `RuntimeError`, the class torch itself raises for a read it cannot

@@ -1,283 +1,95 @@
-"""What can go wrong: expected failures as values, broken contracts as exceptions.
+"""Everything batchstate reports, under one base class: `except batchstate.errors.Error`.
 
-A transition that can run out of something returns a `returns` `Failure`
-holding one of the frozen records below, with the facts needed to act on it;
-`str()` of a record says them in one line, and `batchstate.unwrap` raises
-with that line as its message (`returns`' own `.unwrap()` says nothing).
-A caller that breaks a contract (a wrong phase, bad keep indices, two
-batches that share a request) gets an exception that subclasses the builtin
-a caller would already catch.
+Failure values are what a transition returns in a `returns` `Failure`
+when it runs out of something (`OutOfKVTokens`, `OutOfReqSlots`, ...):
+frozen records with the facts to act on, compared by value. Exceptions are
+what a broken contract raises (`PhaseError`, `StaleRecord`, ...); each
+also subclasses the builtin a caller would already catch. The type aliases
+(`ExtendError`, `DecodeError`, `MixError`, `AllocError`, `ReleaseError`)
+are the unions of failure values each transition can return.
+
+The engine's and the SGLang integration's own exceptions
+(`batchstate.engine.EngineError`, `batchstate.sglang.Divergence`, ...)
+derive from `Error` too.
 """
 
-from __future__ import annotations
+# The names below load on first use (PEP 562), as the package's own do.
+from typing import TYPE_CHECKING
 
-from typing import TypeAlias, final
-
-import attrs
+if TYPE_CHECKING:
+    from batchstate.audit import DeviceReadError
+    from batchstate.base.errors import (
+        AllocError,
+        BatchConflict,
+        ColumnError,
+        ContextTooLong,
+        DecodeError,
+        DoesNotFit,
+        DraftError,
+        EmptyExtend,
+        EmptyPrompt,
+        Error,
+        ExtendError,
+        ForwardInputsError,
+        GraphBuffersError,
+        InvariantViolation,
+        KeepIndicesError,
+        MemoryKindError,
+        MixError,
+        NoChunkBudget,
+        NotHeld,
+        NotOwned,
+        OutOfKVTokens,
+        OutOfReqSlots,
+        PaddingError,
+        PhaseError,
+        PoolsArgumentError,
+        RecordShapeError,
+        ReleaseError,
+        StalePools,
+        StaleRecord,
+        StillRunning,
+        TooLargeToPad,
+        UnwrapError,
+    )
 
 __all__ = [
     "AllocError",
     "BatchConflict",
     "ColumnError",
     "ContextTooLong",
+    "DecodeError",
+    "DeviceReadError",
+    "DoesNotFit",
     "DraftError",
     "EmptyExtend",
     "EmptyPrompt",
+    "Error",
+    "ExtendError",
+    "ForwardInputsError",
+    "GraphBuffersError",
     "InvariantViolation",
     "KeepIndicesError",
     "MemoryKindError",
+    "MixError",
     "NoChunkBudget",
     "NotHeld",
     "NotOwned",
     "OutOfKVTokens",
     "OutOfReqSlots",
+    "PaddingError",
     "PhaseError",
     "PoolsArgumentError",
     "RecordShapeError",
     "ReleaseError",
+    "StalePools",
     "StaleRecord",
     "StillRunning",
+    "TooLargeToPad",
+    "UnwrapError",
 ]
 
+if not TYPE_CHECKING:
+    from batchstate.base.lazy import attach
 
-@final
-@attrs.frozen
-class OutOfReqSlots:
-    """More requests than free request slots.
-
-    `fits`: how many of the requests an admission (`extend`, `prebuilt`,
-    `mix`) was offered, in the order given, these pools would take: the same
-    call with only those succeeds (for `mix`, each with the chunk its budget
-    gives it, beside the running rows' decode tokens); 0: not even the
-    first. A transition offered no requests (`decode`, `verify`) says 0.
-    Equality compares the shortage, not this count.
-    """
-
-    requested: int
-    available: int
-    fits: int = attrs.field(default=0, kw_only=True, eq=False)  # a count, not the shortage
-
-    def __str__(self) -> str:
-        return (
-            f"out of request slots: {self.requested} requested, {self.available} free;"
-            f" {self.fits} of the requests offered fit"
-        )
-
-
-@final
-@attrs.frozen
-class OutOfKVTokens:
-    """More KV tokens (whole pages) than the pool has free.
-
-    `fits`: as `OutOfReqSlots.fits`.
-    """
-
-    requested_pages: int
-    available_pages: int
-    page_size: int
-    fits: int = attrs.field(default=0, kw_only=True, eq=False)  # a count, not the shortage
-
-    def __str__(self) -> str:
-        return (
-            f"out of KV tokens: {self.requested_pages} pages of {self.page_size} requested,"
-            f" {self.available_pages} free; {self.fits} of the requests offered fit"
-        )
-
-
-@final
-@attrs.frozen
-class ContextTooLong:
-    """A request would grow past the request-to-token table's width."""
-
-    rid: int
-    length: int
-    max_context_len: int
-
-    def __str__(self) -> str:
-        return (
-            f"request {self.rid} needs {self.length} tokens of context,"
-            f" the table holds {self.max_context_len}"
-        )
-
-
-@final
-@attrs.frozen
-class EmptyExtend:
-    """An extend with no requests."""
-
-    def __str__(self) -> str:
-        return "extend needs at least one request"
-
-
-@final
-@attrs.frozen
-class EmptyPrompt:
-    """A request with no tokens left to compute."""
-
-    rid: int
-    num_input_ids: int
-    prefix_len: int
-
-    def __str__(self) -> str:
-        return (
-            f"request {self.rid} has nothing to extend:"
-            f" {self.num_input_ids} input ids, {self.prefix_len} already cached"
-        )
-
-
-@final
-@attrs.frozen
-class NotOwned:
-    """Releasing request slots that the pools do not hold as owned (a double free)."""
-
-    slots: tuple[int, ...]
-
-    def __str__(self) -> str:
-        return (
-            f"request slots {list(self.slots)} are not owned: already released or never allocated"
-        )
-
-
-@final
-@attrs.frozen
-class StillRunning:
-    """Releasing request slots that the running batch still uses."""
-
-    slots: tuple[int, ...]
-
-    def __str__(self) -> str:
-        return f"request slots {list(self.slots)} are still in the running batch"
-
-
-@final
-@attrs.frozen
-class NotHeld:
-    """A chunk whose slot does not hold its cached tokens: never held, or already moved on.
-
-    A `Chunked` is good for one continuation: once `mix` has continued it,
-    merged its last chunk into the running batch, or `release` has freed it,
-    the pools no longer hold `cached` tokens in its slot.
-    """
-
-    rid: int
-    slot: int
-    cached: int
-    owned: int  # tokens the pools hold in the slot (0: free or out of range)
-    # The slot holds that many tokens, but for a later owner: it was released and
-    # handed out again (the chunk's generation is not the slot's).
-    stale: bool = False
-    # The slot holds that many tokens at the chunk's generation, but for other
-    # tokens than the start of the chunk's request (the request was swapped): the
-    # chunk remembers the request it was made for, and with the prefix cache on the
-    # cached prefix its row reads must be the start of the request too.
-    other_tokens: bool = False
-
-    def __str__(self) -> str:
-        if self.other_tokens:
-            return (
-                f"request {self.rid} is not held in slot {self.slot}: the slot's KV is for"
-                " other tokens than the start of this request (the chunk's request was"
-                " swapped)"
-            )
-        if self.stale:
-            return (
-                f"request {self.rid} is not held in slot {self.slot}: the slot was released"
-                " and handed out again (another generation), the chunk is stale"
-            )
-        return (
-            f"request {self.rid} is not held in slot {self.slot}: the chunk says"
-            f" {self.cached} cached tokens, the pools hold {self.owned}"
-        )
-
-
-@final
-@attrs.frozen
-class NoChunkBudget:
-    """A chunk budget below one token: no prompt could make progress."""
-
-    budget: int
-
-    def __str__(self) -> str:
-        return f"the chunk budget must be at least 1 token per step, got {self.budget}"
-
-
-AllocError: TypeAlias = OutOfReqSlots | OutOfKVTokens | ContextTooLong | EmptyExtend | EmptyPrompt
-ReleaseError: TypeAlias = NotOwned | StillRunning
-
-
-class PhaseError(TypeError):
-    """A transition was handed a record of a phase it does not accept.
-
-    A `TypeError`: mypy rejects these calls; this is for callers without it.
-    """
-
-
-class KeepIndicesError(IndexError):
-    """Keep indices that are not strictly increasing positions inside the batch."""
-
-
-class BatchConflict(ValueError):
-    """Two batches being merged share a request or a request slot."""
-
-
-class StaleRecord(ValueError):
-    """A record and the pools disagree about what a request slot owns.
-
-    One of them is older than the other: a batch decoded with pools from
-    before its last step, or after its rows were released. Caught before
-    anything is allocated or written.
-    """
-
-
-class StalePools(ValueError):
-    """Pools used after a later value was derived from them by a successful transition.
-
-    Pools are linear: every value of one lineage shares the table and the
-    free lists, so only the newest may allocate or free. Raised before
-    anything is read or written.
-    """
-
-
-class PoolsArgumentError(ValueError):
-    """An argument to a public `Pools` method that does not fit the pools it is handed.
-
-    A negative count, an array of the wrong dtype or shape, a slot the
-    pools do not hold, or a length other than what the slot owns: the
-    message names the argument. Raised before anything is taken or freed.
-    """
-
-
-class DraftError(ValueError):
-    """Draft lengths or accepted counts that do not fit the rows they describe.
-
-    A `ValueError`: a speculative engine handed `verify` or `sync` numbers
-    its own drafter or verify kernel should never produce.
-    """
-
-
-class RecordShapeError(ValueError):
-    """A record whose fields disagree in length, dtype or device."""
-
-
-class ColumnError(ValueError):
-    """A column set that is not one, or a column of the wrong length, dtype or device.
-
-    Raised before anything is allocated: the pools passed in stay as they were.
-    """
-
-
-class MemoryKindError(ValueError):
-    """A description of the pools' memory kinds that they cannot hold.
-
-    A window of 0 or longer than the context, window token slots that are
-    not whole pages, a state size that does not fit, or two kinds of one
-    sort. Raised by `make_pools`, before anything is made.
-    """
-
-
-class InvariantViolation(AssertionError):
-    """A record or pool breaks one of the invariants of docs/design.md.
-
-    An `AssertionError`: it means a bug, in batchstate or in code that
-    reached past its API, never bad input.
-    """
+    __getattr__, __dir__ = attach(globals())

@@ -7,11 +7,7 @@ from typing import Final, TypeAlias, final
 
 import attrs
 
-from batchstate.captured.graph_buffers import DoesNotFit, GraphBuffersError, fill
-from batchstate.captured.hybrid_buffers import fill_hybrid
-from batchstate.captured.padding import Padded, TooLargeToPad, pad
-from batchstate.captured.sizes import PaddingError
-from batchstate.errors import (
+from batchstate.base.errors import (
     BatchConflict,
     ContextTooLong,
     DraftError,
@@ -24,6 +20,10 @@ from batchstate.errors import (
     OutOfReqSlots,
     StaleRecord,
 )
+from batchstate.captured.graph_buffers import DoesNotFit, GraphBuffersError, fill
+from batchstate.captured.hybrid_buffers import fill_hybrid
+from batchstate.captured.padding import Padded, TooLargeToPad, pad
+from batchstate.captured.sizes import PaddingError
 from batchstate.forward.hybrid import HybridInputs, hybrid_inputs
 from batchstate.forward.inputs import ForwardInputs, ForwardInputsError, forward_inputs
 from batchstate.forward.transfer import TransferTargets, transfer_targets

@@ -18,6 +18,7 @@ from returns.primitives.exceptions import UnwrapFailedError
 from returns.result import Result
 from typing_extensions import TypeVar
 
+from batchstate.base.errors import UnwrapError
 from batchstate.base.expect import expect_instance
 
 __all__ = ["Err", "Ok", "Outcome", "UnwrapError", "outcome", "unwrap"]
@@ -72,20 +73,6 @@ def outcome(result: Result[_Value, _Error]) -> Outcome[_Value, _Error]:
 # `unwrap`: a `Result`'s value, or an exception whose message is the failure's facts.
 
 
-class UnwrapError(UnwrapFailedError):
-    """`unwrap` was handed a `Failure`: the message is the failure record's one line.
-
-    A subclass of `returns`' `UnwrapFailedError`, so code that catches that
-    catches this too. `failure` is the record itself (for example an
-    `OutOfKVTokens`, with its counts); `halted_container` is the `Failure`.
-    """
-
-    def __init__(self, container: Result[object, object]) -> None:
-        super().__init__(container)
-        self.failure: object = container.failure()
-        self.args = (str(self.failure),)
-
-
 def unwrap(result: Result[_Value, _Error]) -> _Value:
     """The value inside a `Success`; for a `Failure`, raise `UnwrapError` saying why.
 
@@ -97,7 +84,7 @@ def unwrap(result: Result[_Value, _Error]) -> _Value:
     >>> unwrap(extend(idle("cpu"), [Req(0, (1, 2)), Req(1, (3,))], pools))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    batchstate.base.results.UnwrapError: out of request slots: 2 requested, 1 free; 1 of the ...
+    batchstate.base.errors.UnwrapError: out of request slots: 2 requested, 1 free; 1 of the ...
     """
     expect_instance(result, Result, "unwrap: result")
     try:

@@ -19,9 +19,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate.base.errors import RecordShapeError
 from batchstate.base.mirrored import Scalar, describe, torch_dtype
 from batchstate.base.read_only import read_only_copies
-from batchstate.errors import RecordShapeError
 
 __all__ = ["UpperBound"]
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from returns.result import Failure, Result, Success
 
+from batchstate.base.errors import DoesNotFit, GraphBuffersError
 from batchstate.base.expect import expect_instance
 from batchstate.base.mirrored import DeviceOnly, HostArray, describe
 from batchstate.captured.padding import (
@@ -60,23 +61,6 @@ __all__ = ["DoesNotFit", "GraphBuffers", "GraphBuffersError", "fill"]
 # Each field's bytes per entry, in `PADDED_FIELDS` order: int64 first, every view aligned.
 _WIDTHS: Final = (8, 8, 8, 4, 4, 4, 4, 4, 4, 4)
 _CELLS: Final = (1 << 31) - 1  # page-table cells an int32 index reaches
-
-
-class GraphBuffersError(ValueError):
-    """A bucket that cannot be allocated, or inputs of another device or page size."""
-
-
-@final
-@attrs.frozen
-class DoesNotFit:
-    """A forward larger than the bucket in one of its sizes: nothing was written."""
-
-    what: str  # "rows", "tokens", "pages per row" or "kv pages"
-    needed: int
-    capacity: int
-
-    def __str__(self) -> str:
-        return f"{self.needed} {self.what} exceed the bucket's {self.capacity}"
 
 
 @final

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812  # torch's own idiom
 from returns.result import Failure, Result, Success
 
+from batchstate.base.errors import TooLargeToPad
 from batchstate.base.expect import expect_instance
 from batchstate.base.mirrored import DeviceOnly, Mirrored, upload
 from batchstate.captured.sizes import PaddingError, check_sizes, is_int
@@ -399,18 +400,6 @@ def with_padding(  # noqa: PLR0917  # the three device fields, in ForwardInputs'
 #                                  row: `extend_lens` fill query tokens, `seq_lens` fill KV
 #     prefill:                     tokens [ real tokens | padded tokens ]  in no row:
 #                                  `qo_indptr` ends at the real tokens
-
-
-@final
-@attrs.frozen
-class TooLargeToPad:
-    """The forward (or the largest data-parallel rank's) is larger than every captured size."""
-
-    count: int  # tokens to pad (rows, for decode)
-    largest: int  # the largest captured size
-
-    def __str__(self) -> str:
-        return f"{self.count} tokens exceed the largest captured size, {self.largest}"
 
 
 @final

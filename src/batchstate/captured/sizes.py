@@ -5,11 +5,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from batchstate.base.errors import PaddingError
+
 __all__ = ["PaddingError", "check_sizes", "is_int"]
-
-
-class PaddingError(ValueError):
-    """Captured sizes or a fill table that cannot pad anything (nothing was padded)."""
 
 
 def is_int(value: object) -> bool:
@@ -23,7 +21,7 @@ def check_sizes(sizes: Sequence[int]) -> None:
     >>> check_sizes([1, 2, 2])
     Traceback (most recent call last):
     ...
-    batchstate.captured.sizes.PaddingError: captured sizes must be >= 1 and strictly ...
+    batchstate.base.errors.PaddingError: captured sizes must be >= 1 and strictly ...
     """
     given: object = sizes  # callers without mypy may pass anything
     if not isinstance(given, Sequence) or not sizes:

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from batchstate.base.errors import InvariantViolation
 from batchstate.base.mirrored import HostArray
 from batchstate.cache.prefix_cache import PrefixCache
 from batchstate.cache.radix import ROOT, Node, Tokens
-from batchstate.errors import InvariantViolation
 from batchstate.pools.lineage import Stamp
 from batchstate.pools.pools import Pools
 from batchstate.records.rows import Req

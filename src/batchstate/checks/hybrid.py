@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from batchstate.base.errors import InvariantViolation
 from batchstate.base.mirrored import HostArray
-from batchstate.errors import InvariantViolation
 
 if TYPE_CHECKING:
     from batchstate.pools.pools import Pools

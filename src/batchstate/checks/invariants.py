@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
+from batchstate.base.errors import InvariantViolation, PhaseError, RecordShapeError
 from batchstate.base.mirrored import HostArray, torch_dtype
 from batchstate.checks.cache import (
     check_inputs,
@@ -17,7 +18,6 @@ from batchstate.checks.cache import (
 )
 from batchstate.checks.hybrid import check_hybrid
 from batchstate.columns.columns import C
-from batchstate.errors import InvariantViolation, PhaseError, RecordShapeError
 from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.phases import Batch, Decoding, Extended
 from batchstate.records.rows import GENS, NUM_INTS, RIDS, SEQ_LENS, SLOTS, Rows, check_columns

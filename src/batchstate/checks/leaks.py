@@ -7,8 +7,8 @@ from typing import Protocol, final
 
 import attrs
 
+from batchstate.base.errors import InvariantViolation
 from batchstate.checks.hybrid import unheld_hybrid
-from batchstate.errors import InvariantViolation
 from batchstate.pools.pools import Pools, expect_pools
 
 __all__ = ["Holder", "Leaks", "check_leaks", "find_leaks"]

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate.base.errors import ColumnError
 from batchstate.base.mirrored import DeviceOnly, Mirrored, frozen, torch_dtype
 from batchstate.columns.columns import (
     C,
@@ -26,7 +27,6 @@ from batchstate.columns.columns import (
     layout,
     packed_of,
 )
-from batchstate.errors import ColumnError
 
 __all__ = ["check_column_set", "owned_host_columns"]
 

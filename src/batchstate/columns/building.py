@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate.base.errors import ColumnError
 from batchstate.base.mirrored import DeviceOnly, frozen, torch_dtype, upload
 from batchstate.columns.columns import (
     NO_COLUMNS,
@@ -26,7 +27,6 @@ from batchstate.columns.columns import (
     packed_set,
 )
 from batchstate.columns.values import exact_values
-from batchstate.errors import ColumnError
 
 __all__ = ["build_columns", "empty_columns"]
 

@@ -46,11 +46,11 @@ import numpy.typing as npt
 import torch
 from typing_extensions import TypeVar
 
+from batchstate.base.errors import ColumnError
 from batchstate.base.mirrored import DeviceOnly, Mirrored
 from batchstate.base.read_only import by_fields
 from batchstate.base.scalars import SCALAR_NAMES
 from batchstate.base.setters import new_record, put_field
-from batchstate.errors import ColumnError
 
 __all__ = [
     "Columns",

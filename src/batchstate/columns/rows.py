@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate.base.errors import ColumnError
 from batchstate.base.mirrored import DeviceOnly, HostArray, Mirrored, frozen, gather_rows
 from batchstate.columns.columns import (
     C,
@@ -30,7 +31,6 @@ from batchstate.columns.columns import (
     packed_of,
     packed_set,
 )
-from batchstate.errors import ColumnError
 
 __all__ = ["Pending", "cat_pending", "join_pending", "slice_columns", "take_pending"]
 

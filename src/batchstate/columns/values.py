@@ -15,7 +15,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from batchstate.errors import ColumnError
+from batchstate.base.errors import ColumnError
 
 __all__ = ["exact_values"]
 

@@ -6,10 +6,12 @@ from typing import final
 
 import attrs
 
+from batchstate.errors import Error
+
 __all__ = ["EngineConfig", "EngineError"]
 
 
-class EngineError(RuntimeError):
+class EngineError(Error, RuntimeError):
     """The engine cannot go on: a transition failed in a way its policy rules out (a bug)."""
 
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Final, final
 
 import attrs
 
+from batchstate.errors import Error
+
 if TYPE_CHECKING:
     from batchstate.engine._simulation_config import SimulationConfig
 
@@ -17,7 +19,7 @@ __all__ = ["BACKENDS", "DataParallelConfig", "Fault", "InjectedFault", "launched
 BACKENDS: Final = ("gloo", "nccl")
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(Error, RuntimeError):
     """The failure a `Fault` plants, to test that every rank stops."""
 
 

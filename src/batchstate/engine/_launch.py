@@ -26,6 +26,7 @@ from batchstate.engine._dp_config import launched_by_torchrun
 from batchstate.engine._progress import Progress
 from batchstate.engine._ranks import PeerLost, join_ranks
 from batchstate.engine._simulate import SimulationConfig
+from batchstate.errors import Error
 
 __all__ = ["RankFailed", "launch", "launched_by_torchrun", "run_launched"]
 
@@ -33,7 +34,7 @@ _GRACE_S: Final = 5.0  # beyond the collective timeout, before a silent rank is 
 _POLL_S: Final = 0.1
 
 
-class RankFailed(RuntimeError):
+class RankFailed(Error, RuntimeError):
     """A rank raised or died; every rank has stopped. The message names the first to fail."""
 
 

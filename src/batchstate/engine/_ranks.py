@@ -25,6 +25,7 @@ import torch.distributed as dist
 from batchstate.engine._dp_config import BACKENDS, Fault, InjectedFault
 from batchstate.engine._engine import EngineError
 from batchstate.engine._model import TinyModel
+from batchstate.errors import Error
 
 __all__ = [
     "BACKENDS",
@@ -39,7 +40,7 @@ __all__ = [
 ]
 
 
-class PeerLost(RuntimeError):
+class PeerLost(Error, RuntimeError):
     """A collective failed: another rank stopped (it raised, died or timed out)."""
 
 

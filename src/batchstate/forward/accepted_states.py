@@ -20,9 +20,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate.base.errors import DraftError
 from batchstate.base.expect import expect_instance
 from batchstate.base.mirrored import DeviceOnly, Mirrored
-from batchstate.errors import DraftError
 from batchstate.forward.hybrid import HybridInputs
 from batchstate.forward.inputs import ForwardInputs, ForwardInputsError
 

@@ -16,10 +16,10 @@ import attrs
 import numpy as np
 import torch
 
+from batchstate.base.errors import ForwardInputsError, PhaseError
 from batchstate.base.expect import expect_instance
 from batchstate.base.mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate.columns.columns import C
-from batchstate.errors import PhaseError
 from batchstate.memory.token_table import TokenTable
 from batchstate.pools.lineage import GENERATION_BITS
 from batchstate.records.mixed import Mixed
@@ -35,14 +35,6 @@ __all__ = [
     "row_layout",
     "window_seq_lens",
 ]
-
-
-class ForwardInputsError(ValueError):
-    """Arguments to `forward_inputs` that do not describe the record.
-
-    A page size other than the pools', a table of other pools, or (for a
-    verify window) `slot_tokens` that do not hold the window's drafts.
-    """
 
 
 def expect_table_of(

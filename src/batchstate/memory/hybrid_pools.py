@@ -17,11 +17,11 @@ from typing import Final, final
 import attrs
 import numpy as np
 
+from batchstate.base.errors import OutOfKVTokens
 from batchstate.base.mirrored import HostArray, frozen, writing
 from batchstate.base.read_only import read_only_copies
 from batchstate.cache.anchors import NO_ANCHORS, HybridCache, tail_start
 from batchstate.cache.radix import Tokens
-from batchstate.errors import OutOfKVTokens
 from batchstate.memory.kinds import FULL_ATTENTION, MemoryKinds
 from batchstate.memory.state_slots import StateSlots
 from batchstate.memory.window_pages import WindowPages

@@ -20,7 +20,7 @@ from typing import Final, TypeAlias, final
 
 import attrs
 
-from batchstate.errors import MemoryKindError
+from batchstate.base.errors import MemoryKindError
 
 __all__ = [
     "FULL_ATTENTION",

@@ -10,9 +10,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate.base.errors import BatchConflict
 from batchstate.base.mirrored import Mirrored, describe, frozen, writing
 from batchstate.base.read_only import read_only_copies
-from batchstate.errors import BatchConflict
 
 __all__ = ["TokenTable"]
 

@@ -18,10 +18,10 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from batchstate.base.errors import PoolsArgumentError
 from batchstate.base.mirrored import HostArray, frozen, writing
 from batchstate.base.read_only import read_only_copies
 from batchstate.cache.anchors import tail_start
-from batchstate.errors import PoolsArgumentError
 from batchstate.memory.free_list import FreeList
 from batchstate.memory.kinds import SlidingWindow
 

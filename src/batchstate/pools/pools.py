@@ -17,11 +17,17 @@ import numpy.typing as npt
 from immutables import Map
 from returns.result import Failure, Result, Success
 
+from batchstate.base.errors import (
+    NotOwned,
+    OutOfKVTokens,
+    OutOfReqSlots,
+    PoolsArgumentError,
+    StalePools,
+)
 from batchstate.base.mirrored import NO_INTS, HostArray, describe, frozen, host_int64, same
 from batchstate.base.read_only import read_only_copies
 from batchstate.cache.prefix_cache import PrefixCache, Tokens
 from batchstate.cache.sharing import give_back, lanes, lock_matched, lock_prefixes
-from batchstate.errors import NotOwned, OutOfKVTokens, OutOfReqSlots, PoolsArgumentError, StalePools
 from batchstate.memory.free_list import FreeList
 from batchstate.memory.hybrid_pools import HybridPools
 from batchstate.memory.kinds import MemoryKinds
@@ -572,7 +578,10 @@ class Pools:
     @property
     def prefix_lens(self) -> HostArray:
         """Read-only int64 `[max_reqs + 1]`: tokens each slot's row reads from the cache."""
-        return self.cached_prefix_lens()
+        lens = np.zeros_like(self.slot_tokens)
+        for slot, tokens in self.prefixes.items():
+            lens[slot] = len(tokens)
+        return frozen(lens)
 
     def ref_counts(self) -> HostArray:
         """Read-only int64 `[num_pages + 1]`: rows reading each page, plus one if cached.
@@ -580,7 +589,15 @@ class Pools:
         0 for a free page, 1 for a private page or an evictable cached one.
         Host work over every slot's row and the cache: for checks, not per step.
         """
-        return self.page_ref_counts()
+        counts = np.zeros(self.num_pages + 1, dtype=np.int64)
+        for page, locks in self.cache.entries().values():
+            counts[page] += 1 + locks
+        page_size, table = self.page_size, self.table.host
+        for slot in self.slot_tokens.nonzero()[0].tolist():
+            start = len(self.prefixes.get(slot, ()))
+            private = table[slot, start : int(self.slot_tokens[slot]) : page_size] // page_size
+            counts[private.astype(np.int64)] += 1
+        return frozen(counts)
 
     @property
     def kv_cache_size(self) -> int:
@@ -1137,25 +1154,6 @@ class Pools:
                 memory=_hybrid_given_back(self, slots),
             )
         )
-
-    def cached_prefix_lens(self) -> HostArray:
-        """Read-only int64 `[max_reqs + 1]`: tokens each slot's row reads from the cache."""
-        lens = np.zeros_like(self.slot_tokens)
-        for slot, tokens in self.prefixes.items():
-            lens[slot] = len(tokens)
-        return frozen(lens)
-
-    def page_ref_counts(self) -> HostArray:
-        """Read-only int64 `[num_pages + 1]`: rows reading each page, plus one if cached."""
-        counts = np.zeros(self.num_pages + 1, dtype=np.int64)
-        for page, locks in self.cache.entries().values():
-            counts[page] += 1 + locks
-        page_size, table = self.page_size, self.table.host
-        for slot in self.slot_tokens.nonzero()[0].tolist():
-            start = len(self.prefixes.get(slot, ()))
-            private = table[slot, start : int(self.slot_tokens[slot]) : page_size] // page_size
-            counts[private.astype(np.int64)] += 1
-        return frozen(counts)
 
     def owned_tokens(
         self, slots: HostArray, expected: list[int] | None, gens: HostArray | None = None

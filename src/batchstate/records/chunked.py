@@ -7,10 +7,10 @@ from typing import Generic, final
 
 import attrs
 
+from batchstate.base.errors import NotHeld
 from batchstate.base.read_only import read_only_copies
 from batchstate.columns.columns import NO_COLUMNS, C, NoColumns
 from batchstate.columns.rows import slice_columns
-from batchstate.errors import NotHeld
 from batchstate.pools.pools import Pools
 from batchstate.records.rows import Req
 

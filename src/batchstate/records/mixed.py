@@ -27,15 +27,15 @@ import attrs
 import numpy as np
 import torch
 
+from batchstate.base.errors import (
+    PhaseError,
+    RecordShapeError,
+)
 from batchstate.base.mirrored import DeviceOnly, HostArray, frozen, host_int64
 from batchstate.base.read_only import read_only_copies
 from batchstate.base.setters import new_record, put_field
 from batchstate.columns.columns import C
 from batchstate.columns.rows import slice_columns
-from batchstate.errors import (
-    PhaseError,
-    RecordShapeError,
-)
 from batchstate.pools.pools import Pools
 from batchstate.records.chunked import Chunked
 from batchstate.records.phases import Filtered, _rows_held

@@ -9,11 +9,11 @@ import numpy as np
 import torch
 from typing_extensions import TypeVar
 
+from batchstate.base.errors import RecordShapeError
 from batchstate.base.mirrored import DeviceOnly, HostArray
 from batchstate.base.read_only import read_only_copies
 from batchstate.base.setters import new_record, put_field
 from batchstate.columns.columns import C
-from batchstate.errors import RecordShapeError
 from batchstate.pools.pools import Pools
 from batchstate.records.rows import Rows, check_host
 

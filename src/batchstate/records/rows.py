@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate.base.errors import ColumnError, RecordShapeError, StaleRecord
 from batchstate.base.mirrored import (
     NO_INTS,
     DeviceOnly,
@@ -26,7 +27,6 @@ from batchstate.columns.arguments import check_column_set
 from batchstate.columns.building import empty_columns
 from batchstate.columns.columns import NO_COLUMNS, C
 from batchstate.columns.rows import Pending, cat_pending, take_pending
-from batchstate.errors import ColumnError, RecordShapeError, StaleRecord
 from batchstate.pools.pools import Pools
 
 __all__ = [

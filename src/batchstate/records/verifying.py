@@ -15,11 +15,11 @@ import attrs
 import numpy as np
 import torch
 
+from batchstate.base.errors import ColumnError, RecordShapeError
 from batchstate.base.mirrored import DeviceOnly, HostArray, Mirrored, same
 from batchstate.base.read_only import read_only_copies
 from batchstate.columns.arguments import check_column_set
 from batchstate.columns.columns import NO_COLUMNS, C
-from batchstate.errors import ColumnError, RecordShapeError
 from batchstate.memory.token_table import TokenTable
 from batchstate.pools.pools import Pools
 from batchstate.records.rows import Req, check_device, check_host

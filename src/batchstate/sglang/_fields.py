@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchstate.errors import Error
+
 SUPPORTED_VERSIONS: tuple[str, ...] = ("0.5.23",)
 """SGLang releases whose scheduler bookkeeping this package reads and was tested on."""
 
@@ -41,7 +43,7 @@ SHADOW_REQ_FIELDS = (
 """What a `Shadow` reads besides what `audit` reads."""
 
 
-class UnsupportedSGLang(TypeError):
+class UnsupportedSGLang(Error, TypeError):
     """An SGLang object lacks an attribute batchstate reads: its version is not supported."""
 
     def __init__(self, owner: str, attribute: str) -> None:

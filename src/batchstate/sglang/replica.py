@@ -36,6 +36,7 @@ from batchstate import (
     settle,
     split,
 )
+from batchstate.errors import Error
 from batchstate.sglang._cache_adapter import evict_leaves, unlocked_leaves
 
 Record = Idle | Filtered | Decoding
@@ -77,7 +78,7 @@ class State:
     protected_tokens: int
 
 
-class ReplicaError(RuntimeError):
+class ReplicaError(Error, RuntimeError):
     """batchstate refused a call SGLang made: names the operation and batchstate's reason."""
 
 

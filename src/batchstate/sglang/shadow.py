@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import attrs
 
+from batchstate.errors import Error
 from batchstate.sglang._fields import require_shadowed
 from batchstate.sglang._sglang_reads import (
     evicted_by_sglang,
@@ -45,7 +46,7 @@ BATCH_CALLS = (
 """The `ScheduleBatch` methods a `Shadow` replays."""
 
 
-class ShadowDivergence(AssertionError):
+class ShadowDivergence(Error, AssertionError):
     """SGLang and batchstate hold different things after a call: `mismatch` names the
     step, the call, the request, the field and both values; `trace` where it was written."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from batchstate.errors import Error
 from batchstate.sglang.replica import Eviction, ExtendItem, Replica, State
 
 ROW_OPS = (
@@ -170,7 +171,7 @@ def dumps(entry: PoolsConfig | Operation) -> str:
     return json.dumps({**kind, **attrs.asdict(entry)}, separators=(",", ":")) + "\n"
 
 
-class TraceError(ValueError):
+class TraceError(Error, ValueError):
     """A trace line is not one this version writes: names the line and what is wrong."""
 
 

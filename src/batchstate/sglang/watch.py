@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import attrs
 
+from batchstate.errors import Error
 from batchstate.sglang._stubs import install_stubs
 from batchstate.sglang.audit import AuditReport, Violation, audit
 
@@ -32,7 +33,7 @@ LIFECYCLE = (
 _log = logging.getLogger("batchstate.sglang")
 
 
-class Divergence(AssertionError):
+class Divergence(Error, AssertionError):
     """SGLang's state broke an invariant: names the call, the request, the field and
     both values (`violation`), and where the trace was written."""
 

@@ -31,11 +31,11 @@ import numpy.typing as npt
 import torch
 from returns.result import Failure, Result, Success
 
+from batchstate.base.errors import ContextTooLong, DraftError, OutOfKVTokens, PhaseError
 from batchstate.base.mirrored import DeviceOnly, HostArray, Mirrored, frozen, same, upload
 from batchstate.base.read_only import read_only_copies
 from batchstate.base.upper_bound import UpperBound
 from batchstate.columns.columns import NO_COLUMNS, C
-from batchstate.errors import ContextTooLong, DraftError, OutOfKVTokens, PhaseError
 from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.rows import Req
 from batchstate.records.verifying import Verifying, VerifyStep, window_lens

@@ -16,8 +16,8 @@ import numpy.typing as npt
 import torch
 
 from batchstate.audit import permitted_reads
+from batchstate.base.errors import DraftError
 from batchstate.base.mirrored import HostArray, frozen
-from batchstate.errors import DraftError
 
 __all__ = ["Verified", "read_verified"]
 

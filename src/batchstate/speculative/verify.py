@@ -23,9 +23,9 @@ import torch
 from returns.result import Failure, Result, Success
 
 from batchstate.audit import permitted_reads
+from batchstate.base.errors import ContextTooLong, DraftError, OutOfKVTokens, PhaseError
 from batchstate.base.mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate.columns.columns import C
-from batchstate.errors import ContextTooLong, DraftError, OutOfKVTokens, PhaseError
 from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.phases import Decoding, Filtered, Step
 from batchstate.records.rows import build_rows, check_columns, expect_current, pack_ints

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Final, TypeAlias
+from typing import Final
 
 import numpy as np
 from returns.result import Failure, Result, Success
 
-from batchstate.base.mirrored import DeviceOnly, Mirrored, frozen
-from batchstate.columns.columns import C
-from batchstate.errors import (
+from batchstate.base.errors import (
     ContextTooLong,
+    DecodeError,
     OutOfKVTokens,
     PhaseError,
 )
+from batchstate.base.mirrored import DeviceOnly, Mirrored, frozen
+from batchstate.columns.columns import C
 from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.phases import RUNNING_PHASES, Decoding, Running, Step
 from batchstate.records.rows import NUM_INTS, SEQ_LENS, Rows, build_rows, expect_current
 
 __all__ = ["DecodeError", "decode", "grow"]
 
-DecodeError: TypeAlias = OutOfKVTokens | ContextTooLong
 
 # Added to `Rows.ints` [4, num_reqs]: a column, one more token on the lengths' row, 0 on the others.
 _ONE_MORE_TOKEN: Final = frozen(

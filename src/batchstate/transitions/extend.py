@@ -12,30 +12,29 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import chain
-from typing import Any, Final, Generic, NamedTuple, TypeAlias, overload
+from typing import Any, Final, Generic, NamedTuple, overload
 
 import attrs
 import numpy as np
 import torch
 from returns.result import Failure, Result, Success
 
-from batchstate.base.mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
-from batchstate.cache.sharing import prefix_cells
-from batchstate.columns.arguments import check_column_set, owned_host_columns
-from batchstate.columns.columns import NO_COLUMNS, C, NoColumns
-from batchstate.columns.rows import join_pending
-from batchstate.errors import (
-    AllocError,
+from batchstate.base.errors import (
     BatchConflict,
     ColumnError,
     ContextTooLong,
     EmptyExtend,
     EmptyPrompt,
-    NotHeld,
+    ExtendError,
     OutOfKVTokens,
     OutOfReqSlots,
     PhaseError,
 )
+from batchstate.base.mirrored import DeviceOnly, HostArray, Mirrored, frozen, host_int64
+from batchstate.cache.sharing import prefix_cells
+from batchstate.columns.arguments import check_column_set, owned_host_columns
+from batchstate.columns.columns import NO_COLUMNS, C, NoColumns
+from batchstate.columns.rows import join_pending
 from batchstate.pools.pools import ExtendRows, Pools, expect_pools
 from batchstate.records.chunked import Chunked, columns_in_order
 from batchstate.records.phases import Extended, Filtered, Idle, Step
@@ -324,9 +323,6 @@ def _token_ids(reqs: Sequence[Req], prefix_lens: Sequence[int]) -> HostArray:
 # The public transitions and the admission that checks their inputs and takes
 # slots; laying the admitted rows out is `_extend_placement.py`'s, the input
 # checks are `_extend_checks.py`'s.
-
-
-ExtendError: TypeAlias = AllocError | NotHeld
 
 
 @overload

@@ -13,11 +13,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from batchstate.base.errors import KeepIndicesError, PhaseError
 from batchstate.base.mirrored import NO_INTS, HostArray, frozen
 from batchstate.base.read_only import read_only_copies
 from batchstate.base.setters import new_record, slot_setters
 from batchstate.columns.columns import C
-from batchstate.errors import KeepIndicesError, PhaseError
 from batchstate.records.phases import RUNNING_PHASES, Filtered, Running
 from batchstate.records.rows import GENS, SEQ_LENS, SLOTS, Req, Rows
 

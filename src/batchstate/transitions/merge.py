@@ -6,10 +6,10 @@ from typing import Final
 
 import numpy as np
 
+from batchstate.base.errors import BatchConflict, ColumnError, PhaseError
 from batchstate.base.intersection import overlap
 from batchstate.base.mirrored import HostArray
 from batchstate.columns.columns import C
-from batchstate.errors import BatchConflict, ColumnError, PhaseError
 from batchstate.records.phases import Decoding, Extended, Filtered, Idle
 from batchstate.records.rows import RIDS, SLOTS
 

@@ -20,6 +20,19 @@ import torch
 from immutables import Map
 from returns.result import Failure, Result, Success
 
+from batchstate.base.errors import (
+    BatchConflict,
+    ColumnError,
+    ContextTooLong,
+    EmptyExtend,
+    EmptyPrompt,
+    MixError,
+    NoChunkBudget,
+    NotHeld,
+    OutOfKVTokens,
+    OutOfReqSlots,
+    PhaseError,
+)
 from batchstate.base.expect import expect_instance
 from batchstate.base.mirrored import (
     NO_INTS,
@@ -34,19 +47,6 @@ from batchstate.cache.sharing import prefix_cells
 from batchstate.columns.arguments import check_column_set, owned_host_columns
 from batchstate.columns.columns import NO_COLUMNS, C, NoColumns
 from batchstate.columns.rows import join_pending
-from batchstate.errors import (
-    AllocError,
-    BatchConflict,
-    ColumnError,
-    ContextTooLong,
-    EmptyExtend,
-    EmptyPrompt,
-    NoChunkBudget,
-    NotHeld,
-    OutOfKVTokens,
-    OutOfReqSlots,
-    PhaseError,
-)
 from batchstate.pools.pools import ExtendRows, Pools, expect_pools
 from batchstate.records.chunked import Chunked, columns_in_order
 from batchstate.records.mixed import Mixed, MixStep
@@ -377,7 +377,6 @@ def _expect_caps(caps: object) -> None:
 # input checks are `_mix_checks.py`'s.
 
 
-MixError: TypeAlias = AllocError | NoChunkBudget | NotHeld
 _NO_CAPS: Mapping[int, int] = Map()  # no request's cache hit capped
 
 

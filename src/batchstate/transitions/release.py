@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from returns.result import Failure, Result
 
+from batchstate.base.errors import NotOwned, PhaseError, ReleaseError, StillRunning
 from batchstate.base.intersection import overlap
 from batchstate.base.mirrored import HostArray, host_int64
 from batchstate.columns.columns import C, D
-from batchstate.errors import NotOwned, PhaseError, ReleaseError, StillRunning
 from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.chunked import Chunked
 from batchstate.records.phases import Batch, Decoding, Extended, Filtered, Idle

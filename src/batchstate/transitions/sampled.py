@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from batchstate.audit import permitted_reads
+from batchstate.base.errors import BatchConflict, PhaseError, RecordShapeError
 from batchstate.base.expect import expect_instance
 from batchstate.base.intersection import overlap
 from batchstate.base.mirrored import DeviceOnly, HostArray, describe, frozen, same, upload
 from batchstate.base.read_only import read_only_copies
 from batchstate.base.setters import new_record, put_field
 from batchstate.columns.columns import C
-from batchstate.errors import BatchConflict, PhaseError, RecordShapeError
 from batchstate.records.phases import Filtered
 from batchstate.records.rows import Rows, check_host
 
