@@ -25,6 +25,16 @@ from typing import Any
 import attrs
 import numpy as np
 from batchstate import *
+from batchstate.captured import *
+from batchstate.checks import *
+from batchstate.columns import *
+from batchstate.errors import *
+from batchstate.forward import *
+from batchstate.memory import *
+from batchstate.records import *
+from batchstate.speculative import *
+from batchstate.transitions import *
+from batchstate.base import Err, Ok, Outcome, outcome
 
 @attrs.frozen(eq=False)
 class Lora(Columns):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from batchstate import BatchConflict, Chunked, Req, extend, idle, make_pools
-from batchstate.transitions.extend import _MAX_ROW_WRITES
+from batchstate.transitions.admission import _MAX_ROW_WRITES
 
 CPU = torch.device("cpu")
 MESSAGE = r"^the same rid appears twice among the requests: \[7\]$"

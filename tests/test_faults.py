@@ -33,10 +33,10 @@ from returns.result import Failure, Success
 import batchstate.base.mirrored
 import batchstate.pools.pools
 import batchstate.records.rows
-import batchstate.speculative.verify
-import batchstate.transitions.decode
-import batchstate.transitions.extend
-import batchstate.transitions.mix
+import batchstate.speculative.verification
+import batchstate.transitions.admission
+import batchstate.transitions.decoding
+import batchstate.transitions.mixing
 from batchstate import (
     Chunked,
     Decoding,
@@ -96,10 +96,10 @@ _SEAMS: Final[tuple[tuple[object, str], ...]] = (
         for name, module in sorted(sys.modules.items())
         if name.startswith("batchstate") and getattr(module, "upload", None) is _UPLOAD
     ),
-    (batchstate.transitions.decode, "build_rows"),
-    (batchstate.transitions.extend, "build_rows"),
+    (batchstate.transitions.decoding, "build_rows"),
+    (batchstate.transitions.admission, "build_rows"),
     (batchstate.records.rows, "host_int64"),
-    (batchstate.transitions.extend, "host_int64"),
+    (batchstate.transitions.admission, "host_int64"),
     (np, "concatenate"),
     (torch, "from_numpy"),
     (torch.Tensor, "to"),

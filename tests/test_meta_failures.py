@@ -15,7 +15,7 @@ import pytest
 import torch
 from returns.result import Failure
 
-import batchstate.transitions.decode
+import batchstate.transitions.decoding
 from batchstate import (
     BatchConflict,
     ContextTooLong,
@@ -124,7 +124,7 @@ def test_a_read_added_to_a_failure_path_is_caught(
     monkeypatch: pytest.MonkeyPatch, helper: str, path: Callable[[], object]
 ) -> None:
     """The audit is not blind there: the same path with a device read raises."""
-    original = getattr(batchstate.transitions.decode, helper)
+    original = getattr(batchstate.transitions.decoding, helper)
 
     def reading(*args: object) -> object:
         first = args[0]
@@ -133,6 +133,6 @@ def test_a_read_added_to_a_failure_path_is_caught(
         rows.seq_lens.device.tolist()  # the read being planted
         return original(*args)
 
-    monkeypatch.setattr(batchstate.transitions.decode, helper, reading)
+    monkeypatch.setattr(batchstate.transitions.decoding, helper, reading)
     with device_reads(forbid=True), pytest.raises(DeviceReadError):
         path()

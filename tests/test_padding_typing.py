@@ -13,6 +13,16 @@ from tests.typecheck import mypy_errors
 _PRELUDE: Final = """\
 import torch
 from batchstate import *
+from batchstate.captured import *
+from batchstate.checks import *
+from batchstate.columns import *
+from batchstate.errors import *
+from batchstate.forward import *
+from batchstate.memory import *
+from batchstate.records import *
+from batchstate.speculative import *
+from batchstate.transitions import *
+from batchstate.base import Err, Ok, Outcome, outcome
 
 def sample(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)

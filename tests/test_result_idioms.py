@@ -22,6 +22,16 @@ from typing import assert_never, assert_type
 from returns.pipeline import is_successful
 from returns.result import Result, Success
 from batchstate import *
+from batchstate.captured import *
+from batchstate.checks import *
+from batchstate.columns import *
+from batchstate.errors import *
+from batchstate.forward import *
+from batchstate.memory import *
+from batchstate.records import *
+from batchstate.speculative import *
+from batchstate.transitions import *
+from batchstate.base import Err, Ok, Outcome, outcome
 
 def snippet(batch: Filtered, pools: Pools) -> None:
     result = decode(batch, pools)

@@ -249,7 +249,7 @@ def test_verify_on_meta_reads_nothing_and_sync_reads_once(page_size: int) -> Non
     (read,) = log.report().reads
     assert read.op == "aten._to_copy.default"
     assert read.device == "meta"
-    assert read.location.startswith("batchstate/speculative/verify.py:")
+    assert read.location.startswith("batchstate/speculative/verification.py:")
     assert read.location.endswith(" in sync")
     assert read.permitted == "speculative sync: accepted draft counts"
     assert log.report().forbidden == ()

@@ -16,6 +16,16 @@ pytestmark = pytest.mark.xdist_group("mypy")
 _PRELUDE: Final = """\
 import torch
 from batchstate import *
+from batchstate.captured import *
+from batchstate.checks import *
+from batchstate.columns import *
+from batchstate.errors import *
+from batchstate.forward import *
+from batchstate.memory import *
+from batchstate.records import *
+from batchstate.speculative import *
+from batchstate.transitions import *
+from batchstate.base import Err, Ok, Outcome, outcome
 from batchstate.audit import device_reads
 
 def snippet(

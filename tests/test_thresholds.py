@@ -20,8 +20,8 @@ import torch
 import batchstate.base.intersection
 import batchstate.pools.pools
 import batchstate.records.rows
-import batchstate.transitions.extend
-import batchstate.transitions.filter
+import batchstate.transitions.admission
+import batchstate.transitions.filtering
 from batchstate import (
     BatchConflict,
     Chunked,
@@ -46,8 +46,8 @@ from tests.builders import CPU, make_reqs
 
 ROW_READS = batchstate.pools.pools._MAX_ROW_READS
 PAIRS = batchstate.base.intersection._MAX_PAIRS
-ROW_WRITES = batchstate.transitions.extend._MAX_ROW_WRITES
-PYTHON_CHECK = batchstate.transitions.filter._MAX_PYTHON_CHECK
+ROW_WRITES = batchstate.transitions.admission._MAX_ROW_WRITES
+PYTHON_CHECK = batchstate.transitions.filtering._MAX_PYTHON_CHECK
 ONE_BY_ONE = batchstate.records.rows._MAX_ONE_BY_ONE
 
 

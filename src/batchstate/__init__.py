@@ -5,242 +5,306 @@ A device tensor and its CPU mirror are one `Mirrored` value; the four phases
 `Mixed` (prompt chunks and decode rows in one forward), `Chunked` (a request
 between chunks) and `Verifying` (speculation's window) beside them; every
 transition returns a new record (and new `Pools` where it allocates).
+
+This namespace holds what a scheduler uses every step (`__all__`). The rest
+lives in namespaces by concept: `batchstate.errors` (every failure and
+exception, under `batchstate.errors.Error`), `batchstate.columns`,
+`batchstate.memory`, `batchstate.cache`, `batchstate.pools`,
+`batchstate.records`, `batchstate.transitions`, `batchstate.speculative`,
+`batchstate.forward`, `batchstate.captured`, `batchstate.checks` and
+`batchstate.table`. Names that lived here before still import from here.
 """
 
 # The names below load on first use (PEP 562's module `__getattr__`): a light
 # import of the package, such as `batchstate --help`'s, does not pay for torch.
 # mypy and the docs read these imports as written; at run time, `attach`
-# reads the same lines to find the module of each name in `__all__`.
+# reads the same lines to find the module of each name.
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    # The core: what a scheduler uses every step.
+    # Names of the namespaces by concept, importable from here too (as before).
     from batchstate.base.errors import (
-        AllocError,
-        BatchConflict,
-        ColumnError,
-        ContextTooLong,
-        DraftError,
-        EmptyExtend,
-        EmptyPrompt,
-        InvariantViolation,
-        KeepIndicesError,
-        MemoryKindError,
-        NoChunkBudget,
-        NotHeld,
-        NotOwned,
-        OutOfKVTokens,
-        OutOfReqSlots,
-        PhaseError,
-        PoolsArgumentError,
-        RecordShapeError,
-        ReleaseError,
-        StalePools,
-        StaleRecord,
-        StillRunning,
+        AllocError as AllocError,
     )
+    from batchstate.base.errors import (
+        BatchConflict as BatchConflict,
+    )
+    from batchstate.base.errors import (
+        ColumnError as ColumnError,
+    )
+    from batchstate.base.errors import (
+        ContextTooLong as ContextTooLong,
+    )
+    from batchstate.base.errors import (
+        DecodeError as DecodeError,
+    )
+    from batchstate.base.errors import (
+        DoesNotFit as DoesNotFit,
+    )
+    from batchstate.base.errors import (
+        DraftError as DraftError,
+    )
+    from batchstate.base.errors import (
+        EmptyExtend as EmptyExtend,
+    )
+    from batchstate.base.errors import (
+        EmptyPrompt as EmptyPrompt,
+    )
+    from batchstate.base.errors import (
+        ExtendError as ExtendError,
+    )
+    from batchstate.base.errors import (
+        ForwardInputsError as ForwardInputsError,
+    )
+    from batchstate.base.errors import (
+        GraphBuffersError as GraphBuffersError,
+    )
+    from batchstate.base.errors import (
+        InvariantViolation as InvariantViolation,
+    )
+    from batchstate.base.errors import (
+        KeepIndicesError as KeepIndicesError,
+    )
+    from batchstate.base.errors import (
+        MemoryKindError as MemoryKindError,
+    )
+    from batchstate.base.errors import (
+        MixError as MixError,
+    )
+    from batchstate.base.errors import (
+        NoChunkBudget as NoChunkBudget,
+    )
+    from batchstate.base.errors import (
+        NotHeld as NotHeld,
+    )
+    from batchstate.base.errors import (
+        NotOwned as NotOwned,
+    )
+    from batchstate.base.errors import (
+        OutOfKVTokens as OutOfKVTokens,
+    )
+    from batchstate.base.errors import (
+        OutOfReqSlots as OutOfReqSlots,
+    )
+    from batchstate.base.errors import (
+        PaddingError as PaddingError,
+    )
+    from batchstate.base.errors import (
+        PhaseError as PhaseError,
+    )
+    from batchstate.base.errors import (
+        PoolsArgumentError as PoolsArgumentError,
+    )
+    from batchstate.base.errors import (
+        RecordShapeError as RecordShapeError,
+    )
+    from batchstate.base.errors import (
+        ReleaseError as ReleaseError,
+    )
+    from batchstate.base.errors import (
+        StalePools as StalePools,
+    )
+    from batchstate.base.errors import (
+        StaleRecord as StaleRecord,
+    )
+    from batchstate.base.errors import (
+        StillRunning as StillRunning,
+    )
+    from batchstate.base.errors import (
+        TooLargeToPad as TooLargeToPad,
+    )
+    from batchstate.base.errors import (
+        UnwrapError as UnwrapError,
+    )
+    from batchstate.base.lazy import attach as attach
     from batchstate.base.mirrored import DeviceOnly, Mirrored
-    from batchstate.base.results import Err, Ok, Outcome, UnwrapError, outcome, unwrap
+    from batchstate.base.results import Err as Err
+    from batchstate.base.results import Ok as Ok
+    from batchstate.base.results import Outcome as Outcome
+    from batchstate.base.results import outcome as outcome
+    from batchstate.base.results import unwrap
     from batchstate.base.upper_bound import UpperBound
     from batchstate.base.version import __version__
-    from batchstate.cache.anchors import Anchor, HybridCache
-    from batchstate.cache.prefix_cache import PrefixCache
-    from batchstate.captured.graph_buffers import DoesNotFit, GraphBuffers, GraphBuffersError, fill
-    from batchstate.captured.hybrid_buffers import HybridBuffers, fill_hybrid
-    from batchstate.captured.padding import (
-        FILL_FIELDS,
-        SGLANG_FILLS,
-        VLLM_FILLS,
-        Padded,
-        PaddedOutput,
-        TooLargeToPad,
-        bucket,
-        pad,
-        unpad,
-        unpad_tokens,
+    from batchstate.cache.anchors import Anchor as Anchor
+    from batchstate.cache.anchors import HybridCache as HybridCache
+    from batchstate.cache.prefix_cache import PrefixCache as PrefixCache
+    from batchstate.captured.graph_buffers import GraphBuffers as GraphBuffers
+    from batchstate.captured.graph_buffers import fill as fill
+    from batchstate.captured.hybrid_buffers import (
+        HybridBuffers as HybridBuffers,
     )
-    from batchstate.captured.sizes import PaddingError
+    from batchstate.captured.hybrid_buffers import (
+        fill_hybrid as fill_hybrid,
+    )
+    from batchstate.captured.padding import (
+        FILL_FIELDS as FILL_FIELDS,
+    )
+    from batchstate.captured.padding import (
+        SGLANG_FILLS as SGLANG_FILLS,
+    )
+    from batchstate.captured.padding import (
+        VLLM_FILLS as VLLM_FILLS,
+    )
+    from batchstate.captured.padding import (
+        Padded as Padded,
+    )
+    from batchstate.captured.padding import (
+        PaddedOutput as PaddedOutput,
+    )
+    from batchstate.captured.padding import (
+        bucket as bucket,
+    )
+    from batchstate.captured.padding import pad, unpad
+    from batchstate.captured.padding import (
+        unpad_tokens as unpad_tokens,
+    )
     from batchstate.checks.invariants import check_batch, check_pools
-    from batchstate.checks.leaks import Holder, Leaks, check_leaks, find_leaks
+    from batchstate.checks.leaks import Holder as Holder
+    from batchstate.checks.leaks import Leaks as Leaks
+    from batchstate.checks.leaks import check_leaks as check_leaks
+    from batchstate.checks.leaks import find_leaks
     from batchstate.columns.building import build_columns
     from batchstate.columns.columns import Columns, HostColumn, NoColumns
     from batchstate.columns.sampling import Sampling
     from batchstate.columns.sampling_params import GREEDY, SamplingParams
-    from batchstate.forward.accepted_states import StateCopies, accepted_states
-    from batchstate.forward.anchor_copies import CachedCopies
-    from batchstate.forward.hybrid import HybridInputs, StateInputs, WindowInputs, hybrid_inputs
-    from batchstate.forward.inputs import (
-        ForwardInputs,
-        ForwardInputsError,
-        ForwardPhase,
-        forward_inputs,
+    from batchstate.forward.anchor_copies import CachedCopies as CachedCopies
+    from batchstate.forward.hybrid import (
+        HybridInputs as HybridInputs,
     )
-    from batchstate.forward.transfer import TransferTargets, transfer_targets
-    from batchstate.memory.free_list import FreeList
-    from batchstate.memory.hybrid_pools import HybridPools
-    from batchstate.memory.kinds import FULL_ATTENTION, MemoryKinds, RecurrentState, SlidingWindow
-    from batchstate.memory.state_slots import StateSlots
-    from batchstate.memory.token_table import TokenTable
-    from batchstate.memory.window_pages import WindowPages
+    from batchstate.forward.hybrid import (
+        StateInputs as StateInputs,
+    )
+    from batchstate.forward.hybrid import (
+        WindowInputs as WindowInputs,
+    )
+    from batchstate.forward.hybrid import (
+        hybrid_inputs as hybrid_inputs,
+    )
+    from batchstate.forward.inputs import ForwardInputs, forward_inputs
+    from batchstate.forward.inputs import ForwardPhase as ForwardPhase
+    from batchstate.forward.speculative_states import (
+        StateCopies as StateCopies,
+    )
+    from batchstate.forward.speculative_states import (
+        accepted_states as accepted_states,
+    )
+    from batchstate.forward.transfer import (
+        TransferTargets as TransferTargets,
+    )
+    from batchstate.forward.transfer import (
+        transfer_targets as transfer_targets,
+    )
+    from batchstate.memory.free_list import FreeList as FreeList
+    from batchstate.memory.hybrid_pools import HybridPools as HybridPools
+    from batchstate.memory.kinds import (
+        FULL_ATTENTION as FULL_ATTENTION,
+    )
+    from batchstate.memory.kinds import (
+        MemoryKinds as MemoryKinds,
+    )
+    from batchstate.memory.kinds import (
+        RecurrentState as RecurrentState,
+    )
+    from batchstate.memory.kinds import (
+        SlidingWindow as SlidingWindow,
+    )
+    from batchstate.memory.state_slots import StateSlots as StateSlots
+    from batchstate.memory.token_table import TokenTable as TokenTable
+    from batchstate.memory.window_pages import WindowPages as WindowPages
     from batchstate.pools.lifecycle import flush, make_pools
-    from batchstate.pools.pools import Allocation, Pools
+    from batchstate.pools.pools import Allocation as Allocation
+    from batchstate.pools.pools import Pools
     from batchstate.records.chunked import Chunked
-    from batchstate.records.mixed import Mixed, MixStep, Settled, settle
+    from batchstate.records.mixed import Mixed, MixStep, settle
+    from batchstate.records.mixed import Settled as Settled
     from batchstate.records.phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
     from batchstate.records.rows import Req, Rows
     from batchstate.records.verifying import Verifying, VerifyStep
-    from batchstate.speculative.ahead import Ahead, AheadStep, settle_ahead, verify_ahead
-    from batchstate.speculative.verified import Verified, read_verified
-    from batchstate.speculative.verify import sync, verify
-    from batchstate.table import TRANSITIONS, Transition
-    from batchstate.transitions.decode import DecodeError, decode
-    from batchstate.transitions.extend import ExtendError, extend, idle, prebuilt
-    from batchstate.transitions.filter import Departed, Split, filter_batch, keep_indices, split
-    from batchstate.transitions.merge import merge
-    from batchstate.transitions.mix import MixError, decode_sampled, mix
-    from batchstate.transitions.release import release
+    from batchstate.speculative.ahead import (
+        Ahead as Ahead,
+    )
+    from batchstate.speculative.ahead import (
+        AheadStep as AheadStep,
+    )
+    from batchstate.speculative.ahead import (
+        settle_ahead as settle_ahead,
+    )
+    from batchstate.speculative.ahead import (
+        verify_ahead as verify_ahead,
+    )
+    from batchstate.speculative.verification import sync, verify
+    from batchstate.speculative.verified import Verified as Verified
+    from batchstate.speculative.verified import read_verified as read_verified
+    from batchstate.table import TRANSITIONS
+    from batchstate.table import Transition as Transition
+    from batchstate.transitions.admission import extend, idle
+    from batchstate.transitions.admission import prebuilt as prebuilt
+    from batchstate.transitions.decoding import decode
+    from batchstate.transitions.filtering import Departed, Split, filter_batch, split
+    from batchstate.transitions.filtering import keep_indices as keep_indices
+    from batchstate.transitions.merging import merge
+    from batchstate.transitions.mixing import decode_sampled, mix
+    from batchstate.transitions.releasing import release
     from batchstate.transitions.sampled import Sampled, follow, join_sampled, read_sampled
 
-
 __all__ = [
-    "FILL_FIELDS",
-    "FULL_ATTENTION",
     "GREEDY",
-    "SGLANG_FILLS",
     "TRANSITIONS",
-    "VLLM_FILLS",
-    "Ahead",
-    "AheadStep",
-    "AllocError",
-    "Allocation",
-    "Anchor",
     "Batch",
-    "BatchConflict",
-    "CachedCopies",
     "Chunked",
-    "ColumnError",
     "Columns",
-    "ContextTooLong",
-    "DecodeError",
     "Decoding",
     "Departed",
     "DeviceOnly",
-    "DoesNotFit",
-    "DraftError",
-    "EmptyExtend",
-    "EmptyPrompt",
-    "Err",
-    "ExtendError",
     "Extended",
     "Filtered",
     "ForwardInputs",
-    "ForwardInputsError",
-    "ForwardPhase",
-    "FreeList",
-    "GraphBuffers",
-    "GraphBuffersError",
-    "Holder",
     "HostColumn",
-    "HybridBuffers",
-    "HybridCache",
-    "HybridInputs",
-    "HybridPools",
     "Idle",
-    "InvariantViolation",
-    "KeepIndicesError",
-    "Leaks",
-    "MemoryKindError",
-    "MemoryKinds",
     "Mirrored",
-    "MixError",
     "MixStep",
     "Mixed",
-    "NoChunkBudget",
     "NoColumns",
-    "NotHeld",
-    "NotOwned",
-    "Ok",
-    "OutOfKVTokens",
-    "OutOfReqSlots",
-    "Outcome",
-    "Padded",
-    "PaddedOutput",
-    "PaddingError",
-    "PhaseError",
     "Pools",
-    "PoolsArgumentError",
-    "PrefixCache",
-    "RecordShapeError",
-    "RecurrentState",
-    "ReleaseError",
     "Req",
     "Rows",
     "Running",
     "Sampled",
     "Sampling",
     "SamplingParams",
-    "Settled",
-    "SlidingWindow",
     "Split",
-    "StalePools",
-    "StaleRecord",
-    "StateCopies",
-    "StateInputs",
-    "StateSlots",
     "Step",
-    "StillRunning",
-    "TokenTable",
-    "TooLargeToPad",
-    "TransferTargets",
-    "Transition",
-    "UnwrapError",
     "UpperBound",
-    "Verified",
     "VerifyStep",
     "Verifying",
-    "WindowInputs",
-    "WindowPages",
     "__version__",
-    "accepted_states",
-    "bucket",
     "build_columns",
     "check_batch",
-    "check_leaks",
     "check_pools",
     "decode",
     "decode_sampled",
     "extend",
-    "fill",
-    "fill_hybrid",
     "filter_batch",
     "find_leaks",
     "flush",
     "follow",
     "forward_inputs",
-    "hybrid_inputs",
     "idle",
     "join_sampled",
-    "keep_indices",
     "make_pools",
     "merge",
     "mix",
-    "outcome",
     "pad",
-    "prebuilt",
     "read_sampled",
-    "read_verified",
     "release",
     "settle",
-    "settle_ahead",
     "split",
     "sync",
-    "transfer_targets",
     "unpad",
-    "unpad_tokens",
     "unwrap",
     "verify",
-    "verify_ahead",
 ]
-
 
 if not TYPE_CHECKING:
     from batchstate.base.lazy import attach

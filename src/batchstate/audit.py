@@ -335,7 +335,7 @@ def _callers(depth: int) -> tuple[str, ...]:
 
 
 def _short(filename: str) -> str:
-    # From the project folder that holds the file (batchstate/transitions/decode.py,
+    # From the project folder that holds the file (batchstate/transitions/decoding.py,
     # tests/engine/test_x.py), else the file and its folder.
     parts = Path(filename).parts
     tops = [i for i, part in enumerate(parts) if part in _PROJECT_FOLDERS]

@@ -32,12 +32,12 @@ from batchstate.records.mixed import Mixed, settle
 from batchstate.records.phases import RUNNING_PHASES, Decoding, Extended, Filtered, Idle
 from batchstate.records.verifying import Verifying
 from batchstate.speculative.ahead import Ahead, settle_ahead, verify_ahead
-from batchstate.speculative.verify import sync, verify
-from batchstate.transitions.decode import decode
-from batchstate.transitions.extend import extend, idle, prebuilt
-from batchstate.transitions.filter import filter_batch, split
-from batchstate.transitions.merge import merge
-from batchstate.transitions.mix import decode_sampled, mix
+from batchstate.speculative.verification import sync, verify
+from batchstate.transitions.admission import extend, idle, prebuilt
+from batchstate.transitions.decoding import decode
+from batchstate.transitions.filtering import filter_batch, split
+from batchstate.transitions.merging import merge
+from batchstate.transitions.mixing import decode_sampled, mix
 
 __all__ = ["TRANSITIONS", "Transition", "render_transitions"]
 

@@ -1,1 +1,19 @@
-"""batchstate.cache."""
+"""The prefix cache: a radix tree of reference-counted KV pages, and a hybrid model's anchors."""
+
+# Each name loads on first use (PEP 562): importing the namespace costs nothing.
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchstate.cache.anchors import Anchor, HybridCache
+    from batchstate.cache.prefix_cache import PrefixCache
+
+__all__ = [
+    "Anchor",
+    "HybridCache",
+    "PrefixCache",
+]
+
+if not TYPE_CHECKING:
+    from batchstate.base.lazy import attach
+
+    __getattr__, __dir__ = attach(globals())

@@ -39,8 +39,8 @@ from batchstate.columns.columns import NO_COLUMNS, C
 from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.rows import Req
 from batchstate.records.verifying import Verifying, VerifyStep, window_lens
-from batchstate.speculative.verify import Drafts, _draft_lens
-from batchstate.transitions.decode import DecodeError
+from batchstate.speculative.verification import Drafts, _draft_lens
+from batchstate.transitions.decoding import DecodeError
 
 __all__ = ["Ahead", "AheadStep", "settle_ahead", "verify_ahead"]
 

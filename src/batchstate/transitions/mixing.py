@@ -52,7 +52,7 @@ from batchstate.records.chunked import Chunked, columns_in_order
 from batchstate.records.mixed import Mixed, MixStep
 from batchstate.records.phases import Filtered, Idle
 from batchstate.records.rows import Req, Rows, build_rows, expect_current, pack_ints
-from batchstate.transitions.decode import DecodeError, _too_long, grow
+from batchstate.transitions.decoding import DecodeError, _too_long, grow
 from batchstate.transitions.sampled import Sampled
 
 __all__ = ["MixError", "Tokens", "decode_sampled", "mix"]

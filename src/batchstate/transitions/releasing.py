@@ -15,7 +15,7 @@ from batchstate.records.chunked import Chunked
 from batchstate.records.phases import Batch, Decoding, Extended, Filtered, Idle
 from batchstate.records.rows import Req
 from batchstate.records.verifying import Verifying, window_lens
-from batchstate.transitions.filter import Departed
+from batchstate.transitions.filtering import Departed
 
 __all__ = ["release"]
 

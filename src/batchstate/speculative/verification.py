@@ -30,7 +30,7 @@ from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.phases import Decoding, Filtered, Step
 from batchstate.records.rows import build_rows, check_columns, expect_current, pack_ints
 from batchstate.records.verifying import Verifying, VerifyStep, window_layout, window_lens
-from batchstate.transitions.decode import DecodeError
+from batchstate.transitions.decoding import DecodeError
 
 __all__ = ["Drafts", "sync", "verify"]
 

@@ -1,0 +1,269 @@
+"""The public face: a small core, namespaces by concept, every older name still importable."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pickle
+import pkgutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Final
+
+import pytest
+import torch
+
+import batchstate
+import batchstate.errors
+from batchstate import Req, extend, idle, make_pools
+from batchstate.base.lazy import typing_imports
+from batchstate.base.results import Ok
+from batchstate.errors import DoesNotFit, NotHeld, OutOfKVTokens, StalePools, TooLargeToPad
+
+NAMESPACES: Final = (
+    "base",
+    "columns",
+    "cache",
+    "memory",
+    "pools",
+    "records",
+    "transitions",
+    "speculative",
+    "forward",
+    "captured",
+    "checks",
+    "errors",
+)
+
+# `batchstate.__all__` before the namespaces: each still imports from `batchstate`.
+EARLIER_NAMES: Final = (
+    "Ahead",
+    "AheadStep",
+    "AllocError",
+    "Allocation",
+    "Anchor",
+    "Batch",
+    "BatchConflict",
+    "CachedCopies",
+    "Chunked",
+    "ColumnError",
+    "Columns",
+    "ContextTooLong",
+    "DecodeError",
+    "Decoding",
+    "Departed",
+    "DeviceOnly",
+    "DoesNotFit",
+    "DraftError",
+    "EmptyExtend",
+    "EmptyPrompt",
+    "Err",
+    "ExtendError",
+    "Extended",
+    "FILL_FIELDS",
+    "FULL_ATTENTION",
+    "Filtered",
+    "ForwardInputs",
+    "ForwardInputsError",
+    "ForwardPhase",
+    "FreeList",
+    "GREEDY",
+    "GraphBuffers",
+    "GraphBuffersError",
+    "Holder",
+    "HostColumn",
+    "HybridBuffers",
+    "HybridCache",
+    "HybridInputs",
+    "HybridPools",
+    "Idle",
+    "InvariantViolation",
+    "KeepIndicesError",
+    "Leaks",
+    "MemoryKindError",
+    "MemoryKinds",
+    "Mirrored",
+    "MixError",
+    "MixStep",
+    "Mixed",
+    "NoChunkBudget",
+    "NoColumns",
+    "NotHeld",
+    "NotOwned",
+    "Ok",
+    "OutOfKVTokens",
+    "OutOfReqSlots",
+    "Outcome",
+    "Padded",
+    "PaddedOutput",
+    "PaddingError",
+    "PhaseError",
+    "Pools",
+    "PoolsArgumentError",
+    "PrefixCache",
+    "RecordShapeError",
+    "RecurrentState",
+    "ReleaseError",
+    "Req",
+    "Rows",
+    "Running",
+    "SGLANG_FILLS",
+    "Sampled",
+    "Sampling",
+    "SamplingParams",
+    "Settled",
+    "SlidingWindow",
+    "Split",
+    "StalePools",
+    "StaleRecord",
+    "StateCopies",
+    "StateInputs",
+    "StateSlots",
+    "Step",
+    "StillRunning",
+    "TRANSITIONS",
+    "TokenTable",
+    "TooLargeToPad",
+    "TransferTargets",
+    "Transition",
+    "UnwrapError",
+    "UpperBound",
+    "VLLM_FILLS",
+    "Verified",
+    "VerifyStep",
+    "Verifying",
+    "WindowInputs",
+    "WindowPages",
+    "__version__",
+    "accepted_states",
+    "bucket",
+    "build_columns",
+    "check_batch",
+    "check_leaks",
+    "check_pools",
+    "decode",
+    "decode_sampled",
+    "extend",
+    "fill",
+    "fill_hybrid",
+    "filter_batch",
+    "find_leaks",
+    "flush",
+    "follow",
+    "forward_inputs",
+    "hybrid_inputs",
+    "idle",
+    "join_sampled",
+    "keep_indices",
+    "make_pools",
+    "merge",
+    "mix",
+    "outcome",
+    "pad",
+    "prebuilt",
+    "read_sampled",
+    "read_verified",
+    "release",
+    "settle",
+    "settle_ahead",
+    "split",
+    "sync",
+    "transfer_targets",
+    "unpad",
+    "unpad_tokens",
+    "unwrap",
+    "verify",
+    "verify_ahead",
+)
+
+
+def test_the_core_is_small_and_every_earlier_name_still_imports() -> None:
+    assert 45 <= len(batchstate.__all__) <= 60
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of them is deprecated yet
+        missing = [name for name in EARLIER_NAMES if not hasattr(batchstate, name)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_each_namespace_loads_each_name_from_the_module_it_names(namespace: str) -> None:
+    package = importlib.import_module(f"batchstate.{namespace}")
+    sources = typing_imports(Path(str(package.__file__)))
+    assert set(package.__all__) <= set(sources)
+    for name, source in sources.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            value = getattr(package, name)
+        assert value is getattr(importlib.import_module(source.module), source.name)
+
+
+def test_every_core_name_is_also_in_a_namespace() -> None:
+    """The core repeats names of the namespaces; it defines none of its own."""
+    homes = {
+        name
+        for namespace in NAMESPACES
+        for name in importlib.import_module(f"batchstate.{namespace}").__all__
+    }
+    assert set(batchstate.__all__) - homes == {"TRANSITIONS", "__version__"}
+
+
+def test_importing_every_namespace_loads_no_torch() -> None:
+    imports = "; ".join(f"import batchstate.{namespace}" for namespace in NAMESPACES)
+    probe = f"import sys; {imports}; print('torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout == "False\n"
+
+
+def test_a_deprecated_name_warns_and_names_its_replacement() -> None:
+    with pytest.warns(DeprecationWarning, match="batchstate.base.Ok is deprecated: use returns"):
+        ok = batchstate.base.Ok  # type: ignore[attr-defined]
+    assert ok is Ok
+
+
+def _library_classes() -> list[type]:
+    found: list[type] = []
+    skipped = ("mypy_plugin", "sglang", "__main__")
+    for module in pkgutil.walk_packages(batchstate.__path__, "batchstate."):
+        if any(part in module.name for part in skipped):
+            continue
+        loaded = importlib.import_module(module.name)
+        found += [
+            value
+            for _, value in inspect.getmembers(loaded, inspect.isclass)
+            if value.__module__ == module.name
+        ]
+    return found
+
+
+def test_every_exception_batchstate_defines_derives_from_error() -> None:
+    exceptions = [cls for cls in _library_classes() if issubclass(cls, BaseException)]
+    assert len(exceptions) > 20
+    assert [cls for cls in exceptions if not issubclass(cls, batchstate.errors.Error)] == []
+
+
+def test_every_failure_value_derives_from_error_and_compares_by_value() -> None:
+    failures: tuple[batchstate.errors.Error, ...] = (
+        OutOfKVTokens(3, 1, 16, fits=2),
+        NotHeld(7, 1, 5, 0),
+        DoesNotFit("rows", 9, 8),
+        TooLargeToPad(300, 256),
+    )
+    for failure in failures:
+        copied = pickle.loads(pickle.dumps(failure))  # what ranks exchange
+        assert copied == failure
+        assert hash(copied) == hash(failure)
+        assert copied is not failure
+    assert pickle.loads(pickle.dumps(failures[0])).fits == 2  # keyword-only, kept
+
+
+def test_except_error_catches_a_contract_broken_anywhere() -> None:
+    pools = make_pools(4, 64, 64, torch.device("cpu"))
+    extend(idle("cpu"), [Req(0, (1, 2, 3))], pools).unwrap()
+    with pytest.raises(batchstate.errors.Error) as caught:
+        extend(idle("cpu"), [Req(1, (4, 5))], pools)  # pools a success made stale
+    assert isinstance(caught.value, StalePools)
+    assert isinstance(caught.value, ValueError)
