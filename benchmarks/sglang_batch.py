@@ -10,7 +10,7 @@ batchstate's `Sampling` columns). The order is the scheduler's
 (`get_next_batch_to_run`, `update_running_batch`, `process_batch_result`)
 for the default non-overlapped path; `forward` stands for the model (the
 sampled tokens, the finish decision) and is not timed. Both sides run the same
-requests to the same lengths (`tests/test_sglang_step.py`); at page sizes over 1,
+requests to the same lengths (`tests/sglang/test_sglang_step.py`); at page sizes over 1,
 SGLang's new chunk can end a page short of batchstate's, its budget rounding the
 held chunk's last partial page up.
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from batchstate import FreeList, InvariantViolation
 
-# The long profile: `BATCHSTATE_LONG=1 python -m pytest tests/test_state_machine.py`.
+# The long profile: `BATCHSTATE_LONG=1 python -m pytest tests/properties/test_state_machine.py`.
 LONG: Final = os.environ.get("BATCHSTATE_LONG", "") not in ("", "0")
 # The mutation profile (tools/mutation.py sets it): small, derandomized budgets,
 # so each mutant runs fast and the same mutant is killed (or not) every run.

@@ -11,7 +11,7 @@ drafts, padding, the pools left at the end): wall times and per-step
 bookkeeping times are left out.
 
 The kept summaries live in `tests/data/engine_summaries.json`;
-`tests/test_engine_summaries.py` runs them again and compares. After a
+`tests/engine/test_engine_summaries.py` runs them again and compares. After a
 change that is meant to move them, write them afresh and review the diff:
 
     python tools/engine_summaries.py --write

@@ -2,7 +2,7 @@
 
     python tools/render_transitions.py
 
-tests/test_docs.py fails while the two disagree; this is how to make them agree.
+tests/docs/test_docs.py fails while the two disagree; this is how to make them agree.
 """
 
 from __future__ import annotations

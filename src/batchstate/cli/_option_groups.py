@@ -21,7 +21,7 @@ __all__ = [
 
 Add: TypeAlias = Callable[..., argparse.Action]  # an argument group's add_argument
 # The choices of the engine's options, written here so that `--help` imports no
-# engine module; tests/test_light_imports.py checks they are the engine's own.
+# engine module; tests/cli/test_light_imports.py checks they are the engine's own.
 ARRIVALS: Final = ("all", "uniform", "poisson", "burst")
 SAMPLING_MIXES: Final = ("greedy", "mixed", "fixed")
 DEVICES: Final = ("cpu", "meta", "cuda")

@@ -38,7 +38,7 @@ PROCESS_BYTES: Final = 256 << 20
 # token of its prompt and output (tuple and list entries); per engine step, the
 # trace's six entries. tracemalloc counted 1.3-1.6 KiB per request at the
 # default lengths and about 115 B per step; these bound it 2-4x over (checked
-# in tests/test_footprint.py), since a request's lengths are taken at their most.
+# in tests/engine/test_footprint.py), since a request's lengths are taken at their most.
 _REQUEST_BYTES: Final = 768
 _TOKEN_BYTES: Final = 24
 _STEP_BYTES: Final = 160

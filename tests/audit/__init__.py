@@ -1,0 +1,1 @@
+"""The device-read audit, and the decode path proved on meta."""

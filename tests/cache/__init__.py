@@ -1,0 +1,1 @@
+"""The prefix cache: radix tree, sharing, deduplication, hybrid anchors."""

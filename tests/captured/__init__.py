@@ -1,0 +1,1 @@
+"""Captured forwards: padding and graph buffers."""

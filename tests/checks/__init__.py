@@ -1,0 +1,1 @@
+"""Whole-state invariants and leak checks, and their messages."""

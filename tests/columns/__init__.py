@@ -1,0 +1,1 @@
+"""Column sets: declarations, packing, checks, values."""

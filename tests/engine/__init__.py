@@ -1,0 +1,1 @@
+"""The reference engine: modes, oracle, data-parallel ranks, summaries."""

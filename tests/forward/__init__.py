@@ -1,0 +1,1 @@
+"""A forward's inputs, the backends' views of them, hybrid inputs."""

@@ -1,0 +1,1 @@
+"""Memory kinds and their allocators: free lists, the token table, hybrid pools."""

@@ -1,0 +1,1 @@
+"""Pools: allocation, release, accounting, generations, one lineage."""

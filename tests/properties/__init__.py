@@ -1,0 +1,1 @@
+"""Property suites: state machines, hostile tables, fault sweeps, misuse."""

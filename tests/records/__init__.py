@@ -1,0 +1,1 @@
+"""Records: rows and phases, their checks and derived values."""

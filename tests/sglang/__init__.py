@@ -1,0 +1,1 @@
+"""batchstate.sglang against SGLang's own scheduler bookkeeping."""

@@ -1,0 +1,38 @@
+"""batchstate.sglang uses batchstate's public namespaces, but for one adapter module (eviction)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+SGLANG = Path(__file__).parents[2] / "src" / "batchstate" / "sglang"
+# What batchstate.sglang may import from: the package, its public namespaces, and itself.
+PUBLIC = re.compile(
+    r"batchstate(\.(errors|audit|engine|base|columns|cache|memory|pools|records|transitions"
+    r"|speculative|forward|captured|checks|table|backends)|\.sglang(\.\w+)?)?"
+)
+
+
+def _imports(path: Path) -> list[str]:
+    return [
+        node.module or ""
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("batchstate")
+    ]
+
+
+def test_every_import_is_of_a_public_namespace() -> None:
+    found = {p.name: _imports(p) for p in sorted(SGLANG.glob("*.py"))}
+    assert len(found) > 10  # the package was found
+    inner = {
+        name: [m for m in modules if not PUBLIC.fullmatch(m)] for name, modules in found.items()
+    }
+    assert {name: modules for name, modules in inner.items() if modules} == {}
+
+
+def test_only_the_cache_adapter_reads_a_private_attribute_of_a_cache() -> None:
+    """Mirroring SGLang's evictions leaf by leaf takes PrefixCache's private tree walk."""
+    private = re.compile(r"\._(leaves|nodes|evict|lock|unlock|cached)\b")
+    readers = {path.name for path in SGLANG.glob("*.py") if private.search(path.read_text())}
+    assert readers == {"_cache_adapter.py"}

@@ -1,0 +1,195 @@
+"""`Shadow` beside SGLang's real scheduler bookkeeping, `replay` of its traces, and the
+`batchstate replay` command. Skipped when SGLang is not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip(
+        "sglang is not installed: pip install 'batchstate[sglang]'", allow_module_level=True
+    )
+
+from batchstate.cli import main
+from batchstate.sglang import Shadow, ShadowDivergence, cpu_topology, replay
+from tests.sglang.test_sglang import _loaded, _patch, _run
+
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
+    ),
+    pytest.mark.xdist_group("sglang"),
+]
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[None]:
+    with cpu_topology():
+        yield
+
+
+@pytest.mark.parametrize(("page_size", "kv_tokens"), [(1, 420), (16, 640)])
+def test_the_shadow_follows_hundreds_of_steps_without_a_divergence(
+    topology: None, page_size: int, kv_tokens: int, tmp_path: Path
+) -> None:
+    driver = _loaded(page_size, kv_tokens)
+    trace = tmp_path / "trace.jsonl"
+    with Shadow(trace_path=trace) as shadow:
+        steps = _run(driver)
+    assert shadow.divergences == []
+    assert len(steps) >= 250 and driver.finished == 40
+    assert driver.retracted > 0 and driver.chunks > 0  # memory pressure, chunked prefill
+    ops = {op.op for op in shadow.operations}
+    assert ops >= {"prepare_for_extend", "prepare_for_decode", "filter_batch", "merge_batch"}
+    assert ops >= {"retract_decode", "release_kv_cache"}
+    assert any(op.evicted for op in shadow.operations)  # SGLang evicted; batchstate followed
+    assert any(p for op in shadow.operations for p in op.state.prefix_lens)  # cache hits
+    assert shadow.replica is not None
+    assert shadow.replica.pools.num_free_slots == driver.req_to_token_pool.available_size()
+    done = replay(trace)  # the trace replays through batchstate alone, to the same end
+    assert (done.operations, done.mismatch) == (len(shadow.operations), None)
+
+
+def test_the_shadow_never_changes_what_sglang_does(topology: None) -> None:
+    without = _run(_loaded(16, 640, seed=3))
+    with Shadow(on_divergence="log") as shadow:  # goes on past any divergence
+        shadowed = _run(_loaded(16, 640, seed=3))
+    assert shadowed == without
+    assert len(shadow.operations) > 500 and shadow.divergences == []
+
+
+def _first(driver: Any) -> ShadowDivergence:
+    with Shadow() as shadow, pytest.raises(ShadowDivergence) as raised:
+        _run(driver)
+    assert shadow.divergences == [raised.value]
+    return raised.value
+
+
+def _where(divergence: ShadowDivergence) -> tuple[str, str]:
+    return divergence.mismatch.op, divergence.mismatch.field
+
+
+def test_a_decode_batch_built_without_req_pool_indices_cpu_is_named(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _patch(monkeypatch, "prepare_for_decode", lambda b: setattr(b, "req_pool_indices_cpu", None))
+    divergence = _first(_loaded(1, 420))
+    assert _where(divergence) == ("prepare_for_decode", "req_pool_indices_cpu rows")
+    assert divergence.mismatch.sglang == "-1"
+
+
+def test_seq_lens_sum_drifting_is_named(topology: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    _patch(
+        monkeypatch,
+        "prepare_for_decode",
+        lambda b: setattr(b, "seq_lens_sum", int(b.seq_lens_cpu.sum()) - len(b.reqs)),
+    )
+    assert _where(_first(_loaded(16, 640))) == ("prepare_for_decode", "seq_lens_sum")
+
+
+def test_stale_rows_of_an_empty_filter_merged_back_are_named(topology: None) -> None:
+    driver = _loaded(1, 420, requests=6)
+    with Shadow() as shadow, pytest.raises(ShadowDivergence) as raised:
+        driver.step()  # one prefill batch of every request
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        for req in driver.running.reqs:  # every request leaves (an abort)
+            release_kv_cache(req, driver.tree_cache, checkpoint=False)
+        stale = driver.running
+        stale.filter_batch(keep_indices=[])  # SGLang keeps the old tensors behind reqs == []
+        driver.submit([7, 8, 9], 4)
+        stale.merge_batch(driver._prefill())  # the missing is_empty() guard
+    assert _where(raised.value) == ("merge_batch", "req_pool_indices_cpu rows")
+    assert shadow.operations[-2].op == "prepare_for_extend"
+
+
+def test_a_slot_freed_while_its_row_still_reads_it_is_named(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _patch(
+        monkeypatch,
+        "prepare_for_decode",
+        lambda b: b.token_to_kv_pool_allocator.free(b.out_cache_loc[:1]),
+    )
+    divergence = _first(_loaded(1, 420))
+    assert _where(divergence) == ("prepare_for_decode", "free_tokens + evictable_tokens")
+    assert int(divergence.mismatch.sglang) == int(divergence.mismatch.batchstate) + 1
+
+
+def test_a_lock_never_released_is_named_at_the_release(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    monkeypatch.setattr(RadixCache, "unlock", lambda cache, lock, *a, **k: None)
+    divergence = _first(_loaded(1, 420))
+    assert _where(divergence) == ("release_kv_cache", "protected_tokens")
+    assert divergence.mismatch.request == ""
+
+
+def test_a_chunk_allocated_twice_is_named(topology: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    def again(batch: Any) -> None:
+        req = batch.chunked_req
+        if req is not None and req in batch.reqs:  # the chunk's pages taken a second time
+            batch.token_to_kv_pool_allocator.alloc(req.extend_len)
+
+    _patch(monkeypatch, "prepare_for_extend", again)
+    divergence = _first(_loaded(16, 640))
+    assert divergence.mismatch.field == "free_tokens + evictable_tokens"
+    assert divergence.mismatch.op == "checkpoint_kv_cache"  # the chunk's own checkpoint
+
+
+def test_a_tampered_trace_diverges_at_the_step_changed(topology: None, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    with Shadow(trace_path=trace):
+        _run(_loaded(1, 420, requests=8))
+    lines = trace.read_text().splitlines()
+    assert main(["replay", str(trace)]) == 0
+    step = next(
+        n for n, line in enumerate(lines[1:]) if json.loads(line)["op"] == "prepare_for_decode"
+    )
+    op = json.loads(lines[step + 1])
+    op["state"]["seq_lens"][0] += 1
+    lines[step + 1] = json.dumps(op)
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("\n".join(lines) + "\n")
+    done = replay(tampered)
+    assert done.mismatch is not None
+    assert (done.mismatch.step, done.mismatch.field) == (step, "seq_len")
+    assert main(["replay", str(tampered)]) == 1
+
+
+def test_replay_refuses_what_is_not_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(tmp_path / "missing.jsonl")]) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op": "decode"}\n')
+    assert main(["replay", str(bad)]) == 2
+    assert "the first line must be the pools line" in capsys.readouterr().err
+
+
+def test_a_batch_whose_fields_moved_is_refused_by_name(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchstate.sglang import UnsupportedSGLang
+
+    # A request from a release that renamed `full_untruncated_fill_ids`.
+    _patch(
+        monkeypatch,
+        "prepare_for_extend",
+        lambda b: delattr(b.reqs[0], "full_untruncated_fill_ids"),
+    )
+    driver = _loaded(1, 420, requests=2)
+    with (
+        Shadow() as shadow,
+        pytest.raises(UnsupportedSGLang, match=r"'full_untruncated_fill_ids'.*0\.5\.23"),
+    ):
+        driver.step()
+    assert shadow.operations == []  # nothing was replayed

@@ -1,0 +1,1 @@
+"""Speculative decoding: verify, sync, windows ahead."""

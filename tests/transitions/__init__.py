@@ -1,0 +1,1 @@
+"""The transitions, one by one, and the transition table."""

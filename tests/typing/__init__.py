@@ -1,0 +1,1 @@
+"""What mypy accepts and rejects."""
