@@ -30,7 +30,7 @@ def _best_us(work: Callable[[], object], repeats: int) -> float:
 def measure(cached_tokens: int, length: int, page_size: int, repeats: int) -> tuple[float, ...]:
     """(nodes, match µs, lock + unlock µs, insert µs) with `cached_tokens` tokens cached."""
     rng = random.Random(0)
-    cache, page = PrefixCache._empty(page_size), 1
+    cache, page = PrefixCache.empty(page_size), 1
     stored = []
     while cache.num_tokens < cached_tokens:
         tokens = tuple(rng.randrange(1, 32000) for _ in range(length))
@@ -43,7 +43,7 @@ def measure(cached_tokens: int, length: int, page_size: int, repeats: int) -> tu
     )
     match = _best_us(lambda: cache.match(request), repeats)
     hit, _ = cache.match(request)
-    lock = _best_us(lambda: cache._lock(request, hit)._unlock(request, hit), repeats)
+    lock = _best_us(lambda: cache.lock(request, hit).unlock(request, hit), repeats)
     pages = range(page, page + length // page_size)
     insert = _best_us(lambda: cache._insert(request, pages), repeats)
     return float(len(cache)), match, lock, insert

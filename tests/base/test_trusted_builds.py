@@ -39,7 +39,7 @@ def test_rows_built_by_transitions_have_every_field_set() -> None:
 
 def test_a_pair_holds_both_sides_and_stays_frozen() -> None:
     host = frozen(np.array([3, 5], dtype=np.int64))
-    pair = Mirrored._pair(host, torch.tensor([3, 5]))
+    pair = Mirrored.trusted(host, torch.tensor([3, 5]))
     assert pair.host is host
     assert pair.device.tolist() == [3, 5]
     with pytest.raises(attrs.exceptions.FrozenInstanceError):

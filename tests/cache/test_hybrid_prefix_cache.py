@@ -91,7 +91,7 @@ def test_a_release_caches_full_pages_and_frees_window_pages_and_states(
 
 def test_a_repeated_prompt_resumes_from_the_anchor_and_reads_the_cached_full_pages() -> None:
     pools = _finish_one(_pools(), (1, 2, 3))
-    cached_pages = pools.cache._cached(HEADER)[1].tolist()
+    cached_pages = pools.cache.cached_prefix(HEADER)[1].tolist()
     assert len(cached_pages) == 10
     batch, pools = unwrap(extend(idle(CPU), [Req(1, (*HEADER, 7))], pools))
     assert batch.prefix_lens.tolist() == [40]  # only the last token is computed

@@ -13,13 +13,13 @@ Tokens = tuple[int, ...]
 
 def _shape(cache: PrefixCache) -> dict[Tokens, tuple[tuple[int, ...], int, int]]:
     # Every node by its prefix: its pages, locks and recency (the eviction order's key).
-    return {prefix: (node.pages, node.locks, node.used) for prefix, node in cache._nodes()}
+    return {prefix: (node.pages, node.locks, node.used) for prefix, node in cache.nodes()}
 
 
 def _value(cache: PrefixCache) -> tuple[object, ...]:
     return (
         _shape(cache),
-        cache._leaves,
+        cache.leaves,
         cache.clock,
         cache.num_pages,
         cache.num_locked,
@@ -37,7 +37,7 @@ def _pages(page_size: int, most: int) -> st.SearchStrategy[Tokens]:
 def _caches(draw: st.DrawFn) -> tuple[PrefixCache, list[Tokens]]:
     # A cache of a few prompts, some of them read (locked) by rows, in a drawn order.
     page_size = draw(st.sampled_from([1, 2]))
-    cache, page = PrefixCache._empty(page_size), 1
+    cache, page = PrefixCache.empty(page_size), 1
     prompts = [draw(_pages(page_size, 4)) for _ in range(draw(st.integers(1, 6)))]
     reads: list[Tokens] = []
     for prompt in prompts:
@@ -45,7 +45,7 @@ def _caches(draw: st.DrawFn) -> tuple[PrefixCache, list[Tokens]]:
         page += len(prompt) // page_size
         if draw(st.booleans()):
             length = draw(st.integers(1, len(prompt) // page_size)) * page_size
-            cache = cache._lock(prompt, length)
+            cache = cache.lock(prompt, length)
             reads.append(prompt[:length])
     return cache, reads
 
@@ -59,9 +59,9 @@ def test_a_release_is_unlock_then_insert_in_one_walk(data: st.DataObject) -> Non
     tokens = read + (data.draw(_pages(page_size, 3)) if data.draw(st.booleans()) else ())
     pages = list(range(500, 500 + len(tokens) // page_size))
     released, present = cache._release(read, tokens, np.array(pages, dtype=np.int64))
-    stepwise = cache._unlock(read, len(read)) if read else cache
+    stepwise = cache.unlock(read, len(read)) if read else cache
     stepwise, present_stepwise = stepwise._insert(tokens, pages)
     assert present == present_stepwise
     assert _value(released) == _value(stepwise)
-    assert released._leaves == released._unlocked_leaves()
-    assert {type(page) for _, node in released._nodes() for page in node.pages} <= {int}
+    assert released.leaves == released._unlocked_leaves()
+    assert {type(page) for _, node in released.nodes() for page in node.pages} <= {int}

@@ -80,7 +80,7 @@ def test_a_row_in_the_top_slot_at_another_length() -> None:
 
 
 def _with_device_side(name: str, device: torch.Tensor, host: np.ndarray) -> Filtered:
-    changes: dict[str, Any] = {name: Mirrored._pair(host, device)}
+    changes: dict[str, Any] = {name: Mirrored.trusted(host, device)}
     return Filtered(attrs.evolve(_filtered().rows, **changes))
 
 
@@ -107,7 +107,7 @@ def test_a_device_side_sharing_the_host_memory(name: str) -> None:
     shared = getattr(batch.rows, name).host
     with warnings.catch_warnings():  # torch's warning that the array is read-only
         warnings.simplefilter("ignore", UserWarning)
-        object.__setattr__(batch.rows, name, Mirrored._pair(shared, torch.from_numpy(shared)))
+        object.__setattr__(batch.rows, name, Mirrored.trusted(shared, torch.from_numpy(shared)))
     with raises_exactly(f"{name}: the device side shares the host side's memory"):
         check_batch(batch, compare_device=True)
 

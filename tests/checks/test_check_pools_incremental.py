@@ -100,7 +100,7 @@ BREAKS: dict[str, tuple[Break, str]] = {
     "a leaf's last use other than the tree's": (
         _evolved(
             lambda pools: _with_cache(
-                pools, leaves={key: used + 1 for key, used in pools.cache._leaves.items()}
+                pools, leaves={key: used + 1 for key, used in pools.cache.leaves.items()}
             )
         ),
         "the cache's index of unlocked leaves (what eviction pops) differs from its tree",
@@ -130,7 +130,7 @@ BREAKS: dict[str, tuple[Break, str]] = {
         "KV pages: 11 free + 3 cached + 1 private != 16, or a page is in two states or none",
     ),
     "a cache emptied": (
-        _evolved(lambda pools: attrs.evolve(pools, cache=PrefixCache._empty(4))),
+        _evolved(lambda pools: attrs.evolve(pools, cache=PrefixCache.empty(4))),
         "page 1 is read as a cached prefix but not cached",
     ),
 }

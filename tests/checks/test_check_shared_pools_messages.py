@@ -60,14 +60,14 @@ def _with_cache(pools: Pools, **changes: Any) -> Pools:
 
 def _with_top(pools: Pools, **changes: Any) -> Pools:
     """The pools with the page 1 node (the root's only child) changed."""
-    root = pools.cache._root
+    root = pools.cache.root
     ((key, node),) = root.children.items()
     return _with_cache(pools, root=root._replace(children=Map({key: node._replace(**changes)})))
 
 
 def _with_tree(pools: Pools, **changes: Any) -> Pools:
     """The pools with the page 1 node's first child (page 2) changed."""
-    root = pools.cache._root
+    root = pools.cache.root
     ((key, node),) = root.children.items()
     page_2 = (14, 15, 16, 17)  # the key of page 2's node: its first page of tokens
     children = node.children.set(page_2, node.children[page_2]._replace(**changes))
@@ -126,7 +126,7 @@ def test_a_tree_of_one_token_pages_passes_the_check() -> None:
     pools = release(first, idle(CPU), pools).unwrap()
     batch, pools = extend(idle(CPU), [Req(3, (7, 8, 2))], pools).unwrap()
     # Request 3's lock split (8, 1); its prefill then published its last token, 2.
-    assert sorted(node.tokens for _, node in pools.cache._nodes()) == [
+    assert sorted(node.tokens for _, node in pools.cache.nodes()) == [
         (1,),
         (2,),
         (7,),
@@ -234,7 +234,7 @@ def test_a_prefix_on_a_slot_that_holds_nothing() -> None:
 
 def test_a_prefix_read_from_pages_the_cache_does_not_hold() -> None:
     _, pools, _ = _running()
-    empty = attrs.evolve(pools, cache=PrefixCache._empty(4))
+    empty = attrs.evolve(pools, cache=PrefixCache.empty(4))
     with raises_exactly("page 1 is read as a cached prefix but not cached"):
         check_pools(empty)
 

@@ -48,7 +48,7 @@ def test_a_cache_of_another_page_size_is_caught() -> None:
 
 def test_an_empty_cache_in_place_of_the_one_read_is_caught() -> None:
     pools = _reading()
-    empty = attrs.evolve(pools, cache=type(pools.cache)._empty(4))
+    empty = attrs.evolve(pools, cache=type(pools.cache).empty(4))
     with _violation("page 1 is read as a cached prefix but not cached"):
         check_pools(empty)
 

@@ -53,7 +53,7 @@ def _broken_host(array: HostArray, how: str) -> object:
 
 
 def _pair(host: object, device: torch.Tensor) -> Mirrored:
-    return Mirrored._pair(host, device)  # type: ignore[arg-type]  # a mismatched pair, on purpose
+    return Mirrored.trusted(host, device)  # type: ignore[arg-type]  # a mismatched pair, on purpose
 
 
 @pytest.mark.parametrize("how", ["length", "dtype", "device"])

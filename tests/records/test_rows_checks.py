@@ -37,7 +37,7 @@ def _with(rows: Rows, **changes: object) -> Rows:
 
 
 def _pair(host: np.ndarray, device: torch.Tensor) -> Mirrored:
-    return Mirrored._pair(host, device)
+    return Mirrored.trusted(host, device)
 
 
 def _int32(array: np.ndarray) -> np.ndarray:

@@ -123,7 +123,7 @@ def test_rows_built_by_hand_copy_what_their_caller_can_still_write() -> None:
     lens_view = lens.view()
     lens_view.setflags(write=False)
     built = Rows.from_host(CPU, [Req(0, (1,))], [1], [1], NO_COLUMNS)
-    seq_lens = Mirrored._pair(lens_view, built.seq_lens.device)
+    seq_lens = Mirrored.trusted(lens_view, built.seq_lens.device)
     running = attrs.evolve(built, rids=view, seq_lens=seq_lens)
     base[0] = 1
     lens[0] = 7

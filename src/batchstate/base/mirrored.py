@@ -86,23 +86,24 @@ class Mirrored(Generic[Scalar]):
             _expect_vector(source)
         copies = [frozen(np.array(host, copy=True)) for host in hosts]
         return [
-            cls._pair(host, side) for host, side in zip(copies, upload(copies, device), strict=True)
+            cls.trusted(host, side)
+            for host, side in zip(copies, upload(copies, device), strict=True)
         ]
 
     @classmethod
     def from_ints(cls, values: Sequence[int], device: torch.device) -> Mirrored[np.int64]:
         """Mirror a list of Python ints as a 1-D int64 pair."""
         host = host_int64(values)
-        return Mirrored._pair(host, upload((host,), device)[0])
+        return Mirrored.trusted(host, upload((host,), device)[0])
 
     @classmethod
     def empty(cls, dtype: type[Scalar], device: torch.device) -> Mirrored[Scalar]:
         """A pair with zero rows."""
         host: npt.NDArray[Scalar] = frozen(np.empty(0, dtype=dtype))
-        return cls._pair(host, torch.empty(0, dtype=torch_dtype(host.dtype), device=device))
+        return cls.trusted(host, torch.empty(0, dtype=torch_dtype(host.dtype), device=device))
 
     @classmethod
-    def _pair(cls, host: npt.NDArray[Scalar], device: torch.Tensor) -> Mirrored[Scalar]:
+    def trusted(cls, host: npt.NDArray[Scalar], device: torch.Tensor) -> Mirrored[Scalar]:
         # NOTE: the only place both sides are set; callers pass a frozen host
         # array and the device tensor uploaded from it. Unrolled attrs init,
         # through the slots' own setters: a quarter cheaper than
@@ -134,7 +135,7 @@ class Mirrored(Generic[Scalar]):
 
     def _from_new_host(self, host: npt.NDArray[Scalar]) -> Mirrored[Scalar]:
         # `host` is a fresh array no one else holds: freeze it instead of copying.
-        return Mirrored._pair(frozen(host), upload((host,), self.device.device)[0])
+        return Mirrored.trusted(frozen(host), upload((host,), self.device.device)[0])
 
     def __repr__(self) -> str:
         return describe("Mirrored", self.device)

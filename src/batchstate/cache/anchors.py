@@ -116,14 +116,14 @@ class HybridCache:
                 return length
         return 0
 
-    def _hold(self, prefix: Tokens) -> HybridCache:
+    def hold(self, prefix: Tokens) -> HybridCache:
         """One more new row reads the anchor `prefix`: locked, from its match to its copies."""
         clock = self.clock + 1
         anchor = self.anchors[prefix]
         anchors = self.anchors.set(prefix, anchor._replace(used=clock, locks=anchor.locks + 1))
         return HybridCache(anchors, self.lengths, self.pending, clock, self.num_evicted)
 
-    def _admit(self, slots: Iterable[int]) -> HybridCache:
+    def admit(self, slots: Iterable[int]) -> HybridCache:
         """New rows in `slots`: their memory is unwritten until their forward or transfer ran."""
         pending = self.pending.mutate()
         for slot in slots:
@@ -132,13 +132,13 @@ class HybridCache:
             self.anchors, self.lengths, pending.finish(), self.clock, self.num_evicted
         )
 
-    def _resume(self, slot: int, prefix: Tokens) -> HybridCache:
+    def resume(self, slot: int, prefix: Tokens) -> HybridCache:
         """The row in `slot` resumes from the anchor `prefix` (held): its copies are pending."""
         before = self.pending.get(slot, _NO_COPIES)
         pending = self.pending.set(slot, before._replace(resume=prefix))
         return HybridCache(self.anchors, self.lengths, pending, self.clock, self.num_evicted)
 
-    def _add(
+    def add_anchor(
         self, slot: int, prefix: Tokens, window_pages: tuple[int, ...], state: int
     ) -> HybridCache:
         """A new anchor `prefix`, which the forward of the row in `slot` fills.
@@ -146,19 +146,19 @@ class HybridCache:
         Not locked: evicting it later drops the pending publish with it (any
         later forward runs after the one that fills it, on the same stream).
         """
-        kept = self._keep(prefix, window_pages, state)
+        kept = self.keep_anchor(prefix, window_pages, state)
         before = self.pending.get(slot, _NO_COPIES)
         pending = self.pending.set(slot, before._replace(publish=prefix))
         return HybridCache(kept.anchors, kept.lengths, pending, kept.clock, self.num_evicted)
 
-    def _keep(self, prefix: Tokens, window_pages: tuple[int, ...], state: int) -> HybridCache:
+    def keep_anchor(self, prefix: Tokens, window_pages: tuple[int, ...], state: int) -> HybridCache:
         """A new anchor `prefix` from a finished row's own window tail and state (no copy)."""
         clock = self.clock + 1
         anchors = self.anchors.set(prefix, Anchor(window_pages, state, clock, 0))
         lengths = self.lengths.set(len(prefix), self.lengths.get(len(prefix), 0) + 1)
         return HybridCache(anchors, lengths, self.pending, clock, self.num_evicted)
 
-    def _settle(self, slots: Iterable[int]) -> HybridCache:
+    def copies_ran(self, slots: Iterable[int]) -> HybridCache:
         """The pending copies of `slots` ran (their rows grew again, or left): anchors unlocked."""
         pending, anchors = self.pending.mutate(), self.anchors.mutate()
         for slot in slots:
@@ -173,7 +173,7 @@ class HybridCache:
             anchors.finish(), self.lengths, pending.finish(), self.clock, self.num_evicted
         )
 
-    def _evict(
+    def evict(
         self, num_pages: int, num_states: int, *, keep: Callable[[Tokens], bool] | None = None
     ) -> tuple[HybridCache, list[int], list[int]]:
         """Drop unlocked anchors, least recently used first, until enough pages and states are out.

@@ -54,7 +54,7 @@ class PrefixCache:
 
     page_size: int
     enabled: bool
-    _root: Node
+    root: Node
     clock: int  # bumped by every match that locks and every insert
     num_pages: int  # pages the cache holds
     num_locked: int  # of which, pages that live rows read
@@ -62,14 +62,14 @@ class PrefixCache:
     # Every unlocked leaf, by the tokens from the root to its end (a split of the leaf
     # keeps them) -> its `used`: what eviction pops, kept beside the tree so that it
     # never scans it. Copied on change, never mutated.
-    _leaves: dict[Tokens, int]
+    leaves: dict[Tokens, int]
     # Whether a match on the cache alone may be read instead of computed: false for
     # hybrid pools, whose requests also need a window tail and a state at the prefix's
     # end, kept beside the cache (`HybridPools.cached`, `_hybrid_reuse.usable_prefix`).
     reuses: bool = True
 
     @classmethod
-    def _empty(cls, page_size: int, *, enabled: bool = True, reuses: bool = True) -> PrefixCache:
+    def empty(cls, page_size: int, *, enabled: bool = True, reuses: bool = True) -> PrefixCache:
         return cls(page_size, enabled, ROOT, 0, 0, 0, 0, {}, reuses)
 
     @property
@@ -96,9 +96,9 @@ class PrefixCache:
         >>> cache.match((1, 2, 3))[0]
         0
         """
-        return self._cached(tokens) if self.reuses else (0, NO_INTS)
+        return self.cached_prefix(tokens) if self.reuses else (0, NO_INTS)
 
-    def _cached(self, tokens: Sequence[int]) -> tuple[int, HostArray]:
+    def cached_prefix(self, tokens: Sequence[int]) -> tuple[int, HostArray]:
         # The longest prefix of `tokens` whose full-attention pages the cache holds.
         ids = tuple(tokens)
         length, pages = self._walk(ids, len(ids)) if self.enabled else (0, [])
@@ -110,7 +110,7 @@ class PrefixCache:
         For checks and tests: O(cached tokens * depth) to build.
         """
         out: dict[Tokens, tuple[int, int]] = {}
-        for prefix, node in self._nodes():
+        for prefix, node in self.nodes():
             start = len(prefix) - len(node.tokens)
             for index, page in enumerate(node.pages):
                 end = start + (index + 1) * self.page_size
@@ -119,7 +119,7 @@ class PrefixCache:
 
     def __len__(self) -> int:
         """Nodes of the radix tree, the root excluded."""
-        return sum(1 for _ in self._nodes())
+        return sum(1 for _ in self.nodes())
 
     def __repr__(self) -> str:
         if not self.enabled:
@@ -131,11 +131,11 @@ class PrefixCache:
 
     # ---- what the cached transitions use --------------------------------------------------
 
-    def _lock(self, tokens: Tokens, length: int) -> PrefixCache:
+    def lock(self, tokens: Tokens, length: int) -> PrefixCache:
         # One more row reads the cached prefix `tokens[:length]` (whole pages, all cached).
         clock = self.clock + 1
-        root, newly, _ = update_locks(self._root, tokens, length, self.page_size, 1, clock)
-        leaves, prefix = self._leaves, tokens[:length]
+        root, newly, _ = update_locks(self.root, tokens, length, self.page_size, 1, clock)
+        leaves, prefix = self.leaves, tokens[:length]
         if prefix in leaves:  # an unlocked leaf, locked now
             leaves = dict(leaves)
             del leaves[prefix]
@@ -144,10 +144,10 @@ class PrefixCache:
             self.num_evicted, leaves, self.reuses,
         )  # fmt: skip
 
-    def _unlock(self, tokens: Tokens, length: int) -> PrefixCache:
+    def unlock(self, tokens: Tokens, length: int) -> PrefixCache:
         # A row that read `tokens[:length]` left.
-        root, freed, end = update_locks(self._root, tokens, length, self.page_size, -1, self.clock)
-        leaves = self._leaves
+        root, freed, end = update_locks(self.root, tokens, length, self.page_size, -1, self.clock)
+        leaves = self.leaves
         if not end.children and not end.locks:  # the last row reading this leaf left
             leaves = {**leaves, tokens[:length]: end.used}
         return PrefixCache(
@@ -159,9 +159,9 @@ class PrefixCache:
         # Cache `tokens` (whole pages) at `pages`; returns the new cache and how many
         # leading tokens were cached already (their `pages` stay the caller's to free).
         clock = self.clock + 1
-        root, present = insert_tokens(self._root, tokens, pages, self.page_size, clock)
+        root, present = insert_tokens(self.root, tokens, pages, self.page_size, clock)
         added = (len(tokens) - present) // self.page_size
-        leaves = self._leaves
+        leaves = self.leaves
         if added or tokens in leaves:  # a new leaf, or a cached one used now
             leaves = dict(leaves)
             leaves.pop(tokens[:present], None)  # the new leaf's parent is no leaf now
@@ -176,14 +176,14 @@ class PrefixCache:
         # A row that read `read` leaves and its `tokens` (whole pages, starting with
         # `read`) go in at `pages`: the value of `_unlock` then `_insert`, in one walk.
         if not read or len(tokens) < len(read):
-            cache = self._unlock(read, len(read)) if read else self
+            cache = self.unlock(read, len(read)) if read else self
             return cache._insert(tokens, pages.tolist())
         clock = self.clock + 1
         root, present, unlocked, bare = release_tokens(
-            self._root, len(read), tokens, pages, self.page_size, clock
+            self.root, len(read), tokens, pages, self.page_size, clock
         )
         added = (len(tokens) - present) // self.page_size
-        leaves = self._leaves
+        leaves = self.leaves
         # A leaf the unlock left bare is `tokens`' end, or their new leaf's parent.
         if bare or added or tokens in leaves:
             leaves = dict(leaves)
@@ -195,14 +195,14 @@ class PrefixCache:
         )  # fmt: skip
         return cache, present
 
-    def _publish(self, tokens: Tokens, start: int, pages: Sequence[int]) -> PrefixCache | None:
+    def publish(self, tokens: Tokens, start: int, pages: Sequence[int]) -> PrefixCache | None:
         # A row that reads (locks) the cached `tokens[:start]` computed the rest (whole
         # pages, at `pages`): cache them and move its lock to their end, in one walk. The
         # same value as `_insert` then `_lock` then `_unlock` of the old prefix, clock
         # included; None if the cache holds a page past `start` already (another row's).
         page_size = self.page_size
-        path = descend(self._root, tokens, start, page_size)
-        parent = path[-1][1] if path else self._root
+        path = descend(self.root, tokens, start, page_size)
+        parent = path[-1][1] if path else self.root
         key = tokens[start : start + page_size]
         if key in parent.children:
             return None
@@ -215,24 +215,24 @@ class PrefixCache:
         if updated:
             last_key, last = updated[-1]
             updated[-1] = (last_key, with_children(last, last.children.set(key, leaf)))
-            root = rebuild(self._root, updated)
+            root = rebuild(self.root, updated)
         else:
-            root = with_children(self._root, self._root.children.set(key, leaf))
+            root = with_children(self.root, self.root.children.set(key, leaf))
         return PrefixCache(
             page_size, self.enabled, root, clock, self.num_pages + len(pages),
-            self.num_locked + len(pages), self.num_evicted, self._leaves, self.reuses,
+            self.num_locked + len(pages), self.num_evicted, self.leaves, self.reuses,
         )  # fmt: skip
 
-    def _evict(self, num_pages: int) -> tuple[PrefixCache, list[int]]:
+    def evict(self, num_pages: int) -> tuple[PrefixCache, list[int]]:
         # Drop unlocked leaves, least recently used first, until `num_pages` pages are
         # out (or none is left); returns the cache and the pages dropped, whole leaves.
         # Heaps the unlocked leaves it keeps: O(leaves + evicted * log leaves), no scan.
-        if num_pages <= 0 or not self._leaves:
+        if num_pages <= 0 or not self.leaves:
             return self, []
-        heap = list(zip(self._leaves.values(), self._leaves, strict=True))  # ties: by prefix
+        heap = list(zip(self.leaves.values(), self.leaves, strict=True))  # ties: by prefix
         heapq.heapify(heap)
-        leaves = dict(self._leaves)
-        root, freed, page_size = self._root, list[int](), self.page_size
+        leaves = dict(self.leaves)
+        root, freed, page_size = self.root, list[int](), self.page_size
         while heap and len(freed) < num_pages:
             _, prefix = heapq.heappop(heap)
             del leaves[prefix]
@@ -249,16 +249,16 @@ class PrefixCache:
         return cache, freed
 
     def _unlocked_leaves(self) -> dict[Tokens, int]:
-        # The unlocked leaves found by a scan of the tree, for checks: `_leaves` must equal it.
+        # The unlocked leaves found by a scan of the tree, for checks: `leaves` must equal it.
         return {
             prefix: node.used
-            for prefix, node in self._nodes()
+            for prefix, node in self.nodes()
             if not node.children and not node.locks
         }
 
     def _walk(self, tokens: Tokens, limit: int) -> tuple[int, list[int]]:
         # Longest cached prefix of tokens[:limit]: (length, pages).
-        page_size, node, length = self.page_size, self._root, 0
+        page_size, node, length = self.page_size, self.root, 0
         pages: list[int] = []
         while length + page_size <= limit:
             child = node.children.get(tokens[length : length + page_size])
@@ -272,9 +272,9 @@ class PrefixCache:
             node = child
         return length, pages
 
-    def _nodes(self) -> Iterator[tuple[Tokens, Node]]:
+    def nodes(self) -> Iterator[tuple[Tokens, Node]]:
         # Every node but the root, with the full prefix it ends.
-        stack: list[tuple[Tokens, Node]] = [((), self._root)]
+        stack: list[tuple[Tokens, Node]] = [((), self.root)]
         while stack:
             prefix, node = stack.pop()
             for child in node.children.values():

@@ -61,7 +61,7 @@ def lock_matched(
     """The cache with each prompt's matched prefix (`lengths[i]` tokens, cached) locked."""
     for tokens, length in zip(token_lists, lengths, strict=True):
         if length:
-            cache = cache._lock(tuple(tokens), length)
+            cache = cache.lock(tuple(tokens), length)
     return cache
 
 

@@ -175,7 +175,7 @@ def field_pairs(
     hosts: Sequence[npt.NDArray[np.generic]], sides: Sequence[torch.Tensor]
 ) -> FieldPairs:
     """Each field's read-only host array beside its device tensor, in `PADDED_FIELDS` order."""
-    pairs = tuple(Mirrored._pair(host, side) for host, side in zip(hosts, sides, strict=True))
+    pairs = tuple(Mirrored.trusted(host, side) for host, side in zip(hosts, sides, strict=True))
     return cast("FieldPairs", pairs)  # the order the layout writes them in
 
 

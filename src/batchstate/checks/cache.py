@@ -243,7 +243,7 @@ _PROVEN: weakref.WeakKeyDictionary[Stamp, _Proven] = weakref.WeakKeyDictionary()
 
 
 def _proven(pools: Pools) -> _Proven:
-    proven = _PROVEN.get(pools._stamp)
+    proven = _PROVEN.get(pools.stamp)
     if (
         proven is None
         or proven.page_size != pools.page_size
@@ -251,7 +251,7 @@ def _proven(pools: Pools) -> _Proven:
         or proven.lens.shape[0] != pools.max_reqs + 1
         or proven.tree.depth.shape[0] != pools.num_pages + 1
     ):
-        proven = _PROVEN[pools._stamp] = _Proven(pools)
+        proven = _PROVEN[pools.stamp] = _Proven(pools)
     return proven
 
 
@@ -264,14 +264,14 @@ def unread_cells(pools: Pools, owned: HostArray, *, every_row: bool) -> HostArra
     if every_row:
         return np.zeros_like(owned)
     proven = _proven(pools)
-    first: HostArray = np.minimum(proven.lens[owned], pools.table._written_from[owned])
+    first: HostArray = np.minimum(proven.lens[owned], pools.table.written_from[owned])
     return first - first % pools.page_size
 
 
 def prove_rows(pools: Pools, owned: HostArray) -> None:
     """Record that `owned`'s cells were read and found whole pages, as they are now."""
     _proven(pools).lens[owned] = pools.slot_tokens[owned]
-    pools.table._mark_read(owned)
+    pools.table.mark_read(owned)
 
 
 def check_tree(pools: Pools) -> TreeIndex:
@@ -279,9 +279,9 @@ def check_tree(pools: Pools) -> TreeIndex:
     cache, proven = pools.cache, _proven(pools)
     tree = proven.tree
     try:
-        tree.move_to(cache._root)
+        tree.move_to(cache.root)
     except InvariantViolation:
-        del _PROVEN[pools._stamp]  # the index is half-moved: the next check starts afresh
+        del _PROVEN[pools.stamp]  # the index is half-moved: the next check starts afresh
         raise
     _expect(
         tree.num_pages == cache.num_pages and tree.num_locked == cache.num_locked,
@@ -290,12 +290,12 @@ def check_tree(pools: Pools) -> TreeIndex:
     )
     # The cache's dict is copied on change, never written: the dict found equal last
     # time still equals leaves that did not move.
-    if tree.leaves_moved or proven.leaves is not cache._leaves:
+    if tree.leaves_moved or proven.leaves is not cache.leaves:
         _expect(
-            _same_leaves(proven, cache._leaves, tree),
+            _same_leaves(proven, cache.leaves, tree),
             "the cache's index of unlocked leaves (what eviction pops) differs from its tree",
         )
-        proven.leaves = cache._leaves
+        proven.leaves = cache.leaves
     return tree
 
 
@@ -402,7 +402,7 @@ def check_inputs(pools: Pools, slots: HostArray, reqs: Sequence[Req]) -> None:
 def _walk(cache: PrefixCache, prefix_ids: Tokens) -> tuple[list[int], tuple[Tokens, ...]] | None:
     # The pages the cache holds for all of `prefix_ids` (whole pages), and the token
     # tuples of the nodes on the way; None if it does not hold them all.
-    node, length, page_size = cache._root, 0, cache.page_size
+    node, length, page_size = cache.root, 0, cache.page_size
     pages: list[int] = []
     spelled: list[Tokens] = []
     while length < len(prefix_ids):

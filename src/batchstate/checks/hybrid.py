@@ -89,7 +89,7 @@ def _check_anchors(pools: Pools, owned: list[int]) -> None:
         end = len(prefix)
         lengths[end] = lengths.get(end, 0) + 1
         _expect(
-            end > 0 and end % page_size == 0 and pools.cache._cached(prefix)[0] == end,
+            end > 0 and end % page_size == 0 and pools.cache.cached_prefix(prefix)[0] == end,
             f"prefix cache anchor at {end} tokens: not a cached prefix of whole pages",
         )
         if memory.windows:

@@ -341,9 +341,9 @@ def _view(packed: Packed, place: tuple[int, int]) -> object:
         return host
     flat, rows = packed.devices[pack], host.shape[0]
     if packed.start == 0 and flat.shape[0] == rows:
-        return Mirrored._pair(host, flat)  # a pack of one column, all its rows: no torch op
+        return Mirrored.trusted(host, flat)  # a pack of one column, all its rows: no torch op
     start = row * packed.stride + packed.start
-    return Mirrored._pair(host, flat[start : start + rows])
+    return Mirrored.trusted(host, flat[start : start + rows])
 
 
 def host_packs(columns: Columns, known: Layout) -> tuple[Host, ...]:

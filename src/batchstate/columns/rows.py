@@ -127,7 +127,7 @@ def slice_columns(columns: C, start: int, stop: int) -> C:
     for group in known.mirrored:
         for name in group.names:
             value = getattr(columns, name)
-            views[name] = Mirrored._pair(value.host[start:stop], value.device[start:stop])
+            views[name] = Mirrored.trusted(value.host[start:stop], value.device[start:stop])
     for group in known.host:
         for name in group.names:
             views[name] = getattr(columns, name)[start:stop]  # a view of a read-only array

@@ -180,7 +180,7 @@ def hybrid_of(
 ) -> HybridInputs:
     """The `HybridInputs` of `hybrid_hosts`' arrays, their device sides and `anchor_copies`."""
     pairs: list[Mirrored[Any]] = [
-        Mirrored._pair(frozen(host), side) for host, side in zip(hosts, sides, strict=True)
+        Mirrored.trusted(frozen(host), side) for host, side in zip(hosts, sides, strict=True)
     ]
     windows = tuple(
         WindowInputs(window.window, window.page_size, *pairs[:4]) for window in pools.memory.windows

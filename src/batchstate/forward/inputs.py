@@ -316,7 +316,7 @@ def _build(  # noqa: PLR0917  # one row's layout, in the order _layout returns i
     device = slots.device.device
     sides = upload(hosts, device)
     frozen_hosts = [frozen(host) for host in hosts]
-    pairs = [Mirrored._pair(host, side) for host, side in zip(frozen_hosts, sides, strict=True)]
+    pairs = [Mirrored.trusted(host, side) for host, side in zip(frozen_hosts, sides, strict=True)]
     flat_side, starts_side = sides[2], sides[3]
     # NOTE: the only device work: gather each row's page-start cells, then its pages in order.
     page_table = table.device[slots.device[:, None], starts_side[None, :]]

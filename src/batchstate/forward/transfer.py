@@ -114,7 +114,7 @@ def transfer_targets(batch: Filtered[Any], pools: Pools) -> TransferTargets:
         ]
     hosts += [state.of_slot[slots] for state in pools.memory.states]
     pairs: list[Mirrored[Any]] = [
-        Mirrored._pair(frozen(host), side)
+        Mirrored.trusted(frozen(host), side)
         for host, side in zip(hosts, upload(hosts, rows.device), strict=True)
     ]
     windows = tuple(

@@ -83,21 +83,19 @@ class HybridPools:
 
     def admit(self, slots: HostArray) -> HybridPools:
         """New request slots, pending until they grow: none leaves unwritten memory cached."""
-        return HybridPools(
-            self.kinds, self.windows, self.states, self.cached._admit(slots.tolist())
-        )
+        return HybridPools(self.kinds, self.windows, self.states, self.cached.admit(slots.tolist()))
 
     def settle(self, slots: list[int]) -> HybridPools:
         """The copies `slots` had pending ran: the anchors they name are unlocked."""
         if not any(slot in self.cached.pending for slot in slots):
             return self
-        return HybridPools(self.kinds, self.windows, self.states, self.cached._settle(slots))
+        return HybridPools(self.kinds, self.windows, self.states, self.cached.copies_ran(slots))
 
     def hold(self, prefixes: list[Tokens]) -> HybridPools:
         """Anchors matched by new rows, locked before their slots are taken: none is evicted."""
         cached = self.cached
         for prefix in prefixes:
-            cached = cached._hold(prefix)
+            cached = cached.hold(prefix)
         return HybridPools(self.kinds, self.windows, self.states, cached)
 
     def resume(self, slots: list[int], prefixes: list[Tokens], page_size: int) -> HybridPools:
@@ -109,7 +107,7 @@ class HybridPools:
         """
         cached = self.cached
         for slot, prefix in zip(slots, prefixes, strict=True):
-            cached = cached._resume(slot, prefix)
+            cached = cached.resume(slot, prefix)
         windows = self.windows
         if windows:
             window = windows[0]
@@ -146,17 +144,17 @@ class HybridPools:
             state_taken, left = states_out[0].free.take(1)
             state = int(state_taken[0])
             states_out = (states_out[0].with_free(left),)
-        cached = pools.cached._add(slot, prefix, taken, state)
+        cached = pools.cached.add_anchor(slot, prefix, taken, state)
         return HybridPools(self.kinds, windows, states_out, cached)
 
     def drop_uncached(self, keep: Callable[[Tokens], bool]) -> HybridPools:
         """Anchors whose prefix `keep` refuses (its pages evicted), dropped with their tails."""
-        cached, pages, states = self.cached._evict(0, 0, keep=keep)
+        cached, pages, states = self.cached.evict(0, 0, keep=keep)
         return self._given(cached, pages, states)
 
     def _evicted(self, num_pages: int, num_states: int) -> HybridPools:
         # Unlocked anchors dropped, least recently used first, until enough are out.
-        cached, pages, states = self.cached._evict(num_pages, num_states)
+        cached, pages, states = self.cached.evict(num_pages, num_states)
         return self._given(cached, pages, states)
 
     def _given(self, cached: HybridCache, pages: list[int], states: list[int]) -> HybridPools:
@@ -215,7 +213,7 @@ class HybridPools:
         """
         cached = self.cached
         if cached.pending:  # rows that leave have run their forwards: their copies are done
-            cached = cached._settle(slots.tolist())
+            cached = cached.copies_ran(slots.tolist())
         windows, states = self.windows, self.states
         handed = [slot for slot, _ in kept]
         if kept:
@@ -228,7 +226,7 @@ class HybridPools:
                     pages = tuple(window.tail_pages(slot, end).tolist())
                     held[at[slot]] = tail_start(end, window.window, window.page_size)
                 state = int(states[0].of_slot[slot]) if states else 0
-                cached = cached._keep(prefix, pages, state)
+                cached = cached.keep_anchor(prefix, pages, state)
         windows = tuple(window.give_back(slots, held) for window in windows)
         if handed:
             freed = np.setdiff1d(slots, handed)

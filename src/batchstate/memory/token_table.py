@@ -40,7 +40,7 @@ class TokenTable:
     host: npt.NDArray[np.int32] = attrs.field(init=False)  # a read-only view of `_cells`
     # Per row, the lowest position `write*` wrote since `check_pools` last read the
     # row (0 at first): what lets it read again only the cells written since.
-    _written_from: npt.NDArray[np.int64] = attrs.field(init=False)
+    written_from: npt.NDArray[np.int64] = attrs.field(init=False)
     # The pools' page size, KV pages and the generation their lineage counts from:
     # what `forward_inputs` and `pad` check their arguments against.
     page_size: int = attrs.field(kw_only=True)
@@ -53,20 +53,20 @@ class TokenTable:
         self._cells.flags.writeable = False
         return self._cells.view()
 
-    @_written_from.default
+    @written_from.default
     def _all_unread(self) -> npt.NDArray[np.int64]:
         return frozen(np.zeros(self._cells.shape[0], dtype=np.int64))
 
-    def _mark_read(self, slots: npt.NDArray[np.int64]) -> None:
+    def mark_read(self, slots: npt.NDArray[np.int64]) -> None:
         """`check_pools` read these rows' cells: a later write lowers their mark again."""
-        with writing(self._written_from):
-            self._written_from[slots] = self.max_context_len
+        with writing(self.written_from):
+            self.written_from[slots] = self.max_context_len
 
     def _rebuilt(self) -> None:
         # A copy's `host` must be a view of its own cells again, as `write*` writes those;
         # its record of what was written its own, writable again.
         object.__setattr__(self, "host", self._read_only())
-        object.__setattr__(self, "_written_from", frozen(self._written_from.copy()))
+        object.__setattr__(self, "written_from", frozen(self.written_from.copy()))
 
     @classmethod
     def zeros(
@@ -118,7 +118,7 @@ class TokenTable:
         # side has changed. The host write, last, indexes host memory at cells
         # the device write just accepted.
         self.device[slots.device, positions.device] = locs.device
-        cells, marks, rows, columns = self._cells, self._written_from, slots.host, positions.host
+        cells, marks, rows, columns = self._cells, self.written_from, slots.host, positions.host
         # Both host arrays writable for one block: half the cost of two `writing` blocks,
         # on a path every decode and mix takes.
         cells.setflags(write=True)
@@ -156,8 +156,8 @@ class TokenTable:
             for slot, length in rows:
                 self._cells[slot, :length] = locs.host[start : start + length]
                 start += length
-        with writing(self._written_from):
-            self._written_from[[slot for slot, _ in rows]] = 0
+        with writing(self.written_from):
+            self.written_from[[slot for slot, _ in rows]] = 0
 
     def __repr__(self) -> str:
         return describe("TokenTable", self.device)

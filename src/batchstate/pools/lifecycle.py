@@ -87,7 +87,7 @@ def make_pools(
         NO_INTS,
         0,
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
-        PrefixCache._empty(page_size, enabled=prefix_cache, reuses=reads_cached_prefixes(memory)),
+        PrefixCache.empty(page_size, enabled=prefix_cache, reuses=reads_cached_prefixes(memory)),
         _NO_PREFIXES,
         frozen(np.zeros(max_reqs + 1, dtype=np.int64)),
         stamp.first_gen,
@@ -116,7 +116,7 @@ def flush(pools: Pools) -> Pools:
     unlocked = any(not anchor.locks for anchor in anchors)
     if not cache.num_evictable and not pools.retired.shape[0] and not unlocked:
         return pools
-    cache, evicted = cache._evict(cache.num_evictable)
+    cache, evicted = cache.evict(cache.num_evictable)
     # After the last forward: retired pages are written already, so they are free too.
     freed = np.concatenate((pools.retired, np.array(evicted, dtype=np.int64)))
     # Locked anchors stay: a new row's copies from them have not run yet.

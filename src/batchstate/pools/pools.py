@@ -248,7 +248,7 @@ def _take_pages(
         if shortage > cache.num_evictable:
             available = len(page_list) + cache.num_evictable
             return OutOfKVTokens(num_pages, available, pools.page_size)
-        cache, evicted = cache._evict(shortage)
+        cache, evicted = cache.evict(shortage)
         page_list = page_list.give(np.array(evicted, dtype=np.int64))
     memory = None
     if pools.memory.kinds.is_hybrid:
@@ -283,7 +283,7 @@ def _hybrid_taken(
     if memory.cached.pending:  # a row that held tokens ran its forward: its copies are done
         memory = memory.settle(slots[old_lens > 0].tolist())
     if cache is not pools.cache and memory.cached.anchors:
-        memory = memory.drop_uncached(lambda prefix: cache._cached(prefix)[0] == len(prefix))
+        memory = memory.drop_uncached(lambda prefix: cache.cached_prefix(prefix)[0] == len(prefix))
     if not memory.windows:  # the window layers' pages: taken, and out-of-window ones freed
         return memory
     first_read = old_lens if reads_from is None else reads_from
@@ -412,8 +412,8 @@ class _RowLocs(NamedTuple):
 
 def _read_cached(cache: PrefixCache, old: Tokens, prefix: Tokens) -> PrefixCache:
     # The row reads `prefix` (cached, longer than `old`) from the cache: its lock moves there.
-    cache = cache._lock(prefix, len(prefix))
-    return cache._unlock(old, len(old)) if old else cache
+    cache = cache.lock(prefix, len(prefix))
+    return cache.unlock(old, len(old)) if old else cache
 
 
 def _joined(cells: Cells, extra: Sequence[Cells]) -> Cells:
@@ -514,16 +514,16 @@ class Pools:
     # Window pages and state slots of a hybrid model (`make_pools(..., memory=...)`);
     # empty for full attention, which pays one truthiness test per allocation for it.
     memory: HybridPools
-    _stamp: Stamp  # shared by the lineage: which version is the newest
+    stamp: Stamp  # shared by the lineage: which version is the newest
     _version: int  # this value's version
 
     @property
     def is_newest(self) -> bool:
         """Whether this is its lineage's newest committed value (transitions accept only it)."""
-        return self._stamp.current == self._version
+        return self.stamp.current == self._version
 
     def _expect_newest(self) -> None:
-        if self._stamp.current != self._version:
+        if self.stamp.current != self._version:
             raise StalePools(
                 "these pools are stale: a later value was derived from them by a successful"
                 " transition; pass the newest pools (the one the last transition returned)"
@@ -535,7 +535,7 @@ class Pools:
         A transition calls it once, on the pools it returns on success: every
         earlier value of the lineage is stale from then on.
         """
-        self._stamp.current = self._version
+        self.stamp.current = self._version
         return self
 
     @property
@@ -961,14 +961,14 @@ class Pools:
             # Most rows find nothing cached past their prefix: the walk that publishes their
             # pages finds that out (None: the cache holds the next page, another row's).
             own_pages = row.at(np.arange(len(old), full, page_size)) // page_size
-            published = cache._publish(ids, len(old), own_pages.tolist())
+            published = cache.publish(ids, len(old), own_pages.tolist())
             if published is not None:
                 cache = published
                 prefixes[slot] = ids
                 continue
             if not retire:
                 continue  # cached past its prefix already: its own copy stays private
-            cached, pages = cache._cached(ids)  # full-attention pages: hybrid rows dedup too
+            cached, pages = cache.cached_prefix(ids)  # full-attention pages: hybrid rows dedup too
             cache = _read_cached(cache, old, ids[:cached])
             prefixes[slot] = ids[:cached]
             positions = np.arange(len(old), cached)
@@ -990,7 +990,7 @@ class Pools:
                 )
             if cached < full:
                 rest = own_pages[(cached - len(old)) // page_size :]
-                published = cache._publish(ids, cached, rest.tolist())
+                published = cache.publish(ids, cached, rest.tolist())
                 assert published is not None, (
                     "the match stopped at `cached`: no page past it is cached"
                 )
@@ -1065,7 +1065,7 @@ class Pools:
             usable = min(usable, cap // page_size * page_size)
         if not self.memory.kinds.is_hybrid:
             return cache.match(ids[:usable])
-        matched, pages = cache._cached(ids[:usable])
+        matched, pages = cache.cached_prefix(ids[:usable])
         anchors = self.memory.cached
         length = anchors.longest(ids, matched) if matched and anchors.anchors else 0
         return length, pages[: length // cache.page_size]
@@ -1102,8 +1102,8 @@ class Pools:
             self.slot_gens if slot_gens is None else slot_gens,
             self.next_gen if next_gen is None else next_gen,
             self.memory if memory is None else memory,
-            self._stamp,
-            self._stamp.issue(),
+            self.stamp,
+            self.stamp.issue(),
         )
 
     def hold_anchors(self, token_lists: Sequence[Tokens], lengths: Sequence[int]) -> Pools:

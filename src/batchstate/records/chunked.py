@@ -56,7 +56,7 @@ class Chunked(Generic[C]):
         # (slot, tokens it holds, generation): what `find_leaks` compares with the pools.
         return [(self.slot, self.cached, self.gen)]
 
-    def _not_held(self, pools: Pools) -> NotHeld | None:
+    def not_held(self, pools: Pools) -> NotHeld | None:
         # None if `pools` hold exactly `cached` tokens in `slot` at this chunk's generation.
         slot, in_table = self.slot, 1 <= self.slot <= pools.max_reqs
         owned = int(pools.slot_tokens[slot]) if in_table else 0

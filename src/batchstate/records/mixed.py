@@ -101,7 +101,7 @@ class Mixed(Generic[C]):
                 )
 
     @classmethod
-    def _trusted(  # noqa: PLR0917  # the attrs __init__ it stands in for
+    def trusted(  # noqa: PLR0917  # the attrs __init__ it stands in for
         cls,
         rows: Rows[C],
         input_ids: DeviceOnly,

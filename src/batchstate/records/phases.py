@@ -90,7 +90,7 @@ class Extended(Generic[C]):
                 )
 
     @classmethod
-    def _trusted(  # noqa: PLR0917  # the attrs __init__ it stands in for is positional too
+    def trusted(  # noqa: PLR0917  # the attrs __init__ it stands in for is positional too
         cls,
         rows: Rows[C],
         input_ids: DeviceOnly,
@@ -139,7 +139,7 @@ class Decoding(Generic[C]):
             )
 
     @classmethod
-    def _trusted(cls, rows: Rows[C], out_cache_loc: DeviceOnly) -> Decoding[C]:
+    def trusted(cls, rows: Rows[C], out_cache_loc: DeviceOnly) -> Decoding[C]:
         # NOTE: skips the checks: only for columns `decode` built row for row.
         batch = new_record(cls)
         put_field(batch, "rows", rows)

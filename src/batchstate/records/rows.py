@@ -206,8 +206,8 @@ class Rows(Generic[C]):
         _, _, set_rids, set_gens, set_slots, set_seq_lens, *_, set_ints = _ROW_SETTERS
         set_rids(self, ints[RIDS])
         set_gens(self, ints[GENS])
-        set_slots(self, Mirrored._pair(ints[SLOTS], self.req_pool_indices.device))
-        set_seq_lens(self, Mirrored._pair(ints[SEQ_LENS], self.seq_lens.device))
+        set_slots(self, Mirrored.trusted(ints[SLOTS], self.req_pool_indices.device))
+        set_seq_lens(self, Mirrored.trusted(ints[SEQ_LENS], self.seq_lens.device))
         set_ints(self, ints)
 
     @staticmethod
@@ -370,7 +370,7 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
         columns = columns.finish(sides[len(sides) - pending :])  # type: ignore[assignment]  # finish rebuilds the same set
         del sides[len(sides) - pending :]
     if slots is None:
-        slots = Mirrored._pair(ints[SLOTS], sides.pop())
+        slots = Mirrored.trusted(ints[SLOTS], sides.pop())
     rows = new_record(Rows)
     # What attrs' frozen __init__ does, unrolled, through each slot's own setter.
     (set_device, set_reqs, set_rids, set_gens, set_slots, set_seq_lens, set_orig, set_sum,
@@ -380,7 +380,7 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
     set_rids(rows, ints[RIDS])
     set_gens(rows, ints[GENS])
     set_slots(rows, slots)
-    set_seq_lens(rows, Mirrored._pair(seq_lens, sides[0]))
+    set_seq_lens(rows, Mirrored.trusted(seq_lens, sides[0]))
     set_orig(rows, DeviceOnly(sides[1]))
     set_sum(rows, seq_lens_sum)
     set_max(rows, max_seq_len)

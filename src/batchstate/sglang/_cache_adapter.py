@@ -1,13 +1,12 @@
-"""The one place the shadow reaches into batchstate's prefix cache: mirroring SGLang's
-evictions leaf by leaf.
+"""The one place the shadow evicts named prefixes: mirroring SGLang's evictions leaf by leaf.
 
-batchstate's public API evicts only as allocation needs pages, least recently used
+batchstate's transitions evict only as allocation needs pages, least recently used
 first (`Pools.allocate_*`, the transitions). SGLang's radix tree evicts other leaves
 (its clock, its node boundaries, a page per request more than the shortage), and the
 shadow must take the same ones before replaying a call, or every later allocation
-lands on other pages. No public transition evicts a named prefix, so these two
-functions use `PrefixCache`'s private tree walk, lock split and eviction, and the
-pools' private versioning, and nothing else in `batchstate.sglang` does.
+lands on other pages. No transition evicts a named prefix, so these two functions
+use the prefix cache's own tree operations (`PrefixCache.nodes`, `lock`, `unlock`,
+`evict`) and `Pools.next_version`, and nothing else in `batchstate.sglang` does.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ def unlocked_leaves(pools: Pools) -> list[tuple[tuple[int, ...], int]]:
     """The cached leaves eviction may take: each one's tokens from the root and where
     its own tokens (the node's, below its parent) start."""
     cache = pools.cache
-    leaves = cache._leaves
-    nodes = cache._nodes()
+    leaves = cache.leaves
+    nodes = cache.nodes()
     return [(prefix, len(prefix) - len(node.tokens)) for prefix, node in nodes if prefix in leaves]
 
 
@@ -36,19 +35,19 @@ def evict_leaves(pools: Pools, leaves: Sequence[tuple[tuple[int, ...], int]]) ->
     Returns `pools` itself when nothing was evicted, else its next version."""
     cache, evicted = pools.cache, list[int]()
     for leaf, keep in leaves:
-        if leaf not in cache._leaves:
+        if leaf not in cache.leaves:
             continue
         if keep:  # split the leaf where SGLang's node ends: a lock walk splits there
-            marks = cache._leaves
-            cache = attrs.evolve(cache._lock(leaf, keep)._unlock(leaf, keep), leaves=marks)
+            marks = cache.leaves
+            cache = attrs.evolve(cache.lock(leaf, keep).unlock(leaf, keep), leaves=marks)
         # Oldest first: a leaf marked older than every other is the one evicted.
-        marked = {k: -1 if k == leaf else v for k, v in cache._leaves.items()}
-        cache, pages = attrs.evolve(cache, leaves=marked)._evict(1)
+        marked = {k: -1 if k == leaf else v for k, v in cache.leaves.items()}
+        cache, pages = attrs.evolve(cache, leaves=marked).evict(1)
         evicted += pages
     if not evicted:
         return pools
     freed = pools.page_list.give(np.array(evicted, dtype=np.int64))
     memory = pools.memory
     if memory.cached.anchors:  # anchors ending in evicted pages go with them, as on allocation
-        memory = memory.drop_uncached(lambda prefix: cache._cached(prefix)[0] == len(prefix))
+        memory = memory.drop_uncached(lambda prefix: cache.cached_prefix(prefix)[0] == len(prefix))
     return pools.next_version(page_list=freed, cache=cache, memory=memory).commit()

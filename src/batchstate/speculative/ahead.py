@@ -173,9 +173,9 @@ def verify_ahead(
     )
     # NOTE: the table write first: the gathers below read the cells it writes, in stream order.
     after.table.write(
-        Mirrored._pair(frozen(hosts[2]), token_slots),
-        Mirrored._pair(frozen(hosts[4]), cell_positions),
-        Mirrored._pair(frozen(hosts[5]), cell_locs),
+        Mirrored.trusted(frozen(hosts[2]), token_slots),
+        Mirrored.trusted(frozen(hosts[4]), cell_positions),
+        Mirrored.trusted(frozen(hosts[5]), cell_locs),
     )
     accepted = num_accepted.to(torch.int64)
     positions = base + accepted.index_select(0, rows_side)
@@ -191,7 +191,7 @@ def verify_ahead(
         frozen(drafts),
         DeviceOnly(num_accepted),
         UpperBound(frozen(bound), lens + accepted),
-        Mirrored._pair(frozen(hosts[6]), qo_side),
+        Mirrored.trusted(frozen(hosts[6]), qo_side),
         DeviceOnly(positions),
         DeviceOnly(locs),
         window.columns,
@@ -263,7 +263,7 @@ def settle_ahead(
         ahead.req_pool_indices,
         ahead.draft_lens,
         DeviceOnly(lens_side),
-        Mirrored._pair(frozen(out_cache_loc), out_side),
+        Mirrored.trusted(frozen(out_cache_loc), out_side),
         ahead.columns,
     )
     return VerifyStep(verifying, shrunk.unwrap().commit())

@@ -114,14 +114,14 @@ def verify(
         rows.req_pool_indices,
         frozen(drafts),
         DeviceOnly(forward_lens),
-        Mirrored._pair(frozen(out_cache_loc), forward_locs),
+        Mirrored.trusted(frozen(out_cache_loc), forward_locs),
         rows.columns,
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write(
-        Mirrored._pair(frozen(cells[0]), cell_sides[0]),
-        Mirrored._pair(frozen(cells[1]), cell_sides[1]),
-        Mirrored._pair(frozen(cells[2]), cell_sides[2]),
+        Mirrored.trusted(frozen(cells[0]), cell_sides[0]),
+        Mirrored.trusted(frozen(cells[1]), cell_sides[1]),
+        Mirrored.trusted(frozen(cells[2]), cell_sides[2]),
     )
     return Success(VerifyStep(verifying, after.commit()))
 

@@ -189,7 +189,7 @@ def _place_fresh(
         (_token_ids(reqs, (0,) * len(reqs)), locs, locs32),
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
-    after.table.write_rows(slots.tolist(), seq_lens, Mirrored._pair(frozen(locs32), table_locs))
+    after.table.write_rows(slots.tolist(), seq_lens, Mirrored.trusted(frozen(locs32), table_locs))
     return _Admitted(
         rows,
         DeviceOnly(input_ids),
@@ -283,9 +283,9 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write(
-        Mirrored._pair(frozen(token_slots), cells[0]),
-        Mirrored._pair(frozen(positions), cells[1]),
-        Mirrored._pair(frozen(locs32), cells[2]),
+        Mirrored.trusted(frozen(token_slots), cells[0]),
+        Mirrored.trusted(frozen(positions), cells[1]),
+        Mirrored.trusted(frozen(locs32), cells[2]),
     )
     return _Admitted(
         rows,
@@ -392,7 +392,7 @@ def extend(  # the overloads above are the API; Any stands for their column set 
     admitted = _admit(batch, reqs, pools, columns, match=True)
     if not isinstance(admitted, _Admitted):
         return Failure(admitted)
-    extended = Extended._trusted(
+    extended = Extended.trusted(
         admitted.rows,
         admitted.input_ids,
         admitted.out_cache_loc,
@@ -478,7 +478,7 @@ def _admit_all(
     held = [item for item in inputs if isinstance(item, Chunked)]
     _expect_unique([item.slot for item in held], "slot")
     for item in held:
-        not_held = item._not_held(pools)
+        not_held = item.not_held(pools)
         if not_held is not None:
             return not_held
     cached = [item.cached if isinstance(item, Chunked) else 0 for item in inputs]

@@ -60,7 +60,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
     if isinstance(grown, OutOfKVTokens):
         return Failure(grown)
     new_rows, out_cache_loc, after = grown
-    return Success(Step(Decoding._trusted(new_rows, out_cache_loc), after.commit()))
+    return Success(Step(Decoding.trusted(new_rows, out_cache_loc), after.commit()))
 
 
 def grow(rows: Rows[C], pools: Pools) -> tuple[Rows[C], DeviceOnly, Pools] | OutOfKVTokens:
@@ -89,7 +89,7 @@ def grow(rows: Rows[C], pools: Pools) -> tuple[Rows[C], DeviceOnly, Pools] | Out
         (locs, locs32),
     )
     # The new token sits at position old seq_len of its row.
-    after.table.write(slots, rows.seq_lens, Mirrored._pair(frozen(locs32), table_locs))
+    after.table.write(slots, rows.seq_lens, Mirrored.trusted(frozen(locs32), table_locs))
     return grown, DeviceOnly(out_cache_loc), after
 
 

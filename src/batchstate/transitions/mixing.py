@@ -190,16 +190,16 @@ def _build(
         ids_side = torch.cat((ids_side, sampled)) if num_extend else sampled
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write(
-        Mirrored._pair(frozen(cells[0]), cell_sides[0]),
-        Mirrored._pair(frozen(cells[1]), cell_sides[1]),
-        Mirrored._pair(frozen(cells[2]), cell_sides[2]),
+        Mirrored.trusted(frozen(cells[0]), cell_sides[0]),
+        Mirrored.trusted(frozen(cells[1]), cell_sides[1]),
+        Mirrored.trusted(frozen(cells[2]), cell_sides[2]),
     )
     partial = tuple(
         row
         for row, (req, length) in enumerate(zip(chunks.reqs, seq_lens.tolist(), strict=False))
         if length < len(req.input_ids)
     )
-    mixed = Mixed._trusted(
+    mixed = Mixed.trusted(
         built,
         DeviceOnly(ids_side),
         DeviceOnly(positions_side),
@@ -296,7 +296,7 @@ def _prompt_ids(chunks: _Chunks) -> HostArray:
 def _problem(item: Req | Chunked[C], pools: Pools) -> NotHeld | EmptyPrompt | ContextTooLong | None:
     req, cached = (item.req, item.cached) if isinstance(item, Chunked) else (item, 0)
     if isinstance(item, Chunked):
-        problem = item._not_held(pools)
+        problem = item.not_held(pools)
         if problem is not None:
             return problem
     if len(req.input_ids) <= cached:
@@ -519,7 +519,7 @@ def decode_sampled(
     if isinstance(grown, OutOfKVTokens):
         return Failure(grown)
     new_rows, out_cache_loc, after = grown
-    mixed = Mixed._trusted(
+    mixed = Mixed.trusted(
         new_rows,
         sampled.tokens,  # on the device, not read
         DeviceOnly(rows.seq_lens.device),  # each token's position: its row's old length

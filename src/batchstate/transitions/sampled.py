@@ -76,13 +76,13 @@ class Sampled:
                 f"Sampled: expected int64 [{len(rows)}] on {rows.device}, got {tokens.dtype}"
                 f" {list(tokens.shape)} on {tokens.device}"
             )
-        return cls._trusted(rows.rids, tokens)  # a batch's rids: checked, distinct
+        return cls.trusted(rows.rids, tokens)  # a batch's rids: checked, distinct
 
     def __len__(self) -> int:
         return int(self.rids.shape[0])
 
     @classmethod
-    def _trusted(cls, rids: HostArray, tokens: torch.Tensor) -> Sampled:
+    def trusted(cls, rids: HostArray, tokens: torch.Tensor) -> Sampled:
         # NOTE: skips the checks (~3 µs): only for tokens checked against their rows or a
         # checked `Sampled`'s, gathered or joined, with their distinct rids. Unrolled init.
         sampled = new_record(cls)
@@ -113,7 +113,7 @@ def follow(sampled: Sampled, batch: Filtered[C]) -> Sampled:
         return sampled
     index = _positions(sampled.rids, wanted)
     (device_index,) = upload((index,), batch.rows.device)
-    return Sampled._trusted(wanted, sampled.tokens.device.index_select(0, device_index))
+    return Sampled.trusted(wanted, sampled.tokens.device.index_select(0, device_index))
 
 
 def join_sampled(first: Sampled, second: Sampled) -> Sampled:
@@ -142,7 +142,7 @@ def join_sampled(first: Sampled, second: Sampled) -> Sampled:
     if both.shape[0]:
         raise BatchConflict(f"requests {sorted(both.tolist())} have sampled tokens in both")
     rids = frozen(np.concatenate((first.rids, second.rids)))
-    return Sampled._trusted(rids, torch.cat((left, right)))
+    return Sampled.trusted(rids, torch.cat((left, right)))
 
 
 def read_sampled(sampled: Sampled) -> HostArray:
