@@ -1,9 +1,16 @@
-"""Which aten ops make the host wait for device data, and on which arguments.
+"""Count, or forbid, device-to-host reads inside a block of host code.
 
-The audit (`batchstate.audit`) sees every op through a dispatch mode and
-asks `classify` whether it reads: each rule here was checked against what
-torch's dispatcher passes for the host code that makes the read (see the
-table in `batchstate.audit`). Only reads of data on a non-CPU device count.
+A scheduler keeps CPU mirrors so that its host code never waits for the
+device. `device_reads()` checks that it does not: inside the block, every
+torch op runs through a `TorchDispatchMode` that recognises the ops that make
+the host wait for device data, and records each one with its op and where it
+was called from. It works on any code, an engine's own scheduler included,
+not only on batchstate's transitions.
+
+The module holds the rules first (which aten ops read, and on which
+arguments: `classify`, each rule checked against what torch's dispatcher
+passes for the host code that makes the read; only reads of data on a
+non-CPU device count), then the audit that applies them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,16 @@
-"""`outcome`: a `Result` taken apart into a closed union that `match` keeps typed.
+"""Reading a transition's `Result`: `unwrap`, and the deprecated `outcome` vocabulary.
 
+`unwrap(result)` is `result.unwrap()` with a message: for a `Failure` it
+raises `UnwrapError`, whose message is the failure record's one line.
+
+`outcome` took a `Result` apart into a closed union that `match` keeps typed:
 mypy narrows a `Result[T, E]` matched by `case Success(value)` (or tested
-with `isinstance`) to `Success[Any]`: `value` comes out as `Any`.
-`Ok` and `Err` are two final frozen records with one field each; `outcome`
-turns a `Result[T, E]` into `Ok[T] | Err[E]`, so that `case Ok(step)` types
-`step` as `T`, `case Err(OutOfKVTokens(...))` matches the failure record, and
-`assert_never` proves the two cases exhaustive.
+with `isinstance`) to `Success[Any]`, so `value` comes out as `Any`; `Ok` and
+`Err` are two final frozen records with one field each, and `outcome` turns a
+`Result[T, E]` into `Ok[T] | Err[E]`, so that `case Ok(step)` types `step`
+as `T`. `returns`' own idioms keep the types too (`is_successful(result)`,
+then `.unwrap()` or `.failure()`); batchstate keeps one vocabulary, and
+these names are deprecated.
 """
 
 from __future__ import annotations

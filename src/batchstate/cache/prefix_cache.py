@@ -92,7 +92,7 @@ class PrefixCache:
         the cache alone matches 0 there, and the transitions that admit
         requests cut their matches back to an anchor (docs/hybrid.md).
 
-        >>> cache = PrefixCache._empty(2)
+        >>> cache = PrefixCache.empty(2)
         >>> cache.match((1, 2, 3))[0]
         0
         """

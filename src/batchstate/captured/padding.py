@@ -1,4 +1,10 @@
-"""Captured CUDA-graph sizes, checked without torch: a command line checks them before it loads."""
+"""Padding a forward to a captured (CUDA-graph) size: fill tables, the padded layout, `pad`.
+
+In this module, top to bottom: the fill tables (the values padded rows and
+tokens carry, SGLang's and vLLM's); the host side of a padded forward, shared
+with `fill`'s buffers; and `pad`, `unpad`, `unpad_tokens`, `bucket` and
+`Padded`. Captured sizes are checked without torch in `captured.sizes`.
+"""
 
 from __future__ import annotations
 

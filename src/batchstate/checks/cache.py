@@ -1,11 +1,12 @@
-"""The last checked radix tree of a lineage, indexed by KV page, moved to the next by a diff.
+"""`check_pools`' prefix cache checks: a tree index moved by diffs, and the checks it serves.
 
-Nodes are immutable and shared between cache values: an update copies the
-nodes on one root-to-node path and keeps every other. So the tree a check
-sees differs from the one the check before saw only along a few paths;
-`TreeIndex.move_to` walks those (descending only where the node objects
-differ), checks each node it meets for the first time, and updates the
-page-indexed arrays, counts and leaf index in place: a cost of what the
+The last checked radix tree of a lineage, indexed by KV page, is moved to the
+next by a diff: nodes are immutable and shared between cache values (an
+update copies the nodes on one root-to-node path and keeps every other), so
+the tree a check sees differs from the one the check before saw only along a
+few paths; `TreeIndex.move_to` walks those (descending only where the node
+objects differ), checks each node it meets for the first time, and updates
+the page-indexed arrays, counts and leaf index in place: a cost of what the
 steps between the two checks changed.
 """
 

@@ -1,4 +1,9 @@
-"""The invariants of pools with the prefix cache on: every page free, cached or in use."""
+"""The invariants every record and pool holds, checked on demand: `check_batch`, `check_pools`.
+
+With the prefix cache on, every page is free, cached or in use, and counted
+so; each record's rows are owned by the pools at their lengths and
+generations; every host mirror equals its device side when asked to compare.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Records run `check_column_set` when they are built, so a set assembled by
 hand (not by `build_columns`) is refused with a `ColumnError` naming the
-column before any transition reads it. A packed set (`_column_packs`) is
+column before any transition reads it. A packed set (`columns.columns`) is
 checked pack by pack: a column is a view of its pack's row, so the pack's
 shape, dtype, device and ownership are its columns'. A pack that fails is
 checked again column by column, for the error to name the column.

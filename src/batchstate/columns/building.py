@@ -1,9 +1,10 @@
 """Building column sets: zero rows of a set, or new rows from per-row host values.
 
 `build_columns` checks each value against its column's dtype exactly, packs
-the columns of one dtype into one array (`_column_packs`) and uploads every
-device side in one host-to-device copy; `empty_columns` is the zero-row set
-an `Idle` batch carries. The fields come from the declaration in `_columns`.
+the columns of one dtype into one array (a pack) and uploads every device
+side in one host-to-device copy; `empty_columns` is the zero-row set an
+`Idle` batch carries. The fields come from the declaration in
+`columns.columns`.
 """
 
 from __future__ import annotations

@@ -14,14 +14,15 @@ Any other field, or a set that is not frozen attrs of its own, is a
 `ColumnError` when a transition first reads the class, and a mypy error
 where it is written with `batchstate.mypy_plugin` enabled.
 
-This module holds the declaration: the base classes, the type variables
-transitions are generic over, and the reading of a set's fields (kinds and
-dtypes, once per class). How a set's values are stored (its columns of one
-dtype packed into one array) is `_column_packs`, building a set
-`_column_building`, checking one `_column_checks`, and taking, joining and
-slicing its rows `_column_rows`: filter, split, merge and decode handle
-every field through those functions, so a column can be forgotten in no
-lifecycle method: there is none to write. The library never names a column.
+This module holds the declaration (the base classes, the type variables
+transitions are generic over, and the reading of a set's fields: kinds and
+dtypes, once per class) and how a set's values are stored (its columns of
+one dtype packed into one array, each column a view of its pack). Building
+a set is `columns.building`'s, checking one `columns.arguments`', and
+taking, joining and slicing its rows `columns.rows`': filter, split, merge
+and decode handle every field through those functions, so a column can be
+forgotten in no lifecycle method: there is none to write. The library never
+names a column.
 
 >>> import torch
 >>> from batchstate import build_columns
@@ -75,7 +76,7 @@ class Columns:
     """Base of a column set: subclass it with a frozen attrs class (`eq=False`)."""
 
     # No __slots__: a set the library builds keeps its values packed in its __dict__
-    # (`_column_packs`: one array per dtype), each column a view made when first read.
+    # (its packs: one array per dtype), each column a view made when first read.
     # A slot here would clash with the slots of any other base a set may have.
 
     # A copy or pickle carries the fields alone, frozen, and is re-packed like a set

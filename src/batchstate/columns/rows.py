@@ -1,7 +1,7 @@
 """Rows of a column set taken, joined and sliced, for every field alike.
 
 Filter, split, merge and decode move columns through these functions only.
-They work on a set's packs (`_column_packs`: one array per dtype), so each
+They work on a set's packs (one array per dtype, `columns.columns`), so each
 costs one numpy op per dtype, not per column. Taking and joining leave the
 new mirrored host packs `Pending`, so that they join the transition's other
 host arrays in its one upload; slicing makes views and copies nothing.

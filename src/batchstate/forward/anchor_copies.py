@@ -1,6 +1,6 @@
 """The device copies a forward on hybrid pools performs for the prefix cache's anchors.
 
-A row that resumes from an anchor (`_hybrid_cache`) reads its window tail
+A row that resumes from an anchor (`cache.anchors`) reads its window tail
 and state through copies into its own window pages and state slot, made
 before the forward's window and state layers run; a row that publishes an
 anchor fills it during the forward: its window tail copied into the

@@ -1,11 +1,13 @@
-"""`forward_inputs`' extra arguments, checked against the record they describe.
+"""What a forward consumes: `forward_inputs`, attention metadata from host mirrors, no device read.
 
-The table, page size and (for a verify window) per-slot lengths come from
-the pools, not the record, so a caller can hand over the wrong ones: a
-table of other pools, a page size of other pools, lengths read before
-`verify`. Each would give another request's pages to the forward with no
-error. Everything here is host work on values the record and table
-already hold, a few microseconds per call.
+The phase records say what each row is; attention kernels take more: each
+token's position, the ragged query and key layouts as CSR offsets, and the KV
+pages each row reads. Here every value is computed on the host from the
+record's mirrors and uploaded in one copy; only the page gathers from the
+request-to-token table run on the device. The module starts with the checks
+of `forward_inputs`' extra arguments (the table, page size and, for a verify
+window, per-slot lengths come from the pools, not the record, so a caller
+could hand over the wrong ones; each is refused with `ForwardInputsError`).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class HybridPools:
     `states` one `StateSlots` if it keeps recurrent states; a request slot
     holds its window pages and its state slot from allocation to release.
     With the prefix cache on, `cached` holds the cache's anchors (window
-    tails and states a request may resume from, `_hybrid_cache`), drawn
+    tails and states a request may resume from, `cache.anchors`), drawn
     from the same window pages and state slots.
     """
 

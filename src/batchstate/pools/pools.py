@@ -1,8 +1,13 @@
-"""Deriving the next `Pools` value of a lineage, and committing an allocation's.
+"""Request slots and KV pages (free, cached or in use), as one immutable value: `Pools`.
 
-Pools are linear: a transition builds its result as a new version that is
-not yet the newest, and commits it only once it has succeeded, so a failed
-or abandoned transition leaves the pools it was given the newest.
+In this module, top to bottom: deriving the next value of a lineage and
+committing an allocation's (pools are linear: a transition builds its result
+as a new version that is not yet the newest, and commits it only once it has
+succeeded, so a failed or abandoned transition leaves the pools it was given
+the newest); the checks of what a caller hands the public allocate and free
+methods; taking slots and pages, and giving them back; publishing what a
+prefill computed to the prefix cache (and a hybrid model's anchors); and the
+`Pools` class, whose methods are what transitions and callers use.
 """
 
 from __future__ import annotations

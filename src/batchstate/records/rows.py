@@ -1,4 +1,11 @@
-"""The layout of `Rows.ints`: a batch's four int64 host columns, one row each."""
+"""`Rows`: the requests and per-row columns every phase record shares, as one value.
+
+In this module, top to bottom: the layout of `Rows.ints` (a batch's four
+int64 host columns, one row each); the shape checks of a `Rows` and of the
+host arrays and device tensors records carry (each raises `RecordShapeError`
+naming the field); `Req` and `Rows` themselves; and `expect_current`, the
+check that pools still hold a batch's rows as the batch says.
+"""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ rely on readers to remember. Here that window is its own record, `Verifying`,
 with no host field for a row's length; `sync` is the one way back to a
 mirrored record, and the one device read of the decode path. This module
 holds the two transitions (and the check of the draft counts `verify` takes);
-the record and the test of which pools hold its window are `_verifying`.
+the record and the test of which pools hold its window are `records.verifying`'s.
 
     Decoding --verify(draft_lens)--> Verifying --(verify forward)--> sync --> Filtered
 """

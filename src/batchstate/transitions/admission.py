@@ -1,10 +1,14 @@
-"""How many of the requests an admission was offered the pools would take: for its failure.
+"""Admitting requests: the empty batch (`idle`), `extend` (prefill) and `prebuilt` batches.
 
-`extend` and `prebuilt` admit all of their inputs or none; when the pools
-run short, the failure says how many, from the first, would have fitted, so
-that a scheduler can offer exactly those (`mix` counts its own, with its
-chunks and the running rows, in `_mix_forward`). Allocation alone, on
-pools never committed: nothing is written.
+In this module, top to bottom: how many of the requests an admission was
+offered the pools would take, for its failure (`extend` and `prebuilt`
+admit all of their inputs or none; when the pools run short, the failure
+says how many, from the first, would have fitted, so that a scheduler can
+offer exactly those; `mix` counts its own in `transitions.mixing`); the
+checks of the inputs; laying admitted requests out as rows (KV locations,
+pages published to the prefix cache, every mirror in one host-to-device
+copy, the request-to-token table written last, so that a failure before it
+leaves the table as it was); and the public transitions.
 """
 
 from __future__ import annotations
@@ -132,11 +136,6 @@ def _expect_columns(batch: Idle[C], columns: C, inputs: Sequence[Req | Chunked[C
 
 
 # Laying admitted requests out as rows: KV locations, published pages, mirrors, the table write.
-#
-# `extend` and `prebuilt` admit (see `_extend.py`); the functions here take
-# the KV, publish what the rows compute to the prefix cache, build every
-# mirror with one host-to-device copy and write the request-to-token table
-# last, so that a failure before it leaves the table as it was.
 
 
 class _Admitted(NamedTuple, Generic[C]):
@@ -318,11 +317,7 @@ def _token_ids(reqs: Sequence[Req], prefix_lens: Sequence[int]) -> HostArray:
     return np.frombuffer(ids, dtype=np.int64)
 
 
-# Admitting requests: the empty batch, extend (prefill), and hand-built decode batches.
-#
-# The public transitions and the admission that checks their inputs and takes
-# slots; laying the admitted rows out is `_extend_placement.py`'s, the input
-# checks are `_extend_checks.py`'s.
+# The public transitions: the empty batch, extend (prefill), and batches whose KV arrives.
 
 
 @overload

@@ -1,9 +1,15 @@
-"""Building one mixed forward: the chunks a budget admits, then their rows and the running ones.
+"""`mix` and `decode_sampled`: one forward of prompt chunks and running decode rows.
 
-`mix` checks its inputs (see `_mix.py`); `_fill` takes requests in order
-while the budget lasts, and `_build` allocates their slots and KV and the
-running rows' one token each, publishes what the chunks compute, builds
-every mirror with one host-to-device copy and writes the table last.
+The layout is `Mixed`'s: extend rows first, then the running rows as
+one-token extends. A chunk budget caps the extend tokens: requests are
+taken in order, each computes as much of its prompt as the budget has
+left, and the last one taken may stop part way.
+
+In this module, top to bottom: choosing the chunks a budget admits
+(`_fill`) and building their rows with the running ones (`_build`: slots
+and KV, what the chunks compute published to the prefix cache, every
+mirror in one host-to-device copy, the table written last); the checks of
+`mix`'s inputs; and the public transitions.
 """
 
 from __future__ import annotations
@@ -366,15 +372,7 @@ def _expect_caps(caps: object) -> None:
             raise ValueError(f"mix: read_at_most[{rid}] is {cap}, a cap is >= 0")
 
 
-# `mix` and `decode_sampled`: build one forward of prompt chunks and running decode rows.
-#
-# The layout is `Mixed`'s (see `_mixed.py`): extend rows first, then the
-# running rows as one-token extends. A chunk budget caps the extend tokens:
-# requests are taken in order, each computes as much of its prompt as the
-# budget has left, and the last one taken may stop part way.
-#
-# Choosing the chunks and laying the forward out is `_mix_forward.py`'s; the
-# input checks are `_mix_checks.py`'s.
+# The public transitions.
 
 
 _NO_CAPS: Mapping[int, int] = Map()  # no request's cache hit capped
