@@ -1,4 +1,5 @@
-"""docs/design.md's module map is the code's: every module once, in its layer, layers in order.
+"""docs/design.md's module map is the code's: every module once, in its layer, layers in order;
+and no page of the docs names a module of the package that does not exist.
 
 The map has a table per layer of the import-linter `layers` contract in
 pyproject.toml, bottom to top, under a `### ` heading naming the layer's
@@ -20,6 +21,7 @@ import attrs
 ROOT: Final = Path(__file__).resolve().parents[2]
 PACKAGE: Final = ROOT / "src" / "batchstate"
 DESIGN: Final = ROOT / "docs" / "design.md"
+DOCS: Final = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 ROW: Final = re.compile(r"^\| `(?P<module>[^`]+)` \| (?P<concept>.*\S) \|$")
 MEMBER: Final = re.compile(r"`([\w.]+)`")
 
@@ -115,3 +117,44 @@ def test_the_map_is_read_by_heading_and_row() -> None:
     assert [len(section.rows) for section in sections] == [1, 2, 1]
     assert member("pools/pools.py") not in sections[1].layer
     assert member("audit.py") == "audit"
+
+
+# A module path in backticks: `src/batchstate/pools/pools.py`, `engine/_run.py`, `_pools.py`.
+PATH: Final = re.compile(r"`(?P<prefix>(?:src/)?batchstate/)?(?P<path>(?:\w+/)*\w+\.py)`")
+# Files of other projects that the docs name by their own paths.
+ELSEWHERE: Final = frozenset({"sglang/_platform_stubs.py"})  # SGLang's triton stub
+
+
+def package_paths(text: str) -> list[str]:
+    """The paths under src/batchstate/ that `text` names: a path written from the package
+    (`batchstate/...`), one under a folder of the package (`engine/_run.py`), or a private
+    module's bare name (`_pools.py`); other files (`benchmarks/step.py`) are not the package's."""
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir()}
+    named = []
+    for match in PATH.finditer(text):
+        path = match["path"]
+        if path in ELSEWHERE:
+            continue
+        if match["prefix"] or path.split("/", 1)[0] in folders or path.startswith("_"):
+            named.append(path)
+    return named
+
+
+def test_the_docs_name_only_modules_that_exist() -> None:
+    """A page that names a module by a path the package no longer has (a module moved or
+    renamed) fails here, with the page and the path."""
+    stale = [
+        f"{page.relative_to(ROOT)}: {path}"
+        for page in DOCS
+        for path in package_paths(page.read_text())
+        if not (PACKAGE / path).is_file()
+    ]
+    assert stale == []
+
+
+def test_module_paths_are_found_in_the_docs_text() -> None:
+    text = (
+        "`engine/_run.py`, `_pools.py`, `src/batchstate/base/lazy.py`, `benchmarks/step.py`,"
+        " `test_docs.py`, `sglang/_platform_stubs.py`"
+    )
+    assert package_paths(text) == ["engine/_run.py", "_pools.py", "base/lazy.py"]
