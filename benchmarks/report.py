@@ -77,15 +77,15 @@ def markdown(points: Sequence[Point], extras: dict[str, Any]) -> str:
     """The results section of docs/performance.md."""
     growth = extras["growth"]
     parts = [
-        "### Whole step (median µs, interquartile range in brackets)",
+        "#### Whole step (median µs, interquartile range in brackets)",
         "",
         text_table(points),
         "",
-        "### Each phase (median µs: (a) / (b) / (c))",
+        "#### Each phase (median µs: (a) / (b) / (c))",
         "",
         phase_table(points),
         "",
-        "### Growth, memory and allocations",
+        "#### Growth, memory and allocations",
         "",
         "Growth of (a)'s step time with batch size: "
         + ", ".join(f"page {page}: {growth[page]}" for page in growth)
@@ -119,7 +119,7 @@ def work_table(
 ) -> list[str]:
     """Per page size and phase: each count as (a) / (b) / (c), markdown lines."""
     lines = [
-        f"### Work per phase at batch size {batch_size} (counted on the meta device;"
+        f"#### Work per phase at batch size {batch_size} (counted on the meta device;"
         " (a) / (b) / (c))",
         "",
         "| page | phase | " + " | ".join(label for label, _ in _WORK) + " |",

@@ -152,7 +152,7 @@ def test_the_docs_have_python_blocks_and_fragments() -> None:
     assert any(block.path.name == "README.md" for block in PYTHON)
     assert any(block.fragment for block in PYTHON)
     assert not any(block.fragment for block in BLOCKS if block.language != "python")
-    assert set(SETUPS) == {"on-the-cpu", CUDA_SETUP}
+    assert set(SETUPS) == {"on-the-cpu", CUDA_SETUP, "a-mutable-batch"}
 
 
 def test_fragments_are_marked_where_a_reader_sees_it() -> None:
