@@ -2,11 +2,14 @@
 
 Usage (from the repository root, with the dev extra installed):
 
-    python tools/mutation.py _free_list _merge   # these modules of src/batchstate
-    python tools/mutation.py                     # every module mutmut mutates
-    python tools/mutation.py --report            # the scores of the last runs, no new run
-    python tools/mutation.py --left _pools       # only the mutants with no result yet
-    python tools/mutation.py --survivors _pools  # only those not killed last time
+    python tools/mutation.py memory.free_list transitions.merging  # these modules
+    python tools/mutation.py                            # every module mutmut mutates
+    python tools/mutation.py --report                   # the last runs' scores, no new run
+    python tools/mutation.py --left pools.pools         # only mutants with no result yet
+    python tools/mutation.py --survivors pools.pools    # only those not killed last time
+
+A module is named by its path under src/batchstate, with dots (`pools.pools`;
+`memory/free_list.py` works too).
 
 Configuration is `[tool.mutmut]` in pyproject.toml (the engine and the CLI are
 not mutated). Tests run in the fast profile (`BATCHSTATE_FAST=1`: small,
@@ -47,8 +50,9 @@ def _status(exit_code: int | None) -> str:
 def exit_codes(modules: list[str]) -> dict[str, dict[str, int | None]]:
     """Mutant name -> mutmut's exit code (None: not checked), per module, from `mutants/`."""
     results: dict[str, dict[str, int | None]] = {}
-    for meta in sorted((ROOT / "mutants" / "src" / PACKAGE).rglob("*.py.meta")):
-        module = meta.name.removesuffix(".py.meta")
+    base = ROOT / "mutants" / "src" / PACKAGE
+    for meta in sorted(base.rglob("*.py.meta")):
+        module = ".".join(meta.relative_to(base).parts).removesuffix(".py.meta")
         if not modules or module in modules:
             results[module] = json.loads(meta.read_text())["exit_code_by_key"]
     return results
@@ -77,7 +81,7 @@ def _selected(modules: list[str], *, left: bool, survivors: bool) -> list[str]:
 def report(results: dict[str, Counter[str]]) -> int:
     """Print one line per module and a total; return the number of survivors."""
     total: Counter[str] = Counter()
-    print(f"{'module':<16} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7}"
+    print(f"{'module':<28} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7}"
           f" {'other':>5} {'unchecked':>9} {'score':>7}")  # fmt: skip
     for module, counts in results.items():
         total += counts
@@ -93,19 +97,19 @@ def _line(module: str, counts: Counter[str]) -> str:
     other = sum(counts.values()) - killed - survived - timeout - left_out
     scored = killed + survived + timeout + other
     score = f"{100 * killed / scored:.1f}%" if scored else "-"
-    return (f"{module:<16} {sum(counts.values()):>7} {killed:>6} {survived:>8} {timeout:>7}"
+    return (f"{module:<28} {sum(counts.values()):>7} {killed:>6} {survived:>8} {timeout:>7}"
             f" {other:>5} {left_out:>9} {score:>7}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("modules", nargs="*", help="modules of src/batchstate, e.g. _free_list")
+    parser.add_argument("modules", nargs="*", help="modules of src/batchstate, e.g. pools.pools")
     parser.add_argument("--report", action="store_true", help="print the last scores only")
     parser.add_argument("--left", action="store_true", help="only mutants not checked yet")
     parser.add_argument("--survivors", action="store_true", help="only mutants not killed")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
-    modules = [name.removesuffix(".py") for name in args.modules]
+    modules = [name.removesuffix(".py").replace("/", ".") for name in args.modules]
     if not args.report:
         names = _selected(modules, left=args.left, survivors=args.survivors)
         if not names:
