@@ -7,6 +7,7 @@ from typing import final
 import attrs
 
 from batchstate.engine._data_parallel import DataParallelRun, RankRun
+from batchstate.engine._report import modes_line, run_modes
 
 __all__ = ["DataParallelSummary", "RankSummary", "render_dp_summary", "summarize_dp"]
 
@@ -54,6 +55,13 @@ class DataParallelSummary:
     graph_sizes: tuple[int, ...] = ()  # --cuda-graph-sizes; () pads nothing
     padded_forwards: int = 0  # over every rank
     padded_tokens: int = 0
+    # The step's modes, as one process's summary reports them (see `Summary`).
+    model: str = "full"
+    prefix_cache: bool = False
+    chunk_size: int = 0
+    mixed: bool = False
+    overlap: bool = False
+    speculative: int = 0  # draft tokens per step asked for (0: off)
 
     @property
     def ok(self) -> bool:
@@ -91,6 +99,9 @@ def summarize_dp(run: DataParallelRun) -> DataParallelSummary:
         graph_sizes=run.config.cuda_graph_sizes,
         padded_forwards=sum(rank.padded_forwards for rank in run.ranks),
         padded_tokens=sum(rank.padded_tokens for rank in run.ranks),
+        prefix_cache=run.config.prefix_cache,
+        speculative=run.config.engine.speculative,
+        **run_modes(run.config),
     )
 
 
@@ -117,6 +128,7 @@ def render_dp_summary(summary: DataParallelSummary) -> str:
     mixes = ", ".join(f"{mix} {count}" for mix, count in s.phase_mixes.items()) or "none"
     rows = (
         ("ranks", f"{s.num_ranks} on {s.device} ({s.backend})"),
+        ("modes", _modes(s)),
         ("requests", f"{s.num_finished} finished / {s.num_requests}"),
         ("steps", f"{s.steps} with work, {s.waits} with none; {s.idle_steps} idle rank-steps"),
         ("phases per step", mixes),
@@ -142,6 +154,15 @@ def render_dp_summary(summary: DataParallelSummary) -> str:
             f"  {rank.invariant_checks:>6}  {pools}"
         )
     return "\n".join(lines)
+
+
+def _modes(s: DataParallelSummary) -> str:
+    # One process's table has a row each for the cache and speculation; this one has no room.
+    drafts = f"{s.speculative} drafts per step" if s.speculative else "off"
+    return (
+        modes_line(s.model, s.chunk_size, mixed=s.mixed, overlap=s.overlap)
+        + f", prefix cache {'on' if s.prefix_cache else 'off'}, speculative {drafts}"
+    )
 
 
 def _graphs(s: DataParallelSummary) -> str:

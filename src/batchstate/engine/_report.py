@@ -7,8 +7,9 @@ from typing import Any, final
 import attrs
 
 from batchstate.engine._simulate import Simulation, describe_pools
+from batchstate.engine._simulation_config import SimulationConfig
 
-__all__ = ["Summary", "render_summary", "summarize"]
+__all__ = ["Summary", "modes_line", "render_summary", "run_modes", "summarize"]
 
 
 @final
@@ -44,6 +45,11 @@ class Summary:
     oracle_passed: bool | None  # None: the oracle did not run
     oracle_s: float | None  # None: the oracle did not run
     prefix_cache: bool = False
+    # The step's modes as configured (`run_modes`); the counts say what they did.
+    model: str = "full"  # "hybrid": some layer keeps window pages or a recurrent state
+    chunk_size: int = 0  # prompt tokens per step; 0: whole prompts
+    mixed: bool = False  # prompt chunks run beside the decode rows, in one forward
+    overlap: bool = False  # sampled tokens stay on the device; finishes checked a step late
     shares_prefixes: bool = False  # the workload has shared prefixes or follow-up turns
     prefill_computed: int = 0  # input ids the extends computed
     prefill_cached: int = 0  # input ids read from the prefix cache instead
@@ -122,6 +128,7 @@ def summarize(run: Simulation) -> Summary:
         oracle_passed=None if run.oracle is None else run.oracle.passed,
         oracle_s=run.oracle_s,
         prefix_cache=run.config.prefix_cache,
+        **run_modes(run.config),
         shares_prefixes=bool(run.config.workload.shared_prefixes or run.config.workload.follow_ups),
         prefill_computed=trace.prefill_computed,
         prefill_cached=trace.prefill_cached,
@@ -143,6 +150,27 @@ def summarize(run: Simulation) -> Summary:
         peak_kv_use=max(used, default=0) / capacity,
         **_padding(run),
     )
+
+
+def run_modes(config: SimulationConfig) -> dict[str, Any]:
+    """The step's modes a summary reports, as `config` set them: model, chunks, mixed, overlap."""
+    engine = config.engine
+    return {
+        "model": "hybrid" if config.model.is_hybrid else "full",
+        "chunk_size": engine.chunk_size,
+        "mixed": engine.mixed,
+        "overlap": engine.overlap,
+    }
+
+
+def modes_line(model: str, chunk_size: int, *, mixed: bool, overlap: bool) -> str:
+    """The modes in words: `full model; chunks of 32 tokens, mixed steps off, overlap on`."""
+    chunks = f"chunks of {chunk_size} tokens" if chunk_size else "whole prompts"
+    return f"{model} model; {chunks}, mixed steps {_on(mixed)}, overlap {_on(overlap)}"
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
 
 
 def _padding(run: Simulation) -> dict[str, Any]:
@@ -178,7 +206,7 @@ def _sampling_line(run: Simulation) -> str:
 def render_summary(summary: Summary) -> str:
     """The summary as an aligned two-column table.
 
-    >>> print(render_summary(_EXAMPLE).splitlines()[2])
+    >>> print(render_summary(_EXAMPLE).splitlines()[3])
     requests            256 finished / 256
     """
     s = summary
@@ -191,6 +219,7 @@ def render_summary(summary: Summary) -> str:
     oracle_time = "" if s.oracle_s is None else f"; oracle {s.oracle_s:.2f} s more"
     rows = (
         ("device", f"{s.device}, page size {s.page_size}"),
+        ("modes", modes_line(s.model, s.chunk_size, mixed=s.mixed, overlap=s.overlap)),
         ("requests", f"{s.num_finished} finished / {s.num_requests}"),
         ("tokens", f"{s.prompt_tokens} prompt, {s.generated_tokens} generated"),
         (

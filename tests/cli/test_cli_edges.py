@@ -1,0 +1,72 @@
+"""`batchstate simulate`'s edges: modes in the JSON, bounds, fast refusals, true messages."""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+import attrs
+import pytest
+
+from batchstate.cli import main
+from batchstate.engine import (
+    DataParallelConfig,
+    EngineConfig,
+    ModelConfig,
+    SimulationConfig,
+    render_dp_summary,
+    summarize_dp,
+)
+from batchstate.engine._data_parallel import DataParallelRun, RankRun
+
+# A small, quick run on meta (bookkeeping only); each test adds what it checks.
+META: Final = ["simulate", "--requests", "6", "-q", "--kv-tokens", "512", "--device", "meta"]
+
+
+@pytest.mark.parametrize(
+    ("args", "modes"),
+    [
+        ([], {"model": "full", "chunk_size": 32, "mixed": False, "overlap": True}),
+        (
+            ["--chunk-size", "0", "--mixed", "--no-overlap", "--model", "hybrid"],
+            {"model": "hybrid", "chunk_size": 0, "mixed": True, "overlap": False},
+        ),
+    ],
+)
+def test_json_says_which_modes_the_run_had(
+    args: list[str], modes: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each mode switch's setting is in the JSON, beside the counts of what it did."""
+    assert main([*META, "--json", *args]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {key: summary[key] for key in modes} == modes
+    assert summary["prefix_cache"] is True and summary["speculative"] == 0
+
+
+def test_the_table_names_the_modes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*META, "--no-overlap", "--chunk-size", "8", "--mixed"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    modes = "full model; chunks of 8 tokens, mixed steps on, overlap off"
+    assert lines[2] == f"modes               {modes}"
+
+
+def test_a_data_parallel_summary_says_which_modes_its_ranks_ran() -> None:
+    """`--dp N --json` reports the same modes, and the cache and drafts (no row of their own)."""
+    engine = EngineConfig(chunk_size=16, mixed=True, overlap=True, speculative=2)
+    config = SimulationConfig(engine=engine, model=ModelConfig(), prefix_cache=False)
+    rank = RankRun(0, {}, {}, 0, 0, 0, None, 0, 1, True, "32/32 slots free", 0.0)
+    run = DataParallelRun(config, DataParallelConfig(1), (), (rank,), 0, 1, {}, 0.0, None, None)
+    summary = summarize_dp(run)
+    modes = ("model", "prefix_cache", "chunk_size", "mixed", "overlap", "speculative")
+    assert {key: attrs.asdict(summary)[key] for key in modes} == {
+        "model": "full",
+        "prefix_cache": False,
+        "chunk_size": 16,
+        "mixed": True,
+        "overlap": True,
+        "speculative": 2,
+    }
+    assert render_dp_summary(summary).splitlines()[2] == (
+        "modes             full model; chunks of 16 tokens, mixed steps on, overlap on,"
+        " prefix cache off, speculative 2 drafts per step"
+    )
