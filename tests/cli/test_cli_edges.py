@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Final
 
@@ -9,6 +10,8 @@ import attrs
 import pytest
 
 from batchstate.cli import main
+from batchstate.cli._parser import build_parser
+from batchstate.cli._values import Switch
 from batchstate.engine import (
     DataParallelConfig,
     EngineConfig,
@@ -70,3 +73,63 @@ def test_a_data_parallel_summary_says_which_modes_its_ranks_ran() -> None:
         "modes             full model; chunks of 16 tokens, mixed steps on, overlap on,"
         " prefix cache off, speculative 2 drafts per step"
     )
+
+
+def _simulate_parser() -> argparse.ArgumentParser:
+    commands = next(
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    parser: argparse.ArgumentParser = commands.choices["simulate"]
+    return parser
+
+
+def _switches() -> dict[str, Switch]:
+    parser = _simulate_parser()
+    return {
+        action.option_strings[0]: action for action in parser._actions if isinstance(action, Switch)
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--overlap"], {"overlap": True, "mixed": False, "prefix_cache": True}),
+        (["--overlap", "--no-overlap"], {"overlap": False}),  # the last one given wins
+        (["--no-overlap", "--overlap"], {"overlap": True}),
+        (["--no-mixed"], {"mixed": False}),
+        (["--mixed", "--no-mixed"], {"mixed": False}),
+        (["--prefix-cache"], {"prefix_cache": True}),
+        (["--no-prefix-cache"], {"prefix_cache": False}),
+    ],
+)
+def test_a_mode_takes_its_explicit_default_and_its_no_form(
+    args: list[str], expected: dict[str, bool], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--overlap` names the default explicitly, as `--no-mixed` and `--prefix-cache` do."""
+    assert main([*META, "--json", *args]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {key: summary[key] for key in expected} == expected
+
+
+def test_the_oracle_takes_both_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    cpu = [*META[:-2], "--requests", "2"]
+    assert main([*cpu, "--json", "--no-oracle", "--oracle"]) == 0
+    assert json.loads(capsys.readouterr().out)["oracle_passed"] is True
+    assert main([*cpu, "--json", "--oracle", "--no-oracle"]) == 0
+    assert json.loads(capsys.readouterr().out)["oracle"] == "skipped (--no-oracle)"
+
+
+def test_every_on_off_option_has_both_forms_and_says_its_default() -> None:
+    """A `--no-X` flag has its `--X`, and the help says in words which is the default."""
+    switches = _switches()
+    assert sorted(switches) == ["--mixed", "--oracle", "--overlap", "--prefix-cache"]
+    for option, switch in switches.items():
+        assert switch.option_strings == [option, f"--no-{option[2:]}"]
+        said = "on by default" if switch.default else "off by default"
+        assert said in (switch.help or ""), option
+    options = {option for action in _simulate_parser()._actions for option in action.option_strings}
+    # --no-progress is --quiet's other name: progress has no switch of its own to name.
+    lone = {o for o in options if o.startswith("--no-") and f"--{o[5:]}" not in options}
+    assert lone == {"--no-progress"}

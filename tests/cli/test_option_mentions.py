@@ -125,7 +125,7 @@ def test_the_engine_and_cli_messages_name_only_real_options() -> None:
 @pytest.mark.parametrize(
     ("text", "unknown"),
     [
-        ("run `batchstate simulate --no-mixed`", ["--no-mixed"]),  # an option since removed
+        ("run `batchstate simulate --no-chunks`", ["--no-chunks"]),  # not an option
         ("`pytest --durations 5`", ["--durations"]),  # a tool not in the list
         ("`torchrun --nnodes 2` and `--bogus`", ["--bogus"]),
         ("`--nnodes 2`", ["--nnodes"]),  # torchrun's, but torchrun is not named here

@@ -103,8 +103,8 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
         page_size=args.page_size,
         max_context_len=args.max_context_len,
         device=args.device,
-        oracle=not args.no_oracle,
-        prefix_cache=not args.no_prefix_cache,
+        oracle=args.oracle,
+        prefix_cache=args.prefix_cache,
         cuda_graph_sizes=tuple(args.cuda_graph_sizes or ()),
     )
 

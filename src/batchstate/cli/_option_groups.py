@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Final, TypeAlias
 
-from batchstate.cli._values import SharedPrefix
+from batchstate.cli._values import SharedPrefix, Switch
 
 __all__ = [
     "ARRIVALS",
@@ -185,9 +185,10 @@ def add_engine_options(add: Add) -> None:
     )
     add("--headroom-pages", type=int, default=1, metavar="N", help="pages reserved per admission")
     add(
-        "--no-prefix-cache",
-        action="store_true",
-        help="give finished requests' KV back instead of caching it for later prefixes",
+        "--prefix-cache",
+        action=Switch,
+        default=True,
+        help="cache finished requests' KV for later prefixes (on by default; off: give it back)",
     )
     add(
         "--chunk-size",
@@ -198,16 +199,17 @@ def add_engine_options(add: Add) -> None:
     )
     add(
         "--mixed",
-        action="store_true",
-        help="run prompt chunks beside the running decode rows, in one forward; without it a"
-        " step with chunks is a prefill step of its own, as in SGLang",
+        action=Switch,
+        default=False,
+        help="run prompt chunks beside the running decode rows, in one forward (off by"
+        " default: a step with chunks is a prefill step of its own, as in SGLang)",
     )
     add(
-        "--no-overlap",
-        dest="overlap",
-        action="store_false",
-        help="read each step's sampled tokens before building the next; without it they"
-        " stay on the device and finishes are checked one step late",
+        "--overlap",
+        action=Switch,
+        default=True,
+        help="keep each step's sampled tokens on the device and check finishes one step late"
+        " (on by default; off: read them before building the next step)",
     )
     add(
         "--speculative",

@@ -14,7 +14,7 @@ from batchstate.cli._option_groups import (
     add_workload_options,
 )
 from batchstate.cli._replay import add_replay_command
-from batchstate.cli._values import fault, plot_path
+from batchstate.cli._values import Switch, fault, plot_path
 
 __all__ = ["BACKENDS", "HelpFormatter", "Parser", "build_parser"]
 
@@ -110,7 +110,13 @@ def _add_data_parallel_options(add: Add) -> None:
 
 
 def _add_output_options(add: Add) -> None:
-    add("--no-oracle", action="store_true", help="skip the oracle (meta never runs it)")
+    add(
+        "--oracle",
+        action=Switch,
+        default=True,
+        help="check each request's tokens against the model run alone (on by default;"
+        " meta runs no model, so never runs it)",
+    )
     add(
         "--check-every",
         type=int,

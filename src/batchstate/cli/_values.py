@@ -11,7 +11,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["FaultArgs", "SharedPrefix", "fault", "plot_path"]
+__all__ = ["FaultArgs", "SharedPrefix", "Switch", "fault", "plot_path"]
+
+
+class Switch(argparse.BooleanOptionalAction):
+    """A mode the run has on or off, in two forms (`--overlap` and `--no-overlap`, say).
+
+    Either form names the setting explicitly, the default too; the last one given wins.
+
+    Its help says which is the default in words (`on by default`): argparse's
+    own would add `(default: True)`, which reads as a value the flag takes.
+    """
+
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, *, default: bool, help: str
+    ) -> None:
+        super().__init__(option_strings, dest, default=default)
+        self.help = help
 
 
 class SharedPrefix(argparse.Action):
