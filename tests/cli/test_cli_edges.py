@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from typing import Final
 
 import attrs
@@ -17,6 +19,7 @@ from batchstate.engine import (
     EngineConfig,
     ModelConfig,
     SimulationConfig,
+    WorkloadConfig,
     render_dp_summary,
     summarize_dp,
 )
@@ -133,3 +136,84 @@ def test_every_on_off_option_has_both_forms_and_says_its_default() -> None:
     # --no-progress is --quiet's other name: progress has no switch of its own to name.
     lone = {o for o in options if o.startswith("--no-") and f"--{o[5:]}" not in options}
     assert lone == {"--no-progress"}
+
+
+# Values past what a run holds, bounded by the options they follow from (here the defaults:
+# a table row of 48 + 48 tokens, a KV pool of 1024).
+BOUNDS: Final = [
+    (
+        ["--speculative", "100000"],
+        "--speculative 100000 is above 95: a verify window holds a row's decode token and its"
+        " drafts, and a request's table row (--max-context-len) holds 96 tokens:"
+        " lower --speculative",
+    ),
+    (
+        ["--speculative", "2000", "--max-context-len", "4096"],
+        "--speculative 2000 is above 1023: a verify window holds a row's decode token and its"
+        " drafts, and the KV pool (--kv-tokens) holds 1024 tokens: lower --speculative",
+    ),
+    (
+        # Named as itself, not as the window tokens its verify windows would need.
+        ["--speculative", "100000", "--model", "hybrid"],
+        "--speculative 100000 is above 95: ",
+    ),
+    (
+        ["--max-running", "1000000"],
+        "--max-running 1000000 is above 1024, the tokens in the KV pool (--kv-tokens), and each"
+        " running request holds one at least: lower --max-running",
+    ),
+    (
+        ["--max-running", "2000", "--max-reqs", "4000"],
+        "--max-running 2000 is above 1024, the tokens in the KV pool",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BOUNDS)
+def test_a_value_past_what_the_run_holds_is_refused_in_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"batchstate simulate: error: {message}")
+    assert err.count("\n") == 1
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    """As many drafts as a table row holds beside the decode token; one running request per
+    KV token."""
+    workload = WorkloadConfig(prompt_len=(8, 48), output_len=(4, 48))
+    SimulationConfig(workload, EngineConfig(speculative=95), num_kv_tokens=1024).validate()
+    SimulationConfig(workload, EngineConfig(max_running=1024), num_kv_tokens=1024).validate()
+    with pytest.raises(ValueError, match="--max-running 1025 is above 1024"):
+        SimulationConfig(workload, EngineConfig(max_running=1025), num_kv_tokens=1024).validate()
+
+
+def test_as_many_drafts_as_the_row_holds_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bound is a real run: drafts past a request's output are not drafted."""
+    assert main([*META, "--json", "--speculative", "95"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["ok"] and summary["speculative"] == 95 and summary["drafted_tokens"] > 0
+
+
+# Runs each usage error in one fresh interpreter: each must exit 2 with torch unloaded.
+_PROBE: Final = """\
+import json, sys
+from batchstate.cli import main
+for args in json.loads(sys.argv[1]):
+    code = main(["simulate", *args])
+    print(code, "torch" in sys.modules, flush=True)
+"""
+
+
+def test_these_usage_errors_come_before_torch_loads() -> None:
+    cases = [args for args, _ in BOUNDS]
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["2 False"] * len(cases), done.stderr

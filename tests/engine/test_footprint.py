@@ -136,7 +136,12 @@ def eight_gib(monkeypatch: pytest.MonkeyPatch) -> None:
     ("args", "what", "option"),
     [
         (["--kv-tokens", "99999999999984"], "the KV cache", "--kv-tokens"),
-        (["--max-running", "100000000"], "the request-to-token table", "--max-running"),
+        (
+            # --max-running is at most --kv-tokens; on meta the KV cache allocates nothing.
+            ["--max-running", "100000000", "--kv-tokens", "100000000", "--device", "meta"],
+            "the request-to-token table",
+            "--max-running",
+        ),
         (["--max-reqs", "100000000"], "the request-to-token table", "--max-reqs"),
         (["--max-context-len", "100000000"], "the request-to-token table", "--max-context-len"),
         (["--requests", "3000000"], "the requests and their tokens", "--requests"),

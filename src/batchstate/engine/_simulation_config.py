@@ -107,6 +107,10 @@ class SimulationConfig:
     def validate(self) -> None:
         """Raise `ValueError` with a one-line message for a run that cannot work.
 
+        That includes values past what the run can hold: `engine.max_running` above the KV
+        pool's tokens (each running request holds one), `engine.speculative` drafts that,
+        with the decode token, would not fit in a table row or the KV pool.
+
         >>> SimulationConfig(num_kv_tokens=64).validate()
         Traceback (most recent call last):
         ...
@@ -158,12 +162,36 @@ class SimulationConfig:
                 f"--max-context-len {self.context_len} is shorter than the longest request"
                 f" ({longest} tokens)"
             )
+        self._check_bounds()
         if self.workload.vocab_size != self.model.vocab_size:
             raise ValueError("the workload and the model must share a vocabulary size")
         _check_graph_sizes(self.cuda_graph_sizes)
         self._check_hybrid()
         if self.device == "cuda":  # last: the one check that loads torch
             _check_cuda()
+
+    def _check_bounds(self) -> None:
+        # Values no run can hold, each bounded by the options it follows from: above them a
+        # run would only allocate for nothing (slots) or draft for nothing (drafts).
+        engine = self.engine
+        if engine.max_running > self.num_kv_tokens:
+            raise ValueError(
+                f"--max-running {engine.max_running} is above {self.num_kv_tokens}, the tokens"
+                " in the KV pool (--kv-tokens), and each running request holds one at least:"
+                " lower --max-running"
+            )
+        # A verify window holds a row's decode token and its drafts: in its table row, and in
+        # the KV pool (which may be narrower than a --max-context-len given by hand).
+        room, holder = min(
+            (self.context_len, "a request's table row (--max-context-len)"),
+            (self.num_kv_tokens, "the KV pool (--kv-tokens)"),
+        )
+        if engine.speculative >= room:
+            raise ValueError(
+                f"--speculative {engine.speculative} is above {room - 1}: a verify window holds"
+                f" a row's decode token and its drafts, and {holder} holds {room} tokens:"
+                " lower --speculative"
+            )
 
     def _check_hybrid(self) -> None:
         # What hybrid pools refuse, or what the engine cannot yet do for them, as usage errors.
