@@ -4,7 +4,8 @@ The configs are plain values (`batchstate.engine`'s config modules import no
 torch), so `SimulationConfig.validate`, the data-parallel layout's checks,
 the memory estimate and the `--plot` path are all checked here, before the
 run loads torch. A cuda run's checks are the exception: asking whether a
-device is there, and how much memory it has free, needs torch.
+device is there, and how much memory it has free, needs torch (unless the
+machine shows no GPU driver at all: then there is no device, said at once).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ before it loads torch and the engine, so that a usage error is immediate.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, final
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, final
 
 import attrs
 
@@ -20,9 +22,12 @@ if TYPE_CHECKING:
 
     from batchstate import Pools
 
-__all__ = ["DEVICES", "SimulationConfig"]
+__all__ = ["DEVICES", "SimulationConfig", "gpu_driver_present"]
 
 DEVICES = ("cpu", "meta", "cuda")
+NO_CUDA: Final = "device cuda: no CUDA device is available here"
+GPU_DRIVER_FILES: Final = ("/proc/driver/nvidia/version", "/dev/kfd", "/dev/dxg")
+GPU_DRIVER_TOOLS: Final = ("nvidia-smi",)
 
 
 @final
@@ -225,7 +230,23 @@ def _check_graph_sizes(sizes: tuple[int, ...]) -> None:
 
 
 def _check_cuda() -> None:
+    # Importing torch takes seconds; on a machine with no GPU driver there is nothing to ask it.
+    if not gpu_driver_present():
+        raise ValueError(NO_CUDA)
     import torch  # noqa: PLC0415  (only a cuda run's check loads it)
 
     if not torch.cuda.is_available():
-        raise ValueError("device cuda: no CUDA device is available here")
+        raise ValueError(NO_CUDA)
+
+
+def gpu_driver_present() -> bool:
+    """Whether this machine shows a GPU driver torch's cuda could use, asked without torch.
+
+    NVIDIA's kernel module (its `/proc` entry, which containers see too) or its
+    `nvidia-smi` on PATH (Windows), ROCm's `/dev/kfd` (ROCm builds of torch answer
+    as cuda), WSL's `/dev/dxg`. False means torch would find no device either;
+    True leaves the answer to `torch.cuda.is_available()`.
+    """
+    return any(Path(path).exists() for path in GPU_DRIVER_FILES) or any(
+        shutil.which(tool) for tool in GPU_DRIVER_TOOLS
+    )
