@@ -151,8 +151,8 @@ def test_a_plot_folder_that_cannot_be_written_is_refused_before_the_run(
     monkeypatch.setattr(batchstate.engine, "simulate", must_not_run)
     assert main([*SMALL, "--plot", str(folder / "run.png")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("batchstate simulate: error: --plot /proc/run.png: the folder /proc")
-    assert "cannot be written" in err and err.count("\n") == 1
+    assert err.startswith("batchstate simulate: error: --plot /proc/run.png: cannot create a")
+    assert err.count("\n") == 1
 
 
 def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(

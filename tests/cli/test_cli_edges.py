@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import importlib.util
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Final
 
@@ -212,6 +216,8 @@ for args in json.loads(sys.argv[1]):
 
 def test_these_usage_errors_come_before_torch_loads() -> None:
     cases = [args for args, _ in BOUNDS]
+    if Path("/proc").is_dir() and importlib.util.find_spec("matplotlib"):
+        cases.append(["--plot", "/proc/x.png"])
     done = subprocess.run(
         [sys.executable, "-c", _PROBE, json.dumps(cases)],
         capture_output=True,
@@ -282,3 +288,33 @@ def test_a_driver_tool_on_path_counts(monkeypatch: pytest.MonkeyPatch, tmp_path:
     monkeypatch.setattr(simulation_config, "GPU_DRIVER_FILES", ())
     monkeypatch.setenv("PATH", str(tmp_path))
     assert gpu_driver_present()
+
+
+def test_a_folder_that_takes_no_files_is_named_truly(capsys: pytest.CaptureFixture[str]) -> None:
+    """/proc is there, yet creating a file in it fails with ENOENT: the message says which."""
+    pytest.importorskip("matplotlib")
+    if not Path("/proc").is_dir():
+        pytest.skip("needs Linux's /proc")
+    assert main([*META, "--plot", "/proc/x.png"]) == 2
+    assert capsys.readouterr().err == (
+        "batchstate simulate: error: --plot /proc/x.png: cannot create a file in /proc:"
+        " the folder exists but takes no new files"
+        " (the system said: No such file or directory)\n"
+    )
+
+
+def test_a_folder_that_refuses_a_file_gives_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A read-only mount (which binds root too, unlike permission bits) says so."""
+    pytest.importorskip("matplotlib")
+
+    def read_only(**_: object) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    assert main([*META, "--plot", str(tmp_path / "run.png")]) == 2
+    assert capsys.readouterr().err == (
+        f"batchstate simulate: error: --plot {tmp_path}/run.png: cannot create a file in"
+        f" {tmp_path}: Read-only file system\n"
+    )

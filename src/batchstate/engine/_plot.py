@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ def require_matplotlib() -> None:
 def check_plot_path(path: Path) -> None:
     """Raise `ValueError` (one line) unless `plot_run` can write `path`; run it before a run.
 
-    The folder must exist and be writable, and the extension must be a format matplotlib
+    The folder must exist and take a new file, and the extension must be a format matplotlib
     can write (asked of matplotlib itself: png, pdf, svg, ...).
     """
     require_matplotlib()
@@ -40,12 +41,20 @@ def check_plot_path(path: Path) -> None:
             pass
     except OSError as error:
         raise ValueError(
-            f"--plot {path}: the folder {folder} cannot be written ({error.strerror})"
+            f"--plot {path}: cannot create a file in {folder}: {_why(error)}"
         ) from None
     extension = path.suffix.lstrip(".").lower()
     if extension not in formats:
         what = f"unsupported format .{extension}" if extension else "no extension"
         raise ValueError(f"--plot {path}: {what}; choose one of {', '.join(formats)}")
+
+
+def _why(error: OSError) -> str:
+    # The folder was just found, so "No such file or directory" would be untrue: it is how
+    # a folder that takes no files, such as /proc, refuses one.
+    if error.errno == errno.ENOENT:
+        return f"the folder exists but takes no new files (the system said: {error.strerror})"
+    return error.strerror or str(error)
 
 
 def plot_run(run: Simulation, path: Path) -> None:
