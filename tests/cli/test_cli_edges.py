@@ -318,3 +318,22 @@ def test_a_folder_that_refuses_a_file_gives_the_reason(
         f"batchstate simulate: error: --plot {tmp_path}/run.png: cannot create a file in"
         f" {tmp_path}: Read-only file system\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--requests", "0"], "no step ran: the workload has no requests"),
+        (["--audit-every", "0"], "--audit-every 0"),
+    ],
+)
+def test_the_summary_says_truly_why_no_read_was_counted(
+    args: list[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*META, *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    reads = next(line for line in lines if line.startswith("device reads"))
+    assert reads.split(maxsplit=2)[2].startswith(f"not counted ({why}) (decode path)")
+    assert main([*META, *args, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["device_reads"] is None and summary["audited_steps"] == 0

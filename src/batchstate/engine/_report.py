@@ -211,7 +211,10 @@ def render_summary(summary: Summary) -> str:
     """
     s = summary
     if s.device_reads is None:
-        reads = "not counted (--audit-every 0)"
+        # The first step is always audited (unless --audit-every is 0), and every request
+        # takes a step: with no step, the workload had no requests.
+        why = "--audit-every 0" if s.steps else "no step ran: the workload has no requests"
+        reads = f"not counted ({why})"
     else:
         reads = f"{s.device_reads} in {s.audited_steps} audited steps"
         if s.device == "cpu":
