@@ -9,13 +9,13 @@ import pytest
 from returns.result import Failure, Result, Success
 
 from batchstate import (
+    BatchAndPools,
     ContextTooLong,
     Decoding,
     Err,
     Ok,
     OutOfKVTokens,
     Req,
-    Step,
     decode,
     extend,
     idle,
@@ -54,9 +54,9 @@ def test_a_real_transition_matches_by_its_failure_record() -> None:
 def test_a_real_success_matches_as_ok_with_the_step() -> None:
     pools = make_test_pools()
     batch, pools = extend(idle(CPU), [Req(0, (5, 6))], pools).unwrap()
-    result: Result[Step[Decoding], object] = decode(batch, pools)
+    result: Result[BatchAndPools[Decoding], object] = decode(batch, pools)
     match outcome(result):
-        case Ok(Step(decoded, after)):
+        case Ok(BatchAndPools(decoded, after)):
             assert decoded.rows.seq_lens.host.tolist() == [3]
             assert after is not pools
         case Err(error):

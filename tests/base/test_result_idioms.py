@@ -40,7 +40,7 @@ def snippet(batch: Filtered, pools: Pools) -> None:
 SNIPPETS: Final = {
     "is_successful_keeps_types": """\
     if is_successful(result):
-        assert_type(result.unwrap(), Step[Decoding])
+        assert_type(result.unwrap(), BatchAndPools[Decoding])
     else:
         error = result.failure()
         assert_type(error, OutOfKVTokens | ContextTooLong)
@@ -52,13 +52,13 @@ SNIPPETS: Final = {
 """,
     "map_and_value_or_keep_types": """\
     assert_type(result.map(lambda step: len(step.batch.rows)), Result[int, DecodeError])
-    assert_type(result.value_or(None), Step[Decoding] | None)
-    assert_type(unwrap(result), Step[Decoding])
+    assert_type(result.value_or(None), BatchAndPools[Decoding] | None)
+    assert_type(unwrap(result), BatchAndPools[Decoding])
 """,
     "outcome_match_is_typed": """\
     match outcome(result):
         case Ok(step):
-            assert_type(step, Step[Decoding])
+            assert_type(step, BatchAndPools[Decoding])
             reveal_type(step.batch)
         case Err(OutOfKVTokens(requested_pages=pages)):
             assert_type(pages, int)
@@ -100,7 +100,7 @@ SNIPPETS: Final = {
 """,
     "isinstance_success_loses_types": """\
     if isinstance(result, Success):
-        assert_type(result.unwrap(), Step[Decoding])
+        assert_type(result.unwrap(), BatchAndPools[Decoding])
 """,
 }
 

@@ -42,7 +42,7 @@ REJECTED: Final = {
 ACCEPTED: Final = {
     "accept_unpad_then_sample": "sample(unpad(padded.run(forward)))",
     "accept_unpad_tokens": "print(unpad_tokens(padded.wrap(forward(padded.inputs))).shape)",
-    "accept_pad_then_unwrap": "print(pad(inputs, [8, 16], SGLANG_FILLS).unwrap().padded_rows)",
+    "accept_pad_then_unwrap": "print(pad(inputs, [8, 16], SGLANG_PAD_VALUES).unwrap().padded_rows)",
 }
 
 
