@@ -200,10 +200,17 @@ RENAMED: Final = {
     "settle": ("transitions", "finish_mixed"),
     "settle_ahead": ("speculative", "exact_window"),
 }
+# The package's own result vocabulary, beside `returns`' (old name -> `returns`' own).
+RESULTS: Final = {
+    "Err": "returns.result.Failure",
+    "Ok": "returns.result.Success",
+    "Outcome": "returns.result.Result",
+    "outcome": "the Result itself",
+}
 
 
 def test_the_core_is_small_and_every_earlier_name_still_imports() -> None:
-    """Each earlier name loads; only the renamed ones warn."""
+    """Each earlier name loads; only the renamed ones and the result vocabulary warn."""
     assert 45 <= len(batchstate.__all__) <= 60
     warned: set[str] = set()
     for name in EARLIER_NAMES:
@@ -213,8 +220,8 @@ def test_the_core_is_small_and_every_earlier_name_still_imports() -> None:
         assert all(issubclass(w.category, DeprecationWarning) for w in caught), name
         if caught:
             warned.add(name)
-    assert warned == set(RENAMED)
-    assert not set(RENAMED) & set(batchstate.__all__)
+    assert warned == set(RENAMED) | set(RESULTS)
+    assert not (set(RENAMED) | set(RESULTS)) & set(batchstate.__all__)
 
 
 def _renamed_cases() -> list[tuple[str, str]]:
@@ -245,6 +252,14 @@ def test_a_renamed_name_warns_names_its_replacement_and_is_the_same_object(
         assert getattr(module, new) is value  # the new name does not warn
     with pytest.warns(DeprecationWarning):
         getattr(module, old)  # every lookup warns, not only the first
+
+
+@pytest.mark.parametrize("old", sorted(RESULTS))
+def test_the_result_vocabulary_warns_at_the_top_level_too(old: str) -> None:
+    pattern = rf"^batchstate\.{old} is deprecated: use {re.escape(RESULTS[old])}"
+    with pytest.warns(DeprecationWarning, match=pattern):
+        value = getattr(batchstate, old)
+    assert value is getattr(importlib.import_module("batchstate.base.results"), old)
 
 
 @pytest.mark.xdist_group("mypy")  # the worker that runs mypy, its cache warm

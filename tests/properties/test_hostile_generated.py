@@ -60,7 +60,6 @@ from batchstate import (
     make_pools,
     merge,
     mix,
-    outcome,
     pad,
     read_sampled,
     read_verified,
@@ -269,7 +268,6 @@ LEGAL: Final[dict[str, Callable[[bool], Call]]] = {
     "make_pools": lambda c: (make_pools, [4, 32, 64, CPU, 4]),
     "merge": lambda c: (merge, [*_two_batches(c)]),
     "mix": lambda c: (mix, [idle(CPU), [Req(0, (1, 2))], 8, _pools(c)]),
-    "outcome": lambda c: (outcome, [Success(1)]),
     "pad": _pad,
     "fill_buffers": _fill_buffers,
     "verify_ahead": _verify_ahead,
@@ -358,8 +356,7 @@ def test_the_table_covers_every_public_function_and_pools_method() -> None:
         f"Pools.{name}"
         for name in ("allocate_slots", "allocate_tokens", "allocate_fresh", "allocate_next")
     } | {"Pools.free", "Pools.shrink"}
-    deprecated = {"outcome"}  # still refuses bad input, as long as it imports
-    assert functions | methods | deprecated == set(LEGAL)
+    assert functions | methods == set(LEGAL)
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["cache-off", "cache-on"])

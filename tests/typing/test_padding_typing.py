@@ -22,7 +22,6 @@ from batchstate.memory import *
 from batchstate.records import *
 from batchstate.speculative import *
 from batchstate.transitions import *
-from batchstate.base import Err, Ok, Outcome, outcome
 
 def sample(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)

@@ -33,7 +33,6 @@ from batchstate.memory import *
 from batchstate.records import *
 from batchstate.speculative import *
 from batchstate.transitions import *
-from batchstate.base import Err, Ok, Outcome, outcome
 
 @attrs.frozen(eq=False)
 class Lora(Columns):
