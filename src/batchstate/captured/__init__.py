@@ -40,6 +40,8 @@ __all__ = [
     "unpad_tokens",
 ]
 
+# Old names, kept for one release: mypy reads them in `__all__` (so code naming
+# them still type-checks under --strict); at run time they stay out of it.
 if TYPE_CHECKING:
     __all__ += ["FILL_FIELDS", "SGLANG_FILLS", "VLLM_FILLS", "bucket", "fill", "fill_hybrid"]
 

@@ -38,6 +38,8 @@ __all__ = [
     "Verifying",
 ]
 
+# Old names, kept for one release: mypy reads them in `__all__` (so code naming
+# them still type-checks under --strict); at run time they stay out of it.
 if TYPE_CHECKING:
     __all__ += ["Settled", "Step"]
 

@@ -27,6 +27,8 @@ __all__ = [
     "verify_ahead",
 ]
 
+# Old names, kept for one release: mypy reads them in `__all__` (so code naming
+# them still type-checks under --strict); at run time they stay out of it.
 if TYPE_CHECKING:
     __all__ += ["Ahead", "AheadStep", "settle_ahead"]
 
