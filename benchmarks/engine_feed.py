@@ -3,7 +3,7 @@
 Runs `simulate` on the CPU (the tiny model, oracle off) with
 `--cuda-graph-sizes 1 2 4 8 16 32 64`, alternately two ways, the same
 seeded workload each time: the engine's path, each padded forward
-`fill`ed into its bucket's `GraphBuffers` (its input ids into the
+written into its bucket's `GraphBuffers` by `fill_buffers` (its input ids into the
 bucket's ids buffer), and the baseline it replaced,
 `pad(forward_inputs(...))` and `pad_tokens` into fresh tensors (swapped
 in for `Buckets.fill` and `Buckets.pad_ids`). Prints, for each, the median µs of a padded forward's

@@ -2,13 +2,13 @@
 
 For each batch size, a steady overlap decode loop on the CPU: each step
 runs the transition (`decode_sampled`, fed the last step's tokens), then,
-timed in the same step on its result: `fill` of one decode bucket's
+timed in the same step on its result: `fill_buffers` of one decode bucket's
 buffers (allocated once, before the loop) straight from the record, and
 for comparison `forward_inputs` then `pad` (fresh tensors, the page table
-as wide as the table); then `settle` and the next step. Each figure is the
+as wide as the table); then `finish_mixed` and the next step. Each figure is the
 median over the steps; the ratios are against that step's
 `decode_sampled`. Then, on `meta`, the kernels, copies and allocations of
-one `fill`. Prints Markdown tables (see docs/performance.md).
+one `fill_buffers`. Prints Markdown tables (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from batchstate import (
     GraphBuffers,
     Req,
     Sampled,
-    bucket,
+    captured_size,
     decode,
     decode_sampled,
     extend,
-    fill,
+    fill_buffers,
     filter_batch,
+    finish_mixed,
     forward_inputs,
     idle,
     make_pools,
     pad,
-    settle,
 )
 from benchmarks.counting import count_allocations, count_device_work
 
@@ -54,7 +54,7 @@ def measure(
     extended, pools = extend(idle(device), reqs, pools).unwrap()
     decoding, pools = decode(extended, pools).unwrap()
     running = filter_batch(decoding, list(range(batch_size)))
-    size = bucket(_CAPTURED, batch_size).unwrap()
+    size = captured_size(_CAPTURED, batch_size).unwrap()
     buffers = GraphBuffers.for_decode(device, page_size, size, row_pages)
     tokens = torch.zeros(batch_size, dtype=torch.int64)
     times: dict[str, list[float]] = {"step": [], "fill": [], "inputs": [], "pad": []}
@@ -63,13 +63,13 @@ def measure(
         start = time.perf_counter()
         mixed, pools = decode_sampled(running, sampled, pools).unwrap()
         stepped = time.perf_counter()
-        fill(buffers, mixed, pools.table).unwrap()
+        fill_buffers(buffers, mixed, pools.table).unwrap()
         filled = time.perf_counter()
         inputs = forward_inputs(mixed, pools.table, page_size)
         built = time.perf_counter()
         pad(inputs, _CAPTURED).unwrap()
         padded = time.perf_counter()
-        running = settle(mixed).running
+        running = finish_mixed(mixed).running
         for name, (a, b) in {
             "step": (start, stepped),
             "fill": (stepped, filled),
@@ -91,7 +91,7 @@ def measure(
 
 
 def count(batch_size: int, page_size: int) -> dict[str, int]:
-    """Kernels, host-to-device copies and allocations of one `fill`, on meta."""
+    """Kernels, host-to-device copies and allocations of one `fill_buffers`, on meta."""
     meta = torch.device("meta")
     pools = make_pools(batch_size + 1, 256, (batch_size + 1) * 256, meta, page_size)
     reqs = [Req(rid, tuple(range(1, 40))) for rid in range(batch_size)]
@@ -99,7 +99,7 @@ def count(batch_size: int, page_size: int) -> dict[str, int]:
     decoding, pools = decode(extended, pools).unwrap()
     buffers = GraphBuffers.for_decode(meta, page_size, batch_size + 1, -(-256 // page_size))
     with count_device_work() as work, count_allocations() as made:
-        fill(buffers, decoding, pools.table).unwrap()
+        fill_buffers(buffers, decoding, pools.table).unwrap()
     with count_allocations() as padded:
         pad(forward_inputs(decoding, pools.table, page_size), _CAPTURED).unwrap()
     return {

@@ -12,6 +12,7 @@ import torch
 from returns.result import Result
 
 from batchstate import (
+    BatchAndPools,
     Columns,
     Decoding,
     Departed,
@@ -23,7 +24,6 @@ from batchstate import (
     Pools,
     Req,
     Sampling,
-    Step,
     build_columns,
     decode,
     extend,
@@ -90,7 +90,9 @@ class BatchstateStep:
         self._left: Departed | None = None
         self._incoming: Extended[Any] | None = None
 
-    def _admit(self, reqs: list[Req], pools: Pools) -> Result[Step[Extended[Any]], ExtendError]:
+    def _admit(
+        self, reqs: list[Req], pools: Pools
+    ) -> Result[BatchAndPools[Extended[Any]], ExtendError]:
         # What a scheduler pays per admission: its requests' parameters as columns.
         if self._columns == "sampling":
             params = [request_sampling(req.rid) for req in reqs]

@@ -1,6 +1,6 @@
 """Ragged `kv_indices` from the host or from the device: `python -m benchmarks.kv_indices`.
 
-`fill` gathers FlashInfer's `kv_indices` on the device from the bucket's
+`fill_buffers` gathers FlashInfer's `kv_indices` on the device from the bucket's
 page table, at cells the host computes and uploads with the block: one
 int32 per page, O(pages) host work. The alternative derives each page's
 cell on the device from `kv_indptr`, whose values the host already knows
@@ -9,7 +9,7 @@ row's first cell, an add its place in the row, then the same gather, into
 scratch buffers allocated once; O(rows) host work, three more kernels.
 
 For each shape (rows, pages per row), this times on the CPU the host's
-cells (what `fill` does) and counts their bytes; runs the device
+cells (what `fill_buffers` does) and counts their bytes; runs the device
 derivation on the CPU as a stand-in device (checked equal; a GPU's time
 for it is not measured here) and counts its kernels and allocations on
 `meta`. Medians over `--repeats`; prints a Markdown table.

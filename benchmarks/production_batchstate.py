@@ -19,14 +19,14 @@ from batchstate import (
     Sampling,
     decode_sampled,
     extend,
-    follow,
+    finish_mixed,
+    gather_sampled,
     idle,
     join_sampled,
     make_pools,
     merge,
     mix,
     release,
-    settle,
     split,
 )
 from benchmarks.production_plan import FIRST_CHUNK, ProductionPlan, Turn, generated
@@ -67,8 +67,8 @@ class BatchstateProduction:
         reqs = [Req(rid, ids)]
         first: Mixed[Any]
         first, pools = mix(self._idle, reqs, FIRST_CHUNK, pools, (), *self._columns(reqs)).unwrap()
-        # mypy cannot solve settle's column set from Any; the set is the batch's either way.
-        (self.held,) = settle(cast("Mixed[Sampling]", first)).held
+        # mypy cannot solve finish_mixed's column set from Any; the set is the batch's either way.
+        (self.held,) = finish_mixed(cast("Mixed[Sampling]", first)).held
         self.running: Filtered[Any] = running
         self.pools: Pools = pools
         self.sampled = Sampled.of(running.rows, _sample(running.rows))
@@ -113,8 +113,8 @@ class BatchstateProduction:
 
     def settle(self) -> None:
         assert self._decoded is not None and self._prefill is not None
-        self._after_decode = settle(self._decoded).running
-        joined, (self.held,) = settle(self._prefill)
+        self._after_decode = finish_mixed(self._decoded).running
+        joined, (self.held,) = finish_mixed(self._prefill)
         self._joined = joined
 
     def release(self, turn: Turn) -> None:
@@ -128,7 +128,7 @@ class BatchstateProduction:
         self.running = merge(kept, joined)
         # Both forwards' tokens joined, then one gather in the merged batch's order.
         both = join_sampled(self._decoded_sampled, self._prefill_sampled)
-        self.sampled = follow(both, self.running)
+        self.sampled = gather_sampled(both, self.running)
 
     def outcome(self) -> ProductionOutcome:
         """The state after a decode, as host data."""

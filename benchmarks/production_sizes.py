@@ -6,9 +6,9 @@ over a million KV tokens (1,023 prompts of `--prompt` tokens and one of
 (`--device cpu` puts them in host memory too: about 0.5 GB more for the
 table). One pass runs, timed one by one: `extend` of the batch, `decode`,
 `split` + `release` of one row, `extend` of one new request + `merge`,
-`decode_sampled`, `verify`, `verify_ahead`, `settle_ahead`, `sync` (host
+`decode_sampled`, `verify`, `verify_ahead`, `exact_window`, `sync` (host
 counts, no read), `forward_inputs` of a decode and of a verify window,
-`fill` of a decode bucket of 1,024 rows and of a verify bucket, `pad`.
+`fill_buffers` of a decode bucket of 1,024 rows and of a verify bucket, `pad`.
 Prints µs per transition, then host and device memory: the table's two
 sides, the pools' free lists, the graph buffers, and the process's peak RSS.
 """
@@ -31,16 +31,16 @@ from batchstate import (
     Sampled,
     decode,
     decode_sampled,
+    exact_window,
     extend,
-    fill,
+    fill_buffers,
+    finish_mixed,
     forward_inputs,
     idle,
     make_pools,
     merge,
     pad,
     release,
-    settle,
-    settle_ahead,
     split,
     sync,
     verify,
@@ -107,10 +107,12 @@ def _pass(  # one variable per record of the pass
     )
     with count_allocations() as allocated:
         _timed(
-            times, "fill (decode bucket)", lambda: fill(decode_bucket, mixed, pools.table).unwrap()
+            times,
+            "fill_buffers (decode bucket)",
+            lambda: fill_buffers(decode_bucket, mixed, pools.table).unwrap(),
         )
     _timed(times, "pad", lambda: pad(decode_inputs, [rows]).unwrap())
-    stepped, pools = decode(settle(mixed).running, pools).unwrap()
+    stepped, pools = decode(finish_mixed(mixed).running, pools).unwrap()
     drafts = np.full(rows, 3, dtype=np.int64)
     window, pools = _timed(times, "verify", lambda: verify(stepped, drafts, pools).unwrap())
     _timed(
@@ -123,15 +125,17 @@ def _pass(  # one variable per record of the pass
     )
     _timed(
         times,
-        "fill (verify bucket)",
-        lambda: fill(verify_bucket, window, pools.table, slot_tokens=pools.slot_tokens).unwrap(),
+        "fill_buffers (verify bucket)",
+        lambda: fill_buffers(
+            verify_bucket, window, pools.table, slot_tokens=pools.slot_tokens
+        ).unwrap(),
     )
     counts = torch.ones(rows, dtype=torch.int32, device=device)
     opened, pools = _timed(
         times, "verify_ahead", lambda: verify_ahead(window, counts, drafts, pools).unwrap()
     )
     host_counts = np.ones(rows, dtype=np.int64)
-    window, pools = _timed(times, "settle_ahead", lambda: settle_ahead(opened, host_counts, pools))
+    window, pools = _timed(times, "exact_window", lambda: exact_window(opened, host_counts, pools))
     synced, pools = _timed(times, "sync", lambda: sync(window, host_counts, pools))
     return {
         "times": times,

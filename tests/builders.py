@@ -12,6 +12,7 @@ from typing_extensions import TypeVar
 
 from batchstate import (
     Batch,
+    BatchAndPools,
     Columns,
     Decoding,
     DeviceOnly,
@@ -23,7 +24,6 @@ from batchstate import (
     NoColumns,
     Pools,
     Req,
-    Step,
     build_columns,
     decode,
     extend,
@@ -104,7 +104,7 @@ def assert_probe(columns: object, rids: Sequence[int]) -> None:
 
 def make_extended(
     pools: Pools, lengths: Sequence[int] = (3, 5, 7), first_rid: int = 0, device: torch.device = CPU
-) -> Step[Extended]:
+) -> BatchAndPools[Extended]:
     """An extend of fresh requests; fails the test if it does not fit."""
     return extend(idle(device), make_reqs(lengths, first_rid), pools).unwrap()
 

@@ -25,12 +25,12 @@ from batchstate import (
     Verifying,
     decode,
     extend,
-    fill,
+    fill_buffers,
+    finish_mixed,
     forward_inputs,
     idle,
     make_pools,
     mix,
-    settle,
     split,
     verify,
 )
@@ -74,7 +74,7 @@ def make_record(phase: str, lengths: Sequence[int], pools: Pools) -> tuple[Recor
     # Mixed: a chunk of a long prompt, cut by the budget, then resumed beside the decode rows.
     running, _ = split(decoding, list(range(len(lengths))))
     first, pools = mix(running, reqs_of([90], 100), 37, pools, [5] * len(lengths)).unwrap()
-    settled = settle(first)
+    settled = finish_mixed(first)
     tokens = [5] * len(settled.running.rows)
     admit: list[Req | Chunked[NoColumns]] = [*settled.held, *reqs_of([1, 20], 200)]
     mixed, pools = mix(settled.running, admit, 40, pools, tokens).unwrap()
@@ -89,10 +89,10 @@ def build(record: Record, pools: Pools) -> ForwardInputs:
 
 
 def fill_record(buffers: GraphBuffers, record: Record, pools: Pools) -> Result[Padded, DoesNotFit]:
-    """`fill` of `record` into `buffers`, with the pools' slot tokens for a verify window."""
+    """`fill_buffers` of `record` into `buffers`; a verify window takes the pools' slot tokens."""
     if isinstance(record, Verifying):
-        return fill(buffers, record, pools.table, slot_tokens=pools.slot_tokens)
-    return fill(buffers, record, pools.table)
+        return fill_buffers(buffers, record, pools.table, slot_tokens=pools.slot_tokens)
+    return fill_buffers(buffers, record, pools.table)
 
 
 def naive(

@@ -4,7 +4,7 @@ The same script runs on any device: extend, then many decode steps with
 staggered finishes (filter, release), new requests merged in, and, when
 asked, speculative verify steps. Each extend, decode and verify forward is
 written into its captured bucket's `GraphBuffers` (one bucket of each,
-allocated before the loop) with `fill`. Every decision is taken from host data,
+allocated before the loop) with `fill_buffers`. Every decision is taken from host data,
 and after each transition the loop records a `Snapshot` of the host side
 (mirrors, sums, slot and page ownership), so runs on two devices can be
 compared step by step.
@@ -34,7 +34,7 @@ from batchstate import (
     Verifying,
     decode,
     extend,
-    fill,
+    fill_buffers,
     idle,
     make_pools,
     merge,
@@ -183,9 +183,9 @@ class _Buckets:
     def fill(self, batch: Extended | Decoding | Verifying, pools: Pools) -> None:
         # The forward's inputs, written into its bucket: the loop never runs out of room.
         if isinstance(batch, Verifying):
-            filled = fill(self.verify, batch, pools.table, slot_tokens=pools.slot_tokens)
+            filled = fill_buffers(self.verify, batch, pools.table, slot_tokens=pools.slot_tokens)
         else:
-            filled = fill(
+            filled = fill_buffers(
                 self.extend if isinstance(batch, Extended) else self.decode, batch, pools.table
             )
         assert isinstance(filled, Success), filled

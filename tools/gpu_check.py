@@ -55,7 +55,7 @@ from batchstate import (
     check_pools,
     decode,
     extend,
-    fill,
+    fill_buffers,
     forward_inputs,
     idle,
     make_pools,
@@ -269,16 +269,16 @@ def _step(buffers: GraphBuffers, rows: int, drafts: int, step: int) -> tuple[For
     extended, pools = extend(idle(device), reqs, pools).unwrap()
     if drafts < 0:
         inputs = forward_inputs(extended, pools.table, page_size)
-        return inputs, fill(buffers, extended, pools.table).unwrap()
+        return inputs, fill_buffers(buffers, extended, pools.table).unwrap()
     decoding, pools = decode(extended, pools).unwrap()
     if not drafts:
         inputs = forward_inputs(decoding, pools.table, page_size)
-        return inputs, fill(buffers, decoding, pools.table).unwrap()
+        return inputs, fill_buffers(buffers, decoding, pools.table).unwrap()
     draft_lens = [(row + step) % (drafts + 1) for row in range(rows)]
     window, pools = verify(decoding, draft_lens, pools).unwrap()
     slot_tokens = pools.slot_tokens
     inputs = forward_inputs(window, pools.table, page_size, slot_tokens=slot_tokens)
-    return inputs, fill(buffers, window, pools.table, slot_tokens=slot_tokens).unwrap()
+    return inputs, fill_buffers(buffers, window, pools.table, slot_tokens=slot_tokens).unwrap()
 
 
 def _addresses(buffers: GraphBuffers) -> list[int]:

@@ -126,25 +126,39 @@ if TYPE_CHECKING:
     from batchstate.base.results import unwrap
     from batchstate.base.upper_bound import UpperBound
     from batchstate.base.version import __version__
-    from batchstate.cache.anchors import Anchor as Anchor
     from batchstate.cache.anchors import HybridCache as HybridCache
+    from batchstate.cache.anchors import ResumePoint as Anchor
+    from batchstate.cache.anchors import ResumePoint as ResumePoint
     from batchstate.cache.prefix_cache import PrefixCache as PrefixCache
     from batchstate.captured.graph_buffers import GraphBuffers as GraphBuffers
-    from batchstate.captured.graph_buffers import fill as fill
+    from batchstate.captured.graph_buffers import fill_buffers as fill
+    from batchstate.captured.graph_buffers import fill_buffers as fill_buffers
     from batchstate.captured.hybrid_buffers import (
         HybridBuffers as HybridBuffers,
     )
     from batchstate.captured.hybrid_buffers import (
-        fill_hybrid as fill_hybrid,
+        fill_hybrid_buffers as fill_hybrid,
+    )
+    from batchstate.captured.hybrid_buffers import (
+        fill_hybrid_buffers as fill_hybrid_buffers,
     )
     from batchstate.captured.padding import (
-        FILL_FIELDS as FILL_FIELDS,
+        PAD_FIELDS as FILL_FIELDS,
     )
     from batchstate.captured.padding import (
-        SGLANG_FILLS as SGLANG_FILLS,
+        PAD_FIELDS as PAD_FIELDS,
     )
     from batchstate.captured.padding import (
-        VLLM_FILLS as VLLM_FILLS,
+        SGLANG_PAD_VALUES as SGLANG_FILLS,
+    )
+    from batchstate.captured.padding import (
+        SGLANG_PAD_VALUES as SGLANG_PAD_VALUES,
+    )
+    from batchstate.captured.padding import (
+        VLLM_PAD_VALUES as VLLM_FILLS,
+    )
+    from batchstate.captured.padding import (
+        VLLM_PAD_VALUES as VLLM_PAD_VALUES,
     )
     from batchstate.captured.padding import (
         Padded as Padded,
@@ -153,15 +167,19 @@ if TYPE_CHECKING:
         PaddedOutput as PaddedOutput,
     )
     from batchstate.captured.padding import (
-        bucket as bucket,
+        captured_size as bucket,
+    )
+    from batchstate.captured.padding import (
+        captured_size as captured_size,
     )
     from batchstate.captured.padding import pad, unpad
     from batchstate.captured.padding import (
         unpad_tokens as unpad_tokens,
     )
     from batchstate.checks.invariants import check_batch, check_pools
-    from batchstate.checks.leaks import Holder as Holder
     from batchstate.checks.leaks import Leaks as Leaks
+    from batchstate.checks.leaks import SlotHolder as Holder
+    from batchstate.checks.leaks import SlotHolder as SlotHolder
     from batchstate.checks.leaks import check_leaks as check_leaks
     from batchstate.checks.leaks import find_leaks
     from batchstate.columns.building import build_columns
@@ -216,19 +234,39 @@ if TYPE_CHECKING:
     from batchstate.pools.pools import Allocation as Allocation
     from batchstate.pools.pools import Pools
     from batchstate.records.chunked import Chunked
-    from batchstate.records.mixed import Mixed, MixStep, settle
-    from batchstate.records.mixed import Settled as Settled
-    from batchstate.records.phases import Batch, Decoding, Extended, Filtered, Idle, Running, Step
+    from batchstate.records.mixed import FinishedMixed as FinishedMixed
+    from batchstate.records.mixed import FinishedMixed as Settled
+    from batchstate.records.mixed import Mixed, MixStep, finish_mixed
+    from batchstate.records.mixed import finish_mixed as settle
+    from batchstate.records.phases import (
+        Batch,
+        BatchAndPools,
+        Decoding,
+        Extended,
+        Filtered,
+        Idle,
+        Running,
+    )
+    from batchstate.records.phases import BatchAndPools as Step
     from batchstate.records.rows import Req, Rows
     from batchstate.records.verifying import Verifying, VerifyStep
     from batchstate.speculative.ahead import (
-        Ahead as Ahead,
+        WindowAhead as Ahead,
     )
     from batchstate.speculative.ahead import (
-        AheadStep as AheadStep,
+        WindowAhead as WindowAhead,
     )
     from batchstate.speculative.ahead import (
-        settle_ahead as settle_ahead,
+        WindowAheadStep as AheadStep,
+    )
+    from batchstate.speculative.ahead import (
+        WindowAheadStep as WindowAheadStep,
+    )
+    from batchstate.speculative.ahead import (
+        exact_window as exact_window,
+    )
+    from batchstate.speculative.ahead import (
+        exact_window as settle_ahead,
     )
     from batchstate.speculative.ahead import (
         verify_ahead as verify_ahead,
@@ -238,20 +276,23 @@ if TYPE_CHECKING:
     from batchstate.speculative.verified import read_verified as read_verified
     from batchstate.table import TRANSITIONS
     from batchstate.table import Transition as Transition
+    from batchstate.transitions.admission import admit_prefilled as admit_prefilled
+    from batchstate.transitions.admission import admit_prefilled as prebuilt
     from batchstate.transitions.admission import extend, idle
-    from batchstate.transitions.admission import prebuilt as prebuilt
     from batchstate.transitions.decoding import decode
     from batchstate.transitions.filtering import Departed, Split, filter_batch, split
     from batchstate.transitions.filtering import keep_indices as keep_indices
     from batchstate.transitions.merging import merge
     from batchstate.transitions.mixing import decode_sampled, mix
     from batchstate.transitions.releasing import release
-    from batchstate.transitions.sampled import Sampled, follow, join_sampled, read_sampled
+    from batchstate.transitions.sampled import Sampled, gather_sampled, join_sampled, read_sampled
+    from batchstate.transitions.sampled import gather_sampled as follow
 
 __all__ = [
     "GREEDY",
     "TRANSITIONS",
     "Batch",
+    "BatchAndPools",
     "Chunked",
     "Columns",
     "Decoding",
@@ -274,7 +315,6 @@ __all__ = [
     "Sampling",
     "SamplingParams",
     "Split",
-    "Step",
     "UpperBound",
     "VerifyStep",
     "Verifying",
@@ -287,9 +327,10 @@ __all__ = [
     "extend",
     "filter_batch",
     "find_leaks",
+    "finish_mixed",
     "flush",
-    "follow",
     "forward_inputs",
+    "gather_sampled",
     "idle",
     "join_sampled",
     "make_pools",
@@ -298,7 +339,6 @@ __all__ = [
     "pad",
     "read_sampled",
     "release",
-    "settle",
     "split",
     "sync",
     "unpad",
@@ -306,7 +346,54 @@ __all__ = [
     "verify",
 ]
 
+# Old names, kept for one release. mypy reads the renamed ones in `__all__`, so
+# that code naming them still type-checks under --strict; at run time they stay
+# out of it (and out of `import *` and the docs), and each lookup warns and says
+# what to use instead.
+if TYPE_CHECKING:
+    __all__ += [
+        "FILL_FIELDS",
+        "SGLANG_FILLS",
+        "VLLM_FILLS",
+        "Ahead",
+        "AheadStep",
+        "Anchor",
+        "Holder",
+        "Settled",
+        "Step",
+        "bucket",
+        "fill",
+        "fill_hybrid",
+        "follow",
+        "prebuilt",
+        "settle",
+        "settle_ahead",
+    ]
+
+_DEPRECATED = {
+    "Ahead": "batchstate.speculative.WindowAhead",
+    "AheadStep": "batchstate.speculative.WindowAheadStep",
+    "Anchor": "batchstate.cache.ResumePoint",
+    "Err": "returns.result.Failure",
+    "FILL_FIELDS": "batchstate.captured.PAD_FIELDS",
+    "Holder": "batchstate.checks.SlotHolder",
+    "Ok": "returns.result.Success",
+    "Outcome": "returns.result.Result",
+    "SGLANG_FILLS": "batchstate.captured.SGLANG_PAD_VALUES",
+    "Settled": "batchstate.records.FinishedMixed",
+    "Step": "batchstate.BatchAndPools",
+    "VLLM_FILLS": "batchstate.captured.VLLM_PAD_VALUES",
+    "bucket": "batchstate.captured.captured_size",
+    "fill": "batchstate.captured.fill_buffers",
+    "fill_hybrid": "batchstate.captured.fill_hybrid_buffers",
+    "follow": "batchstate.gather_sampled",
+    "outcome": "the Result itself (returns.pipeline.is_successful, then .unwrap() or .failure())",
+    "prebuilt": "batchstate.transitions.admit_prefilled",
+    "settle": "batchstate.finish_mixed",
+    "settle_ahead": "batchstate.speculative.exact_window",
+}
+
 if not TYPE_CHECKING:
     from batchstate.base.lazy import attach
 
-    __getattr__, __dir__ = attach(globals())
+    __getattr__, __dir__ = attach(globals(), _DEPRECATED)

@@ -22,7 +22,7 @@ from batchstate.base.mirrored import upload
 from batchstate.columns.columns import C
 from batchstate.forward.inputs import ForwardInputs
 from batchstate.memory.token_table import TokenTable
-from batchstate.speculative.ahead import Ahead
+from batchstate.speculative.ahead import WindowAhead
 
 __all__ = [
     "FA3Args",
@@ -95,7 +95,7 @@ def fa3_args(inputs: ForwardInputs) -> FA3Args:
     }
 
 
-def fa3_ahead_args(ahead: Ahead[C], table: TokenTable, page_size: int) -> FA3Args:
+def fa3_ahead_args(ahead: WindowAhead[C], table: TokenTable, page_size: int) -> FA3Args:
     """FA3's arguments for a window opened ahead of its lengths: the bound sizes the page table.
 
     FA3 reads each row's length on the device (`cache_seqlens`) and only

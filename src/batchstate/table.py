@@ -20,20 +20,20 @@ from batchstate.base.errors import (
     OutOfReqSlots,
     StaleRecord,
 )
-from batchstate.captured.graph_buffers import DoesNotFit, GraphBuffersError, fill
-from batchstate.captured.hybrid_buffers import fill_hybrid
+from batchstate.captured.graph_buffers import DoesNotFit, GraphBuffersError, fill_buffers
+from batchstate.captured.hybrid_buffers import fill_hybrid_buffers
 from batchstate.captured.padding import Padded, TooLargeToPad, pad
 from batchstate.captured.sizes import PaddingError
 from batchstate.forward.hybrid import HybridInputs, hybrid_inputs
 from batchstate.forward.inputs import ForwardInputs, ForwardInputsError, forward_inputs
 from batchstate.forward.transfer import TransferTargets, transfer_targets
 from batchstate.records.chunked import Chunked
-from batchstate.records.mixed import Mixed, settle
+from batchstate.records.mixed import Mixed, finish_mixed
 from batchstate.records.phases import RUNNING_PHASES, Decoding, Extended, Filtered, Idle
 from batchstate.records.verifying import Verifying
-from batchstate.speculative.ahead import Ahead, settle_ahead, verify_ahead
+from batchstate.speculative.ahead import WindowAhead, exact_window, verify_ahead
 from batchstate.speculative.verification import sync, verify
-from batchstate.transitions.admission import extend, idle, prebuilt
+from batchstate.transitions.admission import admit_prefilled, extend, idle
 from batchstate.transitions.decoding import decode
 from batchstate.transitions.filtering import filter_batch, split
 from batchstate.transitions.merging import merge
@@ -85,7 +85,7 @@ _MIX_FAILURES: Final = (
 TRANSITIONS: Final[tuple[Transition, ...]] = (
     Transition(None, idle, Idle),
     Transition(Idle, extend, Extended, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
-    Transition(Idle, prebuilt, Filtered, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
+    Transition(Idle, admit_prefilled, Filtered, failures=_ADMIT_FAILURES, raises=(BatchConflict,)),
     # Where a prebuilt batch's transferred memory goes (a window's tail, a state); no pools.
     Transition(Filtered, transfer_targets, TransferTargets, raises=(StaleRecord, BatchConflict)),
     *(
@@ -122,11 +122,11 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     Transition(
         Verifying,
         verify_ahead,
-        Ahead,
+        WindowAhead,
         failures=(OutOfKVTokens, ContextTooLong),
         raises=(DraftError, BatchConflict),
     ),
-    Transition(Ahead, settle_ahead, Verifying, raises=(DraftError,)),
+    Transition(WindowAhead, exact_window, Verifying, raises=(DraftError,)),
     # Chunked prefill and mixed forwards: new requests (no operand) or a held chunk.
     *(
         Transition(
@@ -149,8 +149,8 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
         raises=(BatchConflict, StaleRecord),
     ),
     # After a mixed forward: the running rows, and a Chunked per prompt that goes on.
-    Transition(Mixed, settle, Filtered),
-    Transition(Mixed, settle, Chunked),
+    Transition(Mixed, finish_mixed, Filtered),
+    Transition(Mixed, finish_mixed, Chunked),
     # What a forward consumes: derived from any record that runs one, then padded to a
     # captured CUDA-graph size. Neither changes the record or the pools.
     *(
@@ -168,7 +168,7 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     *(
         Transition(
             source,
-            fill,
+            fill_buffers,
             Padded,
             failures=(DoesNotFit,),
             raises=(GraphBuffersError, ForwardInputsError, BatchConflict, PaddingError),
@@ -181,7 +181,7 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     # The same, written into a captured bucket's `HybridBuffers`.
     Transition(
         ForwardInputs,
-        fill_hybrid,
+        fill_hybrid_buffers,
         HybridInputs,
         failures=(DoesNotFit,),
         raises=(GraphBuffersError, ForwardInputsError),

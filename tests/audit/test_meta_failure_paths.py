@@ -36,16 +36,16 @@ from batchstate import (
     Sampled,
     StalePools,
     StillRunning,
+    admit_prefilled,
     decode,
     decode_sampled,
     extend,
+    finish_mixed,
     flush,
     idle,
     make_pools,
     mix,
-    prebuilt,
     release,
-    settle,
     split,
     sync,
     verify,
@@ -72,7 +72,7 @@ def _running(pools: Pools) -> tuple[Decoding[Any], Pools]:
 
 def _chunk(pools: Pools) -> tuple[Chunked[Any], Filtered[Any], Pools]:
     mixed, pools = mix(idle(META), _reqs(30, first=40), 8, pools).unwrap()
-    running, (held,) = settle(mixed)
+    running, (held,) = finish_mixed(mixed)
     return held, running, pools
 
 
@@ -106,7 +106,7 @@ def _extend_chunk_not_held(pools: Pools) -> object:
 
 
 def _prebuilt_no_kv(pools: Pools) -> object:
-    return prebuilt(idle(META), _reqs(40, 40, 40), pools)
+    return admit_prefilled(idle(META), _reqs(40, 40, 40), pools)
 
 
 def _decode_no_kv(pools: Pools) -> object:
@@ -150,7 +150,7 @@ def _decode_sampled_too_long(pools: Pools) -> object:
         if isinstance(result, Failure):
             return result
         mixed, pools = result.unwrap()
-        running = settle(mixed).running
+        running = finish_mixed(mixed).running
         sampled = Sampled.of(running.rows, torch.empty(3, dtype=torch.int64, device=META))
     raise AssertionError("decode_sampled never failed")
 

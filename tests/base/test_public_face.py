@@ -6,6 +6,7 @@ import importlib
 import inspect
 import pickle
 import pkgutil
+import re
 import subprocess
 import sys
 import warnings
@@ -21,6 +22,7 @@ from batchstate import Req, extend, idle, make_pools
 from batchstate.base.lazy import typing_imports
 from batchstate.base.results import Ok
 from batchstate.errors import DoesNotFit, NotHeld, OutOfKVTokens, StalePools, TooLargeToPad
+from tests.typecheck import mypy_reports
 
 NAMESPACES: Final = (
     "base",
@@ -179,12 +181,106 @@ EARLIER_NAMES: Final = (
 )
 
 
+# Names renamed for one release: old name -> (its namespace, the new name).
+RENAMED: Final = {
+    "Ahead": ("speculative", "WindowAhead"),
+    "AheadStep": ("speculative", "WindowAheadStep"),
+    "Anchor": ("cache", "ResumePoint"),
+    "FILL_FIELDS": ("captured", "PAD_FIELDS"),
+    "Holder": ("checks", "SlotHolder"),
+    "SGLANG_FILLS": ("captured", "SGLANG_PAD_VALUES"),
+    "Settled": ("records", "FinishedMixed"),
+    "Step": ("records", "BatchAndPools"),
+    "VLLM_FILLS": ("captured", "VLLM_PAD_VALUES"),
+    "bucket": ("captured", "captured_size"),
+    "fill": ("captured", "fill_buffers"),
+    "fill_hybrid": ("captured", "fill_hybrid_buffers"),
+    "follow": ("transitions", "gather_sampled"),
+    "prebuilt": ("transitions", "admit_prefilled"),
+    "settle": ("transitions", "finish_mixed"),
+    "settle_ahead": ("speculative", "exact_window"),
+}
+# The package's own result vocabulary, beside `returns`' (old name -> `returns`' own).
+RESULTS: Final = {
+    "Err": "returns.result.Failure",
+    "Ok": "returns.result.Success",
+    "Outcome": "returns.result.Result",
+    "outcome": "the Result itself",
+}
+
+
 def test_the_core_is_small_and_every_earlier_name_still_imports() -> None:
+    """Each earlier name loads; only the renamed ones and the result vocabulary warn."""
     assert 45 <= len(batchstate.__all__) <= 60
+    warned: set[str] = set()
+    for name in EARLIER_NAMES:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert hasattr(batchstate, name), name
+        assert all(issubclass(w.category, DeprecationWarning) for w in caught), name
+        if caught:
+            warned.add(name)
+    assert warned == set(RENAMED) | set(RESULTS)
+    assert not (set(RENAMED) | set(RESULTS)) & set(batchstate.__all__)
+
+
+def _renamed_cases() -> list[tuple[str, str]]:
+    """(package, old name): each old name at the top level and in its namespace."""
+    return [
+        (package, old)
+        for old, (namespace, _) in RENAMED.items()
+        for package in ("batchstate", f"batchstate.{namespace}")
+    ]
+
+
+@pytest.mark.parametrize(("package", "old"), _renamed_cases())
+def test_a_renamed_name_warns_names_its_replacement_and_is_the_same_object(
+    package: str, old: str
+) -> None:
+    namespace, new = RENAMED[old]
+    home = importlib.import_module(f"batchstate.{namespace}")
+    module = importlib.import_module(package)
+    pattern = rf"^{re.escape(package)}\.{old} is deprecated: use batchstate\.(\w+\.)?{new}$"
+    with pytest.warns(DeprecationWarning, match=pattern) as caught:
+        value = getattr(module, old)
+    assert len(caught) == 1
+    assert value is getattr(home, new)
+    assert old not in module.__all__
+    assert new in home.__all__
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # none of them is deprecated yet
-        missing = [name for name in EARLIER_NAMES if not hasattr(batchstate, name)]
-    assert missing == []
+        warnings.simplefilter("error")
+        assert getattr(module, new) is value  # the new name does not warn
+    with pytest.warns(DeprecationWarning):
+        getattr(module, old)  # every lookup warns, not only the first
+
+
+@pytest.mark.parametrize("old", sorted(RESULTS))
+def test_the_result_vocabulary_warns_at_the_top_level_too(old: str) -> None:
+    pattern = rf"^batchstate\.{old} is deprecated: use {re.escape(RESULTS[old])}"
+    with pytest.warns(DeprecationWarning, match=pattern):
+        value = getattr(batchstate, old)
+    assert value is getattr(importlib.import_module("batchstate.base.results"), old)
+
+
+@pytest.mark.xdist_group("mypy")  # the worker that runs mypy, its cache warm
+def test_code_naming_the_old_names_still_type_checks() -> None:
+    """mypy --strict reads each old name in its package's `__all__` (only at run time is it
+    left out): code written against it keeps its types, with no attr-defined error."""
+    imports = "\n".join(
+        f"from {package} import {old}" for package, old in sorted(set(_renamed_cases()))
+    )
+    snippet = f"""\
+{imports}
+from batchstate import Filtered
+
+def typed(step: Step[Filtered], finished: Settled) -> None:
+    reveal_type(step.batch)
+    reveal_type(follow)
+"""
+    report = mypy_reports({"old_names": snippet})["old_names"]
+    assert report.errors == []
+    assert report.revealed[0].startswith("batchstate.records.phases.Filtered")
+    assert "(sampled: batchstate.transitions.sampled.Sampled, batch:" in report.revealed[1]
 
 
 @pytest.mark.parametrize("namespace", NAMESPACES)

@@ -32,10 +32,10 @@ from batchstate import (
     check_pools,
     decode,
     extend,
+    finish_mixed,
     idle,
     make_pools,
     mix,
-    settle,
     split,
     verify,
 )
@@ -65,7 +65,7 @@ def _values() -> dict[str, object]:
     mixed, _ = mix(
         idle(CPU, _Cols), [Req(5, tuple(range(30)))], 8, copy.deepcopy(pools), (), _cols(1)
     ).unwrap()
-    (chunk,) = settle(mixed).held
+    (chunk,) = finish_mixed(mixed).held
     return {
         "Extended": extended,
         "Filtered": kept,

@@ -1,8 +1,11 @@
-"""The result idioms docs/api.md recommends keep mypy's types; the one it warns about loses them.
+"""The result idioms docs/api.md recommends keep mypy's types; the ones it warns about lose them.
 
-`outcome` is the typed way to `match` a result: `case Ok(step)` and `case
-Err(error)` bind typed names, `assert_never` proves the two cases cover it,
-and a nested `match` on the error proves its records are covered.
+`returns.pipeline.is_successful(result)` splits a result in two: `.unwrap()`
+is typed as the `Success`'s value, `.failure()` as the union of failure
+records, and a `match` on `.failure()` ending in `assert_never` proves
+every record handled. What mypy does not prove, the docs say too: matching
+`Success` itself (or `isinstance`) gives `Any`, and `is_successful` narrows
+nothing, so `.unwrap()` on the failure branch type-checks.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ pytestmark = pytest.mark.xdist_group("mypy")
 _PRELUDE: Final = """\
 from typing import assert_never, assert_type
 from returns.pipeline import is_successful
-from returns.result import Result, Success
+from returns.result import Failure, Result, Success
 from batchstate import *
 from batchstate.captured import *
 from batchstate.checks import *
@@ -31,7 +34,6 @@ from batchstate.memory import *
 from batchstate.records import *
 from batchstate.speculative import *
 from batchstate.transitions import *
-from batchstate.base import Err, Ok, Outcome, outcome
 
 def snippet(batch: Filtered, pools: Pools) -> None:
     result = decode(batch, pools)
@@ -40,67 +42,56 @@ def snippet(batch: Filtered, pools: Pools) -> None:
 SNIPPETS: Final = {
     "is_successful_keeps_types": """\
     if is_successful(result):
-        assert_type(result.unwrap(), Step[Decoding])
+        assert_type(result.unwrap(), BatchAndPools[Decoding])
+        reveal_type(result.unwrap().batch)
     else:
-        error = result.failure()
-        assert_type(error, OutOfKVTokens | ContextTooLong)
-        match error:
+        assert_type(result.failure(), OutOfKVTokens | ContextTooLong)
+        match result.failure():
             case OutOfKVTokens(requested_pages=pages):
                 assert_type(pages, int)
-            case _:
-                pass
+            case ContextTooLong(rid=rid):
+                assert_type(rid, int)
 """,
-    "map_and_value_or_keep_types": """\
+    "map_alt_and_value_or_keep_types": """\
     assert_type(result.map(lambda step: len(step.batch.rows)), Result[int, DecodeError])
-    assert_type(result.value_or(None), Step[Decoding] | None)
-    assert_type(unwrap(result), Step[Decoding])
+    assert_type(result.alt(str), Result[BatchAndPools[Decoding], str])
+    assert_type(result.value_or(None), BatchAndPools[Decoding] | None)
+    assert_type(unwrap(result), BatchAndPools[Decoding])
 """,
-    "outcome_match_is_typed": """\
-    match outcome(result):
-        case Ok(step):
-            assert_type(step, Step[Decoding])
-            reveal_type(step.batch)
-        case Err(OutOfKVTokens(requested_pages=pages)):
-            assert_type(pages, int)
-        case Err(error):
-            reveal_type(error)
+    "failure_match_is_exhaustive": """\
+    if is_successful(result):
+        print(result.unwrap().pools)
+    else:
+        match result.failure():
+            case OutOfKVTokens(requested_pages=pages):
+                print(pages)
+            case ContextTooLong(rid=rid):
+                print(rid)
+            case unhandled:
+                assert_never(unhandled)
 """,
-    "outcome_is_exhaustive": """\
-    match outcome(result):
-        case Ok(step):
-            print(step.pools)
-        case Err(error):
-            match error:
-                case OutOfKVTokens(requested_pages=pages):
-                    assert_type(pages, int)
-                case ContextTooLong(rid=rid):
-                    assert_type(rid, int)
-                case _:
-                    assert_never(error)
-        case other:
-            assert_never(other)
-""",
-    "outcome_missing_a_case_is_an_error": """\
-    match outcome(result):
-        case Ok(step):
-            print(step)
-        case other:
-            assert_never(other)
-""",
-    "outcome_missing_a_record_is_an_error": """\
-    match outcome(result):
-        case Ok(step):
-            print(step)
-        case Err(error):
-            match error:
-                case OutOfKVTokens():
-                    pass
-                case _:
-                    assert_never(error)
+    "failure_match_missing_a_record_is_an_error": """\
+    if not is_successful(result):
+        match result.failure():
+            case OutOfKVTokens():
+                pass
+            case unhandled:
+                assert_never(unhandled)
 """,
     "isinstance_success_loses_types": """\
     if isinstance(result, Success):
-        assert_type(result.unwrap(), Step[Decoding])
+        assert_type(result.unwrap(), BatchAndPools[Decoding])
+""",
+    "match_on_success_loses_types": """\
+    match result:
+        case Success(step):
+            reveal_type(step)
+        case Failure(error):
+            reveal_type(error)
+""",
+    "unwrap_on_the_failure_branch_type_checks": """\
+    if not is_successful(result):
+        print(result.unwrap().batch)
 """,
 }
 
@@ -114,37 +105,40 @@ def _errors() -> dict[str, list[str]]:
     return {name: report.errors for name, report in _reports().items()}
 
 
-def test_recommended_idioms_are_typed() -> None:
-    assert _errors()["is_successful_keeps_types"] == []
-    assert _errors()["map_and_value_or_keep_types"] == []
+def test_is_successful_then_unwrap_and_failure_are_typed() -> None:
+    """Under --strict: the step's record, the failure union, each record's fields."""
+    report = _reports()["is_successful_keeps_types"]
+    assert report.errors == []
+    assert report.revealed == [
+        "batchstate.records.phases.Decoding[batchstate.columns.columns.NoColumns]"
+    ]
+
+
+def test_map_alt_and_value_or_are_typed() -> None:
+    assert _errors()["map_alt_and_value_or_keep_types"] == []
+
+
+def test_a_match_on_the_failure_is_proved_exhaustive() -> None:
+    assert _errors()["failure_match_is_exhaustive"] == []
+
+
+def test_a_match_on_the_failure_missing_a_record_is_an_error() -> None:
+    assert _errors()["failure_match_missing_a_record_is_an_error"] == [
+        'Argument 1 to "assert_never" has incompatible type "ContextTooLong"; expected "Never"'
+        "  [arg-type]"
+    ]
 
 
 def test_isinstance_on_success_gives_any_as_the_docs_warn() -> None:
     assert any('"Any"' in error for error in _errors()["isinstance_success_loses_types"])
 
 
-def test_outcome_match_binds_typed_names() -> None:
-    """Under --strict: the step, a record's field and the error union, none of them Any."""
-    report = _reports()["outcome_match_is_typed"]
+def test_a_match_on_success_and_failure_gives_any_as_the_docs_warn() -> None:
+    report = _reports()["match_on_success_loses_types"]
     assert report.errors == []
-    assert report.revealed == [
-        "batchstate.records.phases.Decoding[batchstate.columns.columns.NoColumns]",
-        "batchstate.base.errors.OutOfKVTokens | batchstate.base.errors.ContextTooLong",
-    ]
+    assert report.revealed == ["Any", "Any"]
 
 
-def test_outcome_match_is_proved_exhaustive() -> None:
-    assert _errors()["outcome_is_exhaustive"] == []
-
-
-@pytest.mark.parametrize(
-    ("name", "left"),
-    [
-        ("outcome_missing_a_case_is_an_error", "Err[OutOfKVTokens | ContextTooLong]"),
-        ("outcome_missing_a_record_is_an_error", "ContextTooLong"),
-    ],
-)
-def test_outcome_match_missing_a_case_is_an_error(name: str, left: str) -> None:
-    assert _errors()[name] == [
-        f'Argument 1 to "assert_never" has incompatible type "{left}"; expected "Never"  [arg-type]'
-    ]
+def test_is_successful_narrows_nothing_as_the_docs_warn() -> None:
+    """mypy does not tie `.unwrap()` to the success branch: the mistake type-checks."""
+    assert _errors()["unwrap_on_the_failure_branch_type_checks"] == []

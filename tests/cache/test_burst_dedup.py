@@ -26,12 +26,12 @@ from batchstate import (
     decode,
     extend,
     filter_batch,
+    finish_mixed,
     flush,
     idle,
     make_pools,
     mix,
     release,
-    settle,
     split,
 )
 from batchstate.audit import device_reads
@@ -117,10 +117,10 @@ def test_a_chunk_reads_what_another_row_published_while_it_was_held(page_size: i
     a, b = Req(1, (*SYSTEM, 1)), Req(2, (*SYSTEM, 2))
     pools = _pools(page_size)
     mixed, pools = mix(idle(CPU), [b], 24, pools, []).unwrap()
-    (held,) = settle(mixed).held
+    (held,) = finish_mixed(mixed).held
     batch, pools = extend(idle(CPU), [a], pools).unwrap()  # A publishes all of SYSTEM
     mixed, pools = mix(idle(CPU), [held], 24, pools, []).unwrap()
-    settled = settle(mixed)
+    settled = finish_mixed(mixed)
     (held,) = settled.held
     assert held.cached == 48
     assert pools.prefixes[held.slot] == SYSTEM[:48]  # B reads A's pages for its 48 tokens
@@ -134,7 +134,7 @@ def test_a_chunk_reads_what_another_row_published_while_it_was_held(page_size: i
     check_leaks(pools, [batch, held])
     # B finishes: its last chunk computes the rest; release and flush free everything.
     mixed, pools = mix(idle(CPU), [held], 64, pools, []).unwrap()
-    done = settle(mixed).running
+    done = finish_mixed(mixed).running
     pools = release(done, idle(CPU), pools).unwrap()
     pools = release(batch, idle(CPU), pools).unwrap()
     pools = flush(pools)

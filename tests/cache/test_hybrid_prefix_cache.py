@@ -24,6 +24,7 @@ from batchstate import (
     RecurrentState,
     Req,
     SlidingWindow,
+    admit_prefilled,
     check_pools,
     decode,
     extend,
@@ -34,7 +35,6 @@ from batchstate import (
     idle,
     make_pools,
     mix,
-    prebuilt,
     release,
     split,
     unwrap,
@@ -217,7 +217,7 @@ def test_the_sglang_shadow_evicting_leaves_drops_the_anchors_they_end() -> None:
 def test_a_prebuilt_row_released_before_its_transfer_keeps_no_anchor() -> None:
     """Its window tail and state were never written: both go back free, no match ends there."""
     prompt = HEADER[:16]
-    arrived, pools = unwrap(prebuilt(idle(CPU), [Req(0, prompt)], _pools()))
+    arrived, pools = unwrap(admit_prefilled(idle(CPU), [Req(0, prompt)], _pools()))
     kept, left = split(arrived, [])
     released = unwrap(release(left, kept, pools, [prompt]))
     check_pools(released, [])
@@ -227,7 +227,7 @@ def test_a_prebuilt_row_released_before_its_transfer_keeps_no_anchor() -> None:
     assert again.prefix_lens.tolist() == [0]  # computed, not read from unwritten memory
 
     # Once the row grew (its transfer ran before its decode), its release keeps one.
-    arrived, pools = unwrap(prebuilt(idle(CPU), [Req(0, HEADER[:15])], _pools()))
+    arrived, pools = unwrap(admit_prefilled(idle(CPU), [Req(0, HEADER[:15])], _pools()))
     running, pools = unwrap(decode(arrived, pools))
     kept, left = split(running, [])
     grown = unwrap(release(left, kept, pools, [prompt]))

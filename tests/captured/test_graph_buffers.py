@@ -11,8 +11,8 @@ from benchmarks.counting import count_allocations, count_device_work
 from returns.result import Failure
 
 from batchstate import (
-    SGLANG_FILLS,
-    VLLM_FILLS,
+    SGLANG_PAD_VALUES,
+    VLLM_PAD_VALUES,
     DoesNotFit,
     Extended,
     Filtered,
@@ -24,7 +24,7 @@ from batchstate import (
     Req,
     decode,
     extend,
-    fill,
+    fill_buffers,
     forward_inputs,
     idle,
     make_pools,
@@ -61,7 +61,7 @@ def _buffer_ptrs(buffers: GraphBuffers) -> list[int]:
     return [tensor.data_ptr() for tensor in tensors]
 
 
-@pytest.mark.parametrize("fills", [SGLANG_FILLS, VLLM_FILLS], ids=["sglang", "vllm"])
+@pytest.mark.parametrize("fills", [SGLANG_PAD_VALUES, VLLM_PAD_VALUES], ids=["sglang", "vllm"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("phase", PHASE_NAMES)
 def test_filled_buffers_hold_the_padded_forward(
@@ -132,7 +132,7 @@ def test_steps_write_the_same_addresses_and_allocate_nothing(
     for step in range(20):
         decoding, pools = decode(batch, pools).unwrap()
         with device_reads(forbid=True), count_allocations() as made, count_device_work() as work:
-            padded = fill(buffers, decoding, pools.table).unwrap()
+            padded = fill_buffers(buffers, decoding, pools.table).unwrap()
         assert made == []
         if device == META:  # on the CPU every op is host work: meta tells copies from kernels
             assert work.copies == 1
@@ -158,7 +158,7 @@ def test_verify_windows_pad_per_batch_size() -> None:
         drafts = [(row * 2) % 4 for row in range(rows)]
         window, held = verify(one, drafts, pools).unwrap()
         inputs = forward_inputs(window, held.table, 16, slot_tokens=held.slot_tokens)
-        padded = fill(buffers, window, held.table, slot_tokens=held.slot_tokens).unwrap()
+        padded = fill_buffers(buffers, window, held.table, slot_tokens=held.slot_tokens).unwrap()
         assert padded.inputs.cu_seqlens_k.host.tolist() == [
             *inputs.cu_seqlens_k.host.tolist(),
             *(int(inputs.cu_seqlens_k.host[-1]) + step for step in range(1, 5 - rows)),
@@ -254,7 +254,7 @@ def test_fills_outside_the_table_or_the_cache_are_refused() -> None:
     raises `PaddingError`, as `pad` does, and the buffers stay as they were."""
     record, pools = make_record("decoding", _LENGTHS, make_pools_for(16))
     for name, value in (("req_pool_indices", 17), ("kv_indices", 64 * 96 // 16 + 1)):
-        fills = dict(SGLANG_FILLS, **{name: value})
+        fills = dict(SGLANG_PAD_VALUES, **{name: value})
         buffers = GraphBuffers.for_decode(CPU, 16, 8, 25, fills=fills)
         before = buffers.block.clone()
         with pytest.raises(PaddingError, match=name):

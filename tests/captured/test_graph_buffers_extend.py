@@ -13,7 +13,7 @@ from batchstate import (
     Mixed,
     Req,
     extend,
-    fill,
+    fill_buffers,
     forward_inputs,
     idle,
     make_pools,
@@ -50,7 +50,7 @@ def test_prefills_write_the_same_addresses_and_allocate_nothing(
         reqs = [Req(rid, tuple(range(1, 1 + length))) for rid, length in enumerate(prompts)]
         extended, pools = extend(idle(device), reqs, pools).unwrap()
         with device_reads(forbid=True), count_allocations() as made, count_device_work() as work:
-            padded = fill(buffers, extended, pools.table).unwrap()
+            padded = fill_buffers(buffers, extended, pools.table).unwrap()
         assert made == []
         if device == META:
             assert (work.copies, work.kernels <= 6) == (1, True)
@@ -75,7 +75,7 @@ def test_an_extend_bucket_holds_the_forward_and_unpads_each_rows_last_token(
     n, t = inputs.num_rows, inputs.num_tokens
     width = inputs.page_table.device.shape[1]
     buffers = GraphBuffers.for_extend(CPU, page_size, rows=n + 2, tokens=t + 9, max_pages=width)
-    padded = fill(buffers, record, pools.table).unwrap()
+    padded = fill_buffers(buffers, record, pools.table).unwrap()
     out = padded.inputs
     for name in ("positions", "seq_lens", "prefix_lens", "extend_lens", "cu_seqlens_k"):
         real = getattr(inputs, name).host.tolist()

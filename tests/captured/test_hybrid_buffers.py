@@ -1,4 +1,5 @@
-"""`fill_hybrid`: a padded forward's window and state inputs, in a captured bucket's buffers.
+"""`fill_hybrid_buffers`: a padded forward's window and state inputs, in a captured bucket's
+buffers.
 
 What `hybrid_inputs` builds fresh, written at fixed addresses: every step
 of a bucket reads the same block, the values equal `hybrid_inputs`' on
@@ -28,8 +29,8 @@ from batchstate import (
     SlidingWindow,
     decode,
     extend,
-    fill,
-    fill_hybrid,
+    fill_buffers,
+    fill_hybrid_buffers,
     hybrid_inputs,
     idle,
     make_pools,
@@ -64,8 +65,8 @@ def test_every_step_of_a_bucket_writes_hybrid_inputs_at_the_same_addresses(page_
     buffers = HybridBuffers.allocate(CPU, KINDS, rows=4, tokens=4, window_pages=4 * max_pages)
     addresses = set()
     for _ in range(20):  # rows move past their windows: starts and pages change
-        padded = unwrap(fill(graph, batch, pools.table))
-        hybrid = unwrap(fill_hybrid(buffers, padded.inputs, pools))
+        padded = unwrap(fill_buffers(graph, batch, pools.table))
+        hybrid = unwrap(fill_hybrid_buffers(buffers, padded.inputs, pools))
         assert _sides(hybrid) == _sides(hybrid_inputs(padded.inputs, pools))
         window = hybrid.windows[0]
         assert window.kv_indptr.host[-1] == len(window.kv_indices)
@@ -81,10 +82,10 @@ def test_every_step_of_a_bucket_writes_hybrid_inputs_at_the_same_addresses(page_
 def test_a_forward_too_large_for_the_buffers_changes_nothing() -> None:
     pools = _pools(4)
     batch, pools = unwrap(extend(idle(CPU), [Req(0, tuple(range(40)))], pools))
-    padded = unwrap(fill(GraphBuffers.for_extend(CPU, 4, 1, 64, 24), batch, pools.table))
+    padded = unwrap(fill_buffers(GraphBuffers.for_extend(CPU, 4, 1, 64, 24), batch, pools.table))
     buffers = HybridBuffers.allocate(CPU, KINDS, rows=1, tokens=64, window_pages=4)
     before = snapshot(buffers.block)
-    refused = fill_hybrid(buffers, padded.inputs, pools)
+    refused = fill_hybrid_buffers(buffers, padded.inputs, pools)
     assert refused == Failure(DoesNotFit("window pages", 10, 4))
     assert_unchanged(before, buffers.block)
 
@@ -94,7 +95,7 @@ def test_a_forward_naming_a_gone_anchor_raises_before_the_buffers_are_written() 
     pools = make_pools(8, 96, 1024, CPU, 4, prefix_cache=True, memory=KINDS)
     batch, pools = unwrap(extend(idle(CPU), [Req(0, tuple(range(41)))], pools))
     assert pools.memory.cached.anchors  # published at 40 by this forward
-    padded = unwrap(fill(GraphBuffers.for_extend(CPU, 4, 1, 64, 24), batch, pools.table))
+    padded = unwrap(fill_buffers(GraphBuffers.for_extend(CPU, 4, 1, 64, 24), batch, pools.table))
     buffers = HybridBuffers.allocate(CPU, KINDS, rows=1, tokens=64, window_pages=24)
     # Pools whose pending publish names an anchor they do not hold (made by hand: no
     # transition leaves one; `cached_copies` refuses it as a prefix read as if whole).
@@ -102,7 +103,7 @@ def test_a_forward_naming_a_gone_anchor_raises_before_the_buffers_are_written() 
     broken = pools.next_version(memory=attrs.evolve(pools.memory, cached=cached)).commit()
     before = snapshot(buffers.block), snapshot(buffers.staging)
     with pytest.raises(ForwardInputsError, match="no longer keeps"):
-        fill_hybrid(buffers, padded.inputs, broken)
+        fill_hybrid_buffers(buffers, padded.inputs, broken)
     assert_unchanged(before[0], buffers.block)
     assert_unchanged(before[1], buffers.staging)
 
@@ -110,11 +111,11 @@ def test_a_forward_naming_a_gone_anchor_raises_before_the_buffers_are_written() 
 def test_buffers_of_other_kinds_or_sizes_are_refused() -> None:
     pools = _pools(4)
     batch, pools = unwrap(extend(idle(CPU), [Req(0, (1, 2, 3))], pools))
-    padded = unwrap(fill(GraphBuffers.for_extend(CPU, 4, 1, 8, 24), batch, pools.table))
+    padded = unwrap(fill_buffers(GraphBuffers.for_extend(CPU, 4, 1, 8, 24), batch, pools.table))
     other = MemoryKinds((SlidingWindow(4, 512),))
     buffers = HybridBuffers.allocate(CPU, other, rows=1, tokens=8, window_pages=24)
     with pytest.raises(GraphBuffersError, match="with"):
-        fill_hybrid(buffers, padded.inputs, pools)
+        fill_hybrid_buffers(buffers, padded.inputs, pools)
     with pytest.raises(GraphBuffersError, match="rows must be an int >= 1"):
         HybridBuffers.allocate(CPU, KINDS, rows=0, tokens=8, window_pages=24)
 
@@ -127,8 +128,8 @@ def test_filling_reads_nothing_from_the_device() -> None:
     graph = GraphBuffers.for_decode(meta, 16, 2, 6)
     buffers = HybridBuffers.allocate(meta, KINDS, rows=2, tokens=2, window_pages=12)
     with device_reads(forbid=True) as log:
-        padded = unwrap(fill(graph, batch, pools.table))
-        hybrid = unwrap(fill_hybrid(buffers, padded.inputs, pools))
+        padded = unwrap(fill_buffers(graph, batch, pools.table))
+        hybrid = unwrap(fill_hybrid_buffers(buffers, padded.inputs, pools))
     assert log.report().count == 0
     # Positions 16 to 30 in page 2; the padding row reads the padding page 0.
     assert hybrid.windows[0].kv_indices.host.tolist() == [2, 0]

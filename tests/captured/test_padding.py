@@ -10,14 +10,14 @@ import torch
 from returns.result import Failure
 
 from batchstate import (
-    FILL_FIELDS,
-    SGLANG_FILLS,
-    VLLM_FILLS,
+    PAD_FIELDS,
+    SGLANG_PAD_VALUES,
+    VLLM_PAD_VALUES,
     ForwardInputs,
     Padded,
     PaddingError,
     TooLargeToPad,
-    bucket,
+    captured_size,
     pad,
     unpad,
     unpad_tokens,
@@ -77,7 +77,7 @@ def _check_padded(inputs: ForwardInputs, padded: Padded, fills: Mapping[str, int
     assert tuple(out.page_table.device.shape) == (out.num_rows, inputs.table_pages)
 
 
-@pytest.mark.parametrize("fills", [SGLANG_FILLS, VLLM_FILLS], ids=["sglang", "vllm"])
+@pytest.mark.parametrize("fills", [SGLANG_PAD_VALUES, VLLM_PAD_VALUES], ids=["sglang", "vllm"])
 @pytest.mark.parametrize("lengths", LENGTHS, ids=str)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("phase", PHASE_NAMES)
@@ -98,7 +98,7 @@ def test_decode_pads_rows_and_prefill_pads_tokens() -> None:
     """Three decode rows go to four; a 20-token prefill gains 12 tokens and no row."""
     decode = pad(_inputs("decoding", 16, (3, 4, 5)), [2, 4, 8]).unwrap()
     assert (decode.padded_rows, decode.padded_tokens) == (1, 1)
-    assert decode.inputs.seq_lens_sum == 4 + 5 + 6 + SGLANG_FILLS["seq_lens"]
+    assert decode.inputs.seq_lens_sum == 4 + 5 + 6 + SGLANG_PAD_VALUES["seq_lens"]
     prefill = pad(_inputs("extended", 16, (8, 12)), [16, 32]).unwrap()
     assert (prefill.padded_rows, prefill.padded_tokens) == (0, 12)
     assert prefill.inputs.qo_indptr.host.tolist() == [0, 8, 20]
@@ -114,8 +114,8 @@ def test_too_large_is_a_failure_and_data_parallel_takes_the_largest_rank() -> No
     assert padded.inputs.num_rows == 16
     idle = pad(_inputs("idle", 1, ()), [4, 8, 16], at_least=max(ranks)).unwrap()
     assert (idle.inputs.num_rows, idle.num_real_rows) == (16, 0)
-    assert bucket([4, 8, 16], 17) == Failure(TooLargeToPad(17, 16))
-    assert bucket([4, 8, 16], 5).unwrap() == 8
+    assert captured_size([4, 8, 16], 17) == Failure(TooLargeToPad(17, 16))
+    assert captured_size([4, 8, 16], 5).unwrap() == 8
 
 
 def test_pad_rows_and_tokens_of_engine_tensors() -> None:
@@ -170,10 +170,10 @@ def test_bad_sizes_are_refused_and_change_nothing(sizes: list[int], match: str) 
 def test_bad_fills_are_refused_and_change_nothing(change: dict[str, object], match: str) -> None:
     """A fill table missing a field, naming an unknown one, or with bad values: PaddingError."""
     inputs = _inputs("decoding", 16, (3, 4))
-    fills: dict[str, object] = {**SGLANG_FILLS, **change}
+    fills: dict[str, object] = {**SGLANG_PAD_VALUES, **change}
     fills = {name: value for name, value in fills.items() if value is not None}
     before = _snapshot(inputs)
     with pytest.raises(PaddingError, match=match):
         pad(inputs, [8], fills)  # type: ignore[arg-type]  # hostile on purpose
     assert _snapshot(inputs) == before
-    assert set(FILL_FIELDS) == set(SGLANG_FILLS) == set(VLLM_FILLS)
+    assert set(PAD_FIELDS) == set(SGLANG_PAD_VALUES) == set(VLLM_PAD_VALUES)

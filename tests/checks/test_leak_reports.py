@@ -13,9 +13,9 @@ from batchstate import (
     check_leaks,
     decode,
     find_leaks,
+    finish_mixed,
     idle,
     mix,
-    settle,
     split,
     verify,
 )
@@ -62,7 +62,7 @@ def test_unheld_pages_round_each_slot_up(page_size: int, pages: int) -> None:
     """A dropped chunk of 40 tokens: its pages, the last one partly used, never come back."""
     pools = make_test_pools(page_size, max_context_len=512, num_kv_tokens=640)
     mixed, pools = mix(idle("cpu"), make_reqs([3, 100]), 43, pools).unwrap()
-    running, (chunk,) = settle(mixed)
+    running, (chunk,) = finish_mixed(mixed)
     assert chunk.cached == 40
     leaks = find_leaks(pools, [running])
     assert leaks == Leaks((chunk.slot,), 40, pages)

@@ -40,6 +40,7 @@ from batchstate import (
     Sampled,
     Sampling,
     SamplingParams,
+    admit_prefilled,
     build_columns,
     check_batch,
     check_pools,
@@ -47,13 +48,12 @@ from batchstate import (
     decode_sampled,
     extend,
     filter_batch,
+    finish_mixed,
     idle,
     make_pools,
     merge,
     mix,
-    prebuilt,
     release,
-    settle,
     split,
     sync,
     verify,
@@ -80,7 +80,9 @@ def test_every_transition_carries_the_columns_row_for_row() -> None:
     kept, left = split(decoded, [0, 2])
     assert_probe(kept.rows.columns, [1, 3])
     pools = release(left, kept, pools).unwrap()
-    new, pools = prebuilt(idle(CPU, Probe), _reqs([7, 8]), pools, make_probe([7, 8])).unwrap()
+    new, pools = admit_prefilled(
+        idle(CPU, Probe), _reqs([7, 8]), pools, make_probe([7, 8])
+    ).unwrap()
     running = merge(kept, new)
     assert_probe(running.rows.columns, [1, 3, 7, 8])
     decoded, pools = decode(running, pools).unwrap()
@@ -213,7 +215,7 @@ def test_a_standard_column_set_adds_no_upload(phase: str) -> None:
 
 
 def test_chunked_and_mixed_forwards_carry_the_columns() -> None:
-    """mix, settle and decode_sampled keep each row's columns; a held chunk keeps its own row."""
+    """mix, finish_mixed and decode_sampled keep each row's columns; a held chunk keeps its own."""
     pools = make_pools(8, 64, 256, CPU, page_size=4)
     first, pools = extend(idle(CPU, Probe), _reqs([1, 2]), pools, make_probe([1, 2])).unwrap()
     running = merge(idle(CPU, Probe), first)
@@ -221,20 +223,20 @@ def test_chunked_and_mixed_forwards_carry_the_columns() -> None:
     long = [Req(5, tuple(range(1, 21)))]
     mixed, pools = mix(running, long, 8, pools, [7, 7], make_probe([5])).unwrap()
     assert_probe(mixed.rows.columns, [5, 1, 2])
-    settled, held = settle(mixed)
+    settled, held = finish_mixed(mixed)
     assert_probe(settled.rows.columns, [1, 2])
     assert [chunk.req.rid for chunk in held] == [5]
     assert_probe(held[0].columns, [5])
     # The chunk goes on beside a new request; the last chunk makes it a running row.
     mixed, pools = mix(settled, [held[0], *_reqs([6])], 20, pools, [7, 7], make_probe([6])).unwrap()
     assert_probe(mixed.rows.columns, [5, 6, 1, 2])
-    settled, held = settle(mixed)
+    settled, held = finish_mixed(mixed)
     assert held == ()
     assert_probe(settled.rows.columns, [1, 2, 5, 6])
     tokens = Sampled.of(settled.rows, torch.zeros(4, dtype=torch.int64))
     decoded, pools = decode_sampled(settled, tokens, pools).unwrap()
     assert_probe(decoded.rows.columns, [1, 2, 5, 6])
-    check_pools(pools, [settle(decoded).running], compare_device=True)
+    check_pools(pools, [finish_mixed(decoded).running], compare_device=True)
 
 
 def test_mix_refuses_columns_that_do_not_fit_before_allocating() -> None:

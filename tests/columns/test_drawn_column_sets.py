@@ -3,7 +3,7 @@
 Each example makes a column set at run time (`attrs.make_class`, frozen,
 deriving from `Columns`), one to four fields of drawn kinds and dtypes, and
 drives one pools lineage through every transition of `TRANSITIONS` that
-moves rows (and `release`, `follow`, `join_sampled`), with the prefix cache
+moves rows (and `release`, `gather_sampled`, `join_sampled`), with the prefix cache
 off or on. Each row's value in each column is a function of its rid, so
 after every step each record's columns must hold, host and device side, in
 the declared dtype, exactly the values of its rows' rids in row order; and
@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 
 from batchstate import (
     TRANSITIONS,
-    Ahead,
     Batch,
     Chunked,
     Columns,
@@ -44,18 +43,22 @@ from batchstate import (
     Sampled,
     SlidingWindow,
     Verifying,
+    WindowAhead,
+    admit_prefilled,
     build_columns,
     check_batch,
     check_pools,
     decode,
     decode_sampled,
+    exact_window,
     extend,
-    fill,
-    fill_hybrid,
+    fill_buffers,
+    fill_hybrid_buffers,
     filter_batch,
     find_leaks,
-    follow,
+    finish_mixed,
     forward_inputs,
+    gather_sampled,
     hybrid_inputs,
     idle,
     join_sampled,
@@ -63,10 +66,7 @@ from batchstate import (
     merge,
     mix,
     pad,
-    prebuilt,
     release,
-    settle,
-    settle_ahead,
     split,
     sync,
     transfer_targets,
@@ -168,7 +168,7 @@ class Story:
         for holder in holders:
             if isinstance(holder, Chunked):
                 self.expect(holder.columns, [holder.req.rid])
-            elif isinstance(holder, Verifying | Ahead):
+            elif isinstance(holder, Verifying | WindowAhead):
                 self.expect(holder.columns, holder.rids.tolist())
             else:
                 rows = holder.rows  # type: ignore[attr-defined]  # a batch or a Mixed
@@ -181,9 +181,16 @@ class Story:
 
 # The public functions the story calls: each transition of the table is among them.
 COVERED: Final = frozenset(
-    {idle, extend, prebuilt, decode, filter_batch, split, merge, verify, sync, mix}
-    | {decode_sampled, settle, forward_inputs, pad, release, follow, join_sampled}
-    | {fill, verify_ahead, settle_ahead, hybrid_inputs, transfer_targets, fill_hybrid}
+    {idle, extend, admit_prefilled, decode, filter_batch, split, merge, verify, sync, mix}
+    | {decode_sampled, finish_mixed, forward_inputs, pad, release, gather_sampled, join_sampled}
+    | {
+        fill_buffers,
+        verify_ahead,
+        exact_window,
+        hybrid_inputs,
+        transfer_targets,
+        fill_hybrid_buffers,
+    }
 )
 
 
@@ -240,11 +247,11 @@ def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any],
     assert len(hybrid.windows) == len(pools.memory.windows)
     assert len(hybrid.states) == len(pools.memory.states)
     buffers = GraphBuffers.allocate(CPU, pools.page_size, rows=8, tokens=64, max_pages=64)
-    filled = unwrap(fill(buffers, extended, pools.table))
+    filled = unwrap(fill_buffers(buffers, extended, pools.table))
     assert filled.num_real_rows == 4
     kinds = pools.memory_kinds
     other = HybridBuffers.allocate(CPU, kinds, rows=8, tokens=64, window_pages=512)
-    assert unwrap(fill_hybrid(other, filled.inputs, pools)).num_rows == 8
+    assert unwrap(fill_hybrid_buffers(other, filled.inputs, pools)).num_rows == 8
     decoding, pools = unwrap(decode(extended, pools))
     story.check(pools, decoding)
     kept, left = split(decoding, [0, 2, 3])
@@ -256,7 +263,7 @@ def _admit(story: Story, empty: Idle[Any], pools: Pools) -> tuple[Filtered[Any],
     story.check(pools, stay, gone)
     pools = unwrap(release(gone, stay, pools))
     arrived = make_reqs([4, 6], first_rid=100)
-    built, pools = unwrap(prebuilt(empty, arrived, pools, story.columns_of(arrived)))
+    built, pools = unwrap(admit_prefilled(empty, arrived, pools, story.columns_of(arrived)))
     assert len(transfer_targets(built, pools).kv_locs) == 4 + 6  # every prompt position
     merged = merge(stay, built)
     story.check(pools, merged)
@@ -271,18 +278,18 @@ def _mix(story: Story, running: Filtered[Any], pools: Pools) -> tuple[Filtered[A
     tokens = [7] * len(running.rows)
     mixed, pools = unwrap(mix(running, prompts, 12, pools, tokens, story.columns_of(prompts)))
     story.check(pools, mixed)
-    running, held = settle(mixed)
+    running, held = finish_mixed(mixed)
     story.check(pools, running, *held)
     assert [chunk.req.rid for chunk in held] == [201]
     tokens = [5] * len(running.rows)
     again, pools = unwrap(mix(running, held, 64, pools, tokens, story.columns([])))
     story.check(pools, again)
-    running, held = settle(again)
+    running, held = finish_mixed(again)
     assert held == ()
     sampled = Sampled.of(again.rows, torch.arange(len(again.rows), dtype=torch.int64))
-    fed, pools = unwrap(decode_sampled(running, follow(sampled, running), pools))
+    fed, pools = unwrap(decode_sampled(running, gather_sampled(sampled, running), pools))
     story.check(pools, fed)
-    return settle(fed).running, pools
+    return finish_mixed(fed).running, pools
 
 
 def _speculate_and_join(
@@ -297,7 +304,7 @@ def _speculate_and_join(
     counts = torch.ones(len(decoding.rows), dtype=torch.int32)
     opened, pools = unwrap(verify_ahead(first, counts, [2] * len(decoding.rows), pools))
     story.check(pools, opened)
-    window, pools = settle_ahead(opened, counts.numpy(), pools)
+    window, pools = exact_window(opened, counts.numpy(), pools)
     story.check(pools, window)
     synced, pools = sync(window, np.ones(len(decoding.rows), dtype=np.int64), pools)
     story.check(pools, synced)
@@ -307,8 +314,8 @@ def _speculate_and_join(
     story.check(pools, both)
     old = Sampled.of(synced.rows, torch.full((len(synced.rows),), 3, dtype=torch.int64))
     new = Sampled.of(prefill.rows, torch.tensor([4], dtype=torch.int64))
-    fed, pools = unwrap(decode_sampled(both, follow(join_sampled(old, new), both), pools))
+    fed, pools = unwrap(decode_sampled(both, gather_sampled(join_sampled(old, new), both), pools))
     story.check(pools, fed)
-    final = settle(fed).running
+    final = finish_mixed(fed).running
     assert final.rows.rids.tolist() == [*synced.rows.rids.tolist(), 300]
     return final, pools

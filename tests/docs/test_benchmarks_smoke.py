@@ -252,8 +252,8 @@ def test_the_production_profile_lists_functions_and_module_shares() -> None:
 
 
 def test_the_graph_buffer_benchmark_reports_each_point() -> None:
-    """At tiny sizes: a median per part and the ratios against the step (`fill` alone, since
-    it reads the record; `forward_inputs` + `pad` together); on meta, `fill` launches its
+    """At tiny sizes: a median per part and the ratios against the step (`fill_buffers` alone, since
+    it reads the record; `forward_inputs` + `pad` together); on meta, `fill_buffers` launches its
     copies and fills in one upload and allocates nothing, `pad` allocates."""
     point = measure_graph_buffers(3, 8, 4, 5, 64)
     assert point["bucket"] == 4

@@ -95,7 +95,7 @@ def test_no_public_overloaded_function_documents_any_or_a_private_default(
 
 def test_a_function_without_overloads_keeps_its_annotations(package: griffe.Module) -> None:
     function = _function(package, "decode")
-    assert str(function.returns) == "Result[Step[Decoding[C]], DecodeError]"
+    assert str(function.returns) == "Result[BatchAndPools[Decoding[C]], DecodeError]"
 
 
 def test_a_field_defaulting_to_an_unexported_constant_shows_its_value(

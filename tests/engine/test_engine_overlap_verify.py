@@ -111,7 +111,7 @@ def test_overlap_costs_speculation_no_steps_nor_concurrency() -> None:
 
 
 def test_overlapped_verify_reads_nothing_on_meta_but_the_named_read() -> None:
-    """Every step audited on `meta`: verify_ahead, settle_ahead and sync with host counts
+    """Every step audited on `meta`: verify_ahead, exact_window and sync with host counts
     read nothing (a read of `meta` data would raise), and each verify is read once."""
     config = SimulationConfig(
         workload=WORKLOAD,

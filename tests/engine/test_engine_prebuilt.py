@@ -1,4 +1,4 @@
-"""Requests prefilled elsewhere: admitted with `prebuilt`, their KV transferred, then decoded.
+"""Requests prefilled elsewhere: admitted by `admit_prefilled`, KV transferred, then decoded.
 
 Their tokens must still equal the model run alone, whether they decode to
 the end or are retracted and re-prefilled here.

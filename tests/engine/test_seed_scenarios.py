@@ -14,6 +14,7 @@ from batchstate import (
     Decoding,
     Extended,
     Filtered,
+    admit_prefilled,
     check_batch,
     check_pools,
     decode,
@@ -21,7 +22,6 @@ from batchstate import (
     filter_batch,
     idle,
     merge,
-    prebuilt,
     release,
 )
 from tests.builders import CPU, make_extended, make_reqs, make_test_pools
@@ -49,7 +49,7 @@ def _assert_empty(batch: Filtered) -> None:
 def test_prebuilt_batch_has_every_mirror(page_size: int) -> None:
     """Seed 000: a hand-built decode batch carries both mirrors, equal to the device tensors."""
     pools = make_test_pools(page_size)
-    batch, pools = prebuilt(idle(CPU), make_reqs([4, 20, 1]), pools).unwrap()
+    batch, pools = admit_prefilled(idle(CPU), make_reqs([4, 20, 1]), pools).unwrap()
     assert batch.rows.req_pool_indices.host.tolist() == batch.rows.req_pool_indices.device.tolist()
     assert batch.rows.seq_lens.host.tolist() == batch.rows.seq_lens.device.tolist()
     assert batch.rows.seq_lens.host.tolist() == [4, 20, 1]

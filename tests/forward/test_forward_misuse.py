@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from batchstate import (
-    SGLANG_FILLS,
+    SGLANG_PAD_VALUES,
     Decoding,
     ForwardInputsError,
     PaddingError,
@@ -92,7 +92,7 @@ def test_another_pools_table_is_refused() -> None:
 def test_a_fill_outside_the_table_or_the_kv_cache_is_refused(field: str, value: int) -> None:
     batch, pools = _decoding()
     inputs = forward_inputs(batch, pools.table, pools.page_size)
-    fills = {**SGLANG_FILLS, field: value}
+    fills = {**SGLANG_PAD_VALUES, field: value}
     before = snapshot(inputs)
     with pytest.raises(PaddingError, match=f"{field}={value} points outside"):
         pad(inputs, [4], fills)

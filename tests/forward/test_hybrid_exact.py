@@ -39,13 +39,13 @@ from batchstate import (
     check_pools,
     decode,
     filter_batch,
+    finish_mixed,
     forward_inputs,
     hybrid_inputs,
     idle,
     make_pools,
     mix,
     release,
-    settle,
     split,
     sync,
     unwrap,
@@ -241,7 +241,7 @@ def test_window_and_state_reads_match_each_request_alone(
             inputs = forward_inputs(mixed, pools.table, pools.page_size)
             alone = [tokens[req.rid] for req in mixed.rows.reqs]
             model.run(inputs, hybrid_inputs(inputs, pools), ids, alone)
-            after, chunks = settle(mixed)
+            after, chunks = finish_mixed(mixed)
             held = list(chunks)
         elif isinstance(running, Filtered) and len(rows.reqs) and step % 3 == 2 and step % 2:
             after, pools = _verify_and_sync(model, running, pools, tokens, rng)

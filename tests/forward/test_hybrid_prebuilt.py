@@ -1,4 +1,5 @@
-"""`prebuilt` on hybrid pools: a window tail and a state per row, named by `transfer_targets`.
+"""`admit_prefilled` on hybrid pools: a window tail and a state per row, named by
+`transfer_targets`.
 
 A prebuilt row's prompt was computed elsewhere; its next forward is the
 decode at `seq_len`, which reads window positions from `seq_len - window
@@ -24,6 +25,7 @@ from batchstate import (
     Req,
     SlidingWindow,
     StaleRecord,
+    admit_prefilled,
     check_pools,
     decode,
     extend,
@@ -31,7 +33,6 @@ from batchstate import (
     hybrid_inputs,
     idle,
     make_pools,
-    prebuilt,
     release,
     split,
     transfer_targets,
@@ -57,7 +58,7 @@ def _reqs() -> list[Req]:
 def test_a_prebuilt_row_holds_its_window_tail_and_then_decodes_as_an_extended_one(
     page_size: int,
 ) -> None:
-    arrived, pools = unwrap(prebuilt(idle(CPU), _reqs(), _pools(page_size)))
+    arrived, pools = unwrap(admit_prefilled(idle(CPU), _reqs(), _pools(page_size)))
     check_pools(pools, [arrived])
     windows = pools.memory.windows[0]
     slots = arrived.rows.req_pool_indices.host.tolist()
@@ -85,7 +86,7 @@ def test_a_prebuilt_row_holds_its_window_tail_and_then_decodes_as_an_extended_on
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_transfer_targets_name_every_location_the_next_decode_reads(page_size: int) -> None:
-    arrived, pools = unwrap(prebuilt(idle(CPU), _reqs(), _pools(page_size)))
+    arrived, pools = unwrap(admit_prefilled(idle(CPU), _reqs(), _pools(page_size)))
     targets = transfer_targets(arrived, pools)
     slots = arrived.rows.req_pool_indices.host
     # Full attention: every prompt position, at the table's cells.
@@ -116,7 +117,7 @@ def test_transfer_targets_name_every_location_the_next_decode_reads(page_size: i
 
 def test_full_attention_pools_name_the_kv_alone() -> None:
     pools = make_pools(4, 32, 128, CPU, 4)
-    arrived, pools = unwrap(prebuilt(idle(CPU), [Req(0, tuple(range(10)))], pools))
+    arrived, pools = unwrap(admit_prefilled(idle(CPU), [Req(0, tuple(range(10)))], pools))
     targets = transfer_targets(arrived, pools)
     assert targets.kv_locs.host.tolist() == pools.table.host[1, :10].tolist()
     assert targets.hybrid.windows == () and targets.hybrid.states == ()
@@ -125,13 +126,13 @@ def test_full_attention_pools_name_the_kv_alone() -> None:
 def test_window_pages_for_the_tails_alone_admit_more() -> None:
     # 16 window pages of 4: three prompts of 41 tokens need 33 if whole, 9 as tails.
     reqs = [Req(rid, tuple(range(41))) for rid in range(3)]
-    arrived, pools = unwrap(prebuilt(idle(CPU), reqs, _pools(4, window_tokens=64)))
+    arrived, pools = unwrap(admit_prefilled(idle(CPU), reqs, _pools(4, window_tokens=64)))
     check_pools(pools, [arrived])
     assert isinstance(extend(idle(CPU), reqs, pools), Failure)  # whole prompts do not fit
     # Tails running short: refused, naming how many fit, nothing changed.
     pools = _pools(4, window_tokens=16)
     before = snapshot(pools)
-    refused = prebuilt(idle(CPU), reqs, pools)
+    refused = admit_prefilled(idle(CPU), reqs, pools)
     assert isinstance(refused, Failure)
     failure = refused.failure()
     assert isinstance(failure, OutOfKVTokens) and failure.fits == 1
@@ -140,7 +141,7 @@ def test_window_pages_for_the_tails_alone_admit_more() -> None:
 
 
 def test_a_released_row_is_refused_everywhere_and_changes_nothing() -> None:
-    arrived, pools = unwrap(prebuilt(idle(CPU), _reqs()[:3], _pools(4)))
+    arrived, pools = unwrap(admit_prefilled(idle(CPU), _reqs()[:3], _pools(4)))
     kept, left = split(arrived, [2])
     pools = unwrap(release(left, kept, pools))  # rows 0 and 1: slots, windows, states back
     again, pools = unwrap(extend(idle(CPU), [Req(50, tuple(range(20)))], pools))

@@ -33,8 +33,10 @@ from batchstate import (
     check_leaks,
     check_pools,
     decode,
+    exact_window,
     extend,
     find_leaks,
+    finish_mixed,
     forward_inputs,
     hybrid_inputs,
     idle,
@@ -43,8 +45,6 @@ from batchstate import (
     mix,
     pad,
     release,
-    settle,
-    settle_ahead,
     split,
     sync,
     unwrap,
@@ -158,7 +158,7 @@ def test_chunked_prefill_keeps_its_state_and_frees_window_pages_per_chunk() -> N
     prompt = Req(0, tuple(range(100)))
     step = unwrap(mix(idle(CPU), [prompt], 32, pools))
     pools = step.pools
-    running, held = settle(step.batch)
+    running, held = finish_mixed(step.batch)
     chunk = held[0]
     state = int(pools.memory.states[0].of_slot[chunk.slot])
     assert state > 0
@@ -169,7 +169,7 @@ def test_chunked_prefill_keeps_its_state_and_frees_window_pages_per_chunk() -> N
     for _ in range(2):
         step = unwrap(mix(running, [chunk], 32, pools))
         pools = step.pools
-        running, held = settle(step.batch)
+        running, held = finish_mixed(step.batch)
         chunk = held[0]
         assert int(pools.memory.states[0].of_slot[chunk.slot]) == state  # the same state
         check_pools(pools, [running])
@@ -279,10 +279,10 @@ def test_chunked_mixed_steps_on_hybrid_pools_read_nothing_from_the_device() -> N
         for _ in range(6):
             inputs = forward_inputs(step.batch, pools.table, pools.page_size)
             hybrid_inputs(inputs, pools)
-            running, held = settle(step.batch)
+            running, held = finish_mixed(step.batch)
             step = unwrap(mix(running, list(held), 16, pools, [7] * len(running.rows.reqs)))
             pools = step.pools
-        running, held = settle(step.batch)
+        running, held = finish_mixed(step.batch)
         check_pools(pools, [running])
         check_leaks(pools, [running, *held])
     assert log.report().count == 0
@@ -335,7 +335,7 @@ def test_verify_windows_keep_the_window_pages_their_forwards_read() -> None:
     ahead, pools = unwrap(verify_ahead(window, torch.tensor([2]), [2], pools))
     assert int(pools.memory.windows[0].starts[slot]) == 18  # 21 - 4 + 1, for none accepted
     check_pools(pools)
-    window, pools = settle_ahead(ahead, np.array([2]), pools)
+    window, pools = exact_window(ahead, np.array([2]), pools)
     synced, pools = sync(window, np.array([1]), pools)
     check_pools(pools, [synced])
     assert int(synced.rows.seq_lens.host[0]) == 21 + 2 + 1 + 1

@@ -32,11 +32,11 @@ from batchstate import (
     decode,
     extend,
     find_leaks,
+    finish_mixed,
     idle,
     make_pools,
     mix,
     release,
-    settle,
     split,
     sync,
     verify,
@@ -88,10 +88,10 @@ def _kept(batch: Extended[NoColumns]) -> Filtered[NoColumns]:
 def test_a_stale_chunk_is_not_held_at_the_same_length() -> None:
     pools = make_pools(1, 32, 32, CPU)
     mixed, pools = mix(idle(CPU), [Req(0, tuple(range(10)))], 4, pools).unwrap()
-    (chunk,) = settle(mixed).held
+    (chunk,) = finish_mixed(mixed).held
     pools = release(chunk, idle(CPU), pools).unwrap()
     mixed, pools = mix(idle(CPU), [Req(1, tuple(range(20, 30)))], 4, pools).unwrap()
-    (live,) = settle(mixed).held
+    (live,) = finish_mixed(mixed).held
     assert (live.slot, live.cached) == (chunk.slot, chunk.cached)
     before = snapshot(pools)
     assert mix(idle(CPU), [chunk], 4, pools) == Failure(NotHeld(0, 1, 4, 4, stale=True))
@@ -152,7 +152,7 @@ def test_every_allocation_gets_a_new_generation() -> None:
 def test_a_hand_built_chunk_names_its_generation() -> None:
     pools = make_pools(1, 32, 32, CPU)
     mixed, pools = mix(idle(CPU), [Req(0, tuple(range(10)))], 4, pools).unwrap()
-    (chunk,) = settle(mixed).held
+    (chunk,) = finish_mixed(mixed).held
     wrong = Chunked(chunk.req, chunk.slot, chunk.cached, gen=chunk.gen + 1)
     assert isinstance(mix(idle(CPU), [wrong], 4, pools), Failure)
     same = Chunked(chunk.req, chunk.slot, chunk.cached, gen=int(pools.slot_gens[chunk.slot]))

@@ -28,17 +28,17 @@ from batchstate import (
     Req,
     Sampled,
     StillRunning,
+    admit_prefilled,
     check_pools,
     decode,
     decode_sampled,
     extend,
     filter_batch,
+    finish_mixed,
     flush,
     idle,
     mix,
-    prebuilt,
     release,
-    settle,
     split,
     sync,
     verify,
@@ -92,7 +92,7 @@ def _pages(pools: Pools, slot: int, end: int) -> list[int]:
 def _chunk(pools: Pools, req: Req, budget: int) -> tuple[Chunked, Filtered, Pools]:
     """`req`'s first chunk, computed alone; fails the test unless it stops part way."""
     mixed, pools = mix(idle(CPU), [req], budget, pools).unwrap()
-    settled = settle(mixed)
+    settled = finish_mixed(mixed)
     (held,) = settled.held
     check_pools(pools, [settled.running], compare_device=True)
     return held, settled.running, pools
@@ -144,7 +144,7 @@ def test_rows_of_one_extend_each_compute_the_prefix_and_the_second_reads_the_fir
 def test_prebuilt_reads_nothing_from_the_cache_but_publishes() -> None:
     first, pools = extend(idle(CPU), [Req(1, (*HEAD, 1))], _shared()).unwrap()
     pools = release(first, idle(CPU), pools).unwrap()
-    arrived, after = prebuilt(
+    arrived, after = admit_prefilled(
         idle(CPU), [Req(2, (*HEAD, 2)), Req(3, (*PROMPT, 5, 6))], pools
     ).unwrap()
     slots = arrived.rows.req_pool_indices.host.tolist()
@@ -156,7 +156,7 @@ def test_prebuilt_reads_nothing_from_the_cache_but_publishes() -> None:
     assert all(int(after.prefix_lens[slot]) == 0 for slot in slots)
     assert after.cache.entries() == pools.cache.entries()
     check_pools(after, [arrived], compare_device=True)
-    _, fresh = prebuilt(idle(CPU), [Req(4, tuple(range(50, 59)))], after).unwrap()
+    _, fresh = admit_prefilled(idle(CPU), [Req(4, tuple(range(50, 59)))], after).unwrap()
     assert fresh.cache.num_pages == after.cache.num_pages + 2  # a new prompt is published
 
 
@@ -170,7 +170,7 @@ def test_mix_caches_a_chunks_whole_pages_moves_the_lock_and_another_request_hits
     assert dict(pools.prefixes) == {slot: PROMPT[:4]}
     assert int(pools.ref_counts()[partial]) == 1
     mixed, pools = mix(running, [chunk], 6, pools, []).unwrap()
-    settled = settle(mixed)
+    settled = finish_mixed(mixed)
     (chunk,) = settled.held
     assert chunk.cached == 12
     pages = _pages(pools, slot, 12)
@@ -284,7 +284,7 @@ def test_flush_evicts_every_evictable_page_and_keeps_pages_live_rows_read() -> N
 def test_a_chunk_continued_twice_is_not_held_and_changes_nothing() -> None:
     chunk, running, pools = _chunk(_shared(), Req(1, PROMPT), 6)
     mixed, pools = mix(running, [chunk], 4, pools, []).unwrap()
-    running = settle(mixed).running
+    running = finish_mixed(mixed).running
     refused = Failure(NotHeld(1, chunk.slot, 6, 10))
     with _Unchanged(pools):
         assert mix(running, [chunk], 4, pools, []) == refused
@@ -294,7 +294,7 @@ def test_a_chunk_continued_twice_is_not_held_and_changes_nothing() -> None:
 def test_a_chunk_released_after_its_prefill_finished_is_refused_and_changes_nothing() -> None:
     chunk, running, pools = _chunk(_shared(), Req(1, PROMPT), 6)
     mixed, pools = mix(running, [chunk], 8, pools, []).unwrap()
-    settled = settle(mixed)
+    settled = finish_mixed(mixed)
     assert not settled.held and settled.running.rows.seq_lens.host.tolist() == [14]
     with _Unchanged(pools):
         assert release(chunk, idle(CPU), pools) == Failure(NotOwned((chunk.slot,)))
@@ -314,7 +314,7 @@ def test_transitions_given_something_other_than_pools_name_what_they_got() -> No
     wrong: Any = step  # the whole step where its pools belong
     calls: dict[str, Callable[[], object]] = {
         "extend": lambda: extend(idle(CPU), [Req(3, (1,))], wrong),
-        "prebuilt": lambda: prebuilt(idle(CPU), [Req(3, (1,))], wrong),
+        "admit_prefilled": lambda: admit_prefilled(idle(CPU), [Req(3, (1,))], wrong),
         "decode": lambda: decode(filtered, wrong),
         "decode_sampled": lambda: decode_sampled(filtered, sampled, wrong),
         "mix": lambda: mix(running, [chunk], 4, wrong, []),
@@ -323,11 +323,14 @@ def test_transitions_given_something_other_than_pools_name_what_they_got() -> No
         "flush": lambda: flush(wrong),
     }
     for name, call in calls.items():
-        with _Unchanged(pools), pytest.raises(TypeError, match=r"^expected Pools, got Step$"):
+        with (
+            _Unchanged(pools),
+            pytest.raises(TypeError, match=r"^expected Pools, got BatchAndPools$"),
+        ):
             call()
-            pytest.fail(f"{name} took a Step for its pools")
+            pytest.fail(f"{name} took a BatchAndPools for its pools")
     window, pools = verify(decoding, [1], pools).unwrap()
-    with _Unchanged(pools), pytest.raises(TypeError, match=r"^expected Pools, got Step$"):
+    with _Unchanged(pools), pytest.raises(TypeError, match=r"^expected Pools, got BatchAndPools$"):
         sync(window, np.array([0]), wrong)
 
 

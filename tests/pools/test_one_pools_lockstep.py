@@ -47,13 +47,13 @@ from batchstate import (
     decode,
     extend,
     filter_batch,
+    finish_mixed,
     flush,
     idle,
     make_pools,
     merge,
     mix,
     release,
-    settle,
     split,
 )
 from tests.strategies import CPU, LONG, keep_patterns, tile
@@ -249,7 +249,7 @@ class Lockstep(RuleBasedStateMachine):
         if new is None:
             self.spent.append((self.off.held.pop(0), self.on.held.pop(0)))
         for world, (batch, pools) in zip(worlds, mixed, strict=True):
-            settled = settle(batch)
+            settled = finish_mixed(batch)
             world.pools, world.running = pools, settled.running
             world.held += settled.held
         assert [(c.slot, c.cached) for c in self.off.held] == [

@@ -43,11 +43,11 @@ def test_a_million_tokens_over_1024_requests_at_128k_context(production: dict[st
         "decode_sampled",
         "verify",
         "verify_ahead",
-        "settle_ahead",
+        "exact_window",
         "sync",
         "forward_inputs (decode)",
-        "fill (decode bucket)",
-        "fill (verify bucket)",
+        "fill_buffers (decode bucket)",
+        "fill_buffers (verify bucket)",
         "pad",
     }
 

@@ -29,16 +29,16 @@ from batchstate import (
     InvariantViolation,
     RecordShapeError,
     Req,
+    admit_prefilled,
     check_batch,
     check_pools,
     decode,
     extend,
+    finish_mixed,
     idle,
     make_pools,
     merge,
     mix,
-    prebuilt,
-    settle,
 )
 from batchstate.base.mirrored import frozen
 from batchstate.columns.columns import C
@@ -51,7 +51,7 @@ class _Tags(Columns):
     tag: HostColumn[np.int64]
 
 
-@pytest.mark.parametrize("admission", ["extend", "prebuilt", "mix"])
+@pytest.mark.parametrize("admission", ["extend", "admit_prefilled", "mix"])
 def test_a_read_only_view_of_a_writable_array_is_copied_not_kept(admission: str) -> None:
     """The caller writes the array it gave a view of; the records keep the values they got."""
     owner = np.array([7, 8], dtype=np.int64)
@@ -62,11 +62,11 @@ def test_a_read_only_view_of_a_writable_array_is_copied_not_kept(admission: str)
     reqs = [Req(0, (1, 2)), Req(1, (3, 4, 5))]
     if admission == "mix":
         step, pools = mix(idle(CPU, _Tags), reqs, 64, pools, (), tags).unwrap()
-        batch: Batch[_Tags] = settle(step).running
+        batch: Batch[_Tags] = finish_mixed(step).running
     elif admission == "extend":
         batch, pools = extend(idle(CPU, _Tags), reqs, pools, tags).unwrap()
     else:
-        batch, pools = prebuilt(idle(CPU, _Tags), reqs, pools, tags).unwrap()
+        batch, pools = admit_prefilled(idle(CPU, _Tags), reqs, pools, tags).unwrap()
     assert tags.tag is view  # the caller's set is not changed either
     assert not np.shares_memory(batch.rows.columns.tag, owner)
     owner[:] = [70, 80]  # the caller's own array, still writable

@@ -28,10 +28,10 @@ from batchstate import (
     check_batch,
     decode,
     extend,
+    finish_mixed,
     idle,
     make_pools,
     mix,
-    settle,
     verify,
 )
 from batchstate.base.mirrored import host_int64
@@ -43,7 +43,7 @@ CPU: Final = torch.device("cpu")
 def _held_chunk(prefix_cache: bool) -> tuple[Chunked, Pools]:
     pools = make_pools(4, 64, 128, CPU, 4, prefix_cache=prefix_cache)
     step = mix(idle(CPU), [Req(0, tuple(range(1, 20)))], 8, pools).unwrap()
-    return settle(step.batch).held[0], step.pools
+    return finish_mixed(step.batch).held[0], step.pools
 
 
 @pytest.mark.parametrize("prefix_cache", [False, True])

@@ -47,6 +47,7 @@ from batchstate import (
     Pools,
     Req,
     TokenTable,
+    admit_prefilled,
     check_batch,
     check_pools,
     decode,
@@ -54,7 +55,6 @@ from batchstate import (
     filter_batch,
     idle,
     merge,
-    prebuilt,
     release,
     split,
     sync,
@@ -166,10 +166,10 @@ def _extend_mixed(page_size: int) -> Setup:
     return (lambda: extend(idle(CPU), items, pools)), (pools, items)
 
 
-def _prebuilt(page_size: int) -> Setup:
+def _admit_prefilled(page_size: int) -> Setup:
     pools = make_test_pools(page_size)
     reqs = make_reqs([4, 17, 16])
-    return (lambda: prebuilt(idle(CPU), reqs, pools)), (pools, reqs)
+    return (lambda: admit_prefilled(idle(CPU), reqs, pools)), (pools, reqs)
 
 
 def _decode(page_size: int) -> Setup:
@@ -223,7 +223,7 @@ def _sync(page_size: int) -> Setup:
 
 _TRANSITIONS: Final[dict[str, Callable[[int], Setup]]] = {
     "extend-new-and-chunked": _extend_mixed,  # three allocations and the table write
-    "prebuilt": _prebuilt,  # the same admission without a forward
+    "admit_prefilled": _admit_prefilled,  # the same admission without a forward
     "decode": _decode,  # the per-step hot path: allocate_next, copy, table write
     "filter": _filter,  # gathers on both sides
     "merge": _merge,  # concatenations on both sides

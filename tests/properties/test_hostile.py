@@ -49,6 +49,7 @@ from batchstate import (
     Rows,
     StalePools,
     StillRunning,
+    admit_prefilled,
     check_batch,
     check_pools,
     decode,
@@ -58,7 +59,6 @@ from batchstate import (
     keep_indices,
     make_pools,
     merge,
-    prebuilt,
     release,
 )
 from batchstate.base.mirrored import frozen, host_int64
@@ -131,7 +131,7 @@ def _wrong_phase(function: Callable[..., object], phase: type[Batch] | None) -> 
         batch: object = "not a batch"
         if phase is not None:
             batch, pools = make_phase(phase, pools)
-        if function is extend or function is prebuilt:
+        if function is extend or function is admit_prefilled:
             return _call(function, batch, make_reqs([3], first_rid=50), pools)
         if function is decode:
             return _call(decode, batch, pools)
@@ -368,8 +368,10 @@ HOSTILE: Final = {
         _wrong_phase(extend, None), PhaseError, r"starts from Idle, got str"
     ),  # not a batch at all
     "prebuilt-from-filtered": Case(
-        _wrong_phase(prebuilt, Filtered), PhaseError, r"prebuilt starts from Idle, got Filtered"
-    ),  # prebuilt admits into nothing
+        _wrong_phase(admit_prefilled, Filtered),
+        PhaseError,
+        r"admit_prefilled starts from Idle, got Filtered",
+    ),  # admit_prefilled admits into nothing
     "decode-idle": Case(
         _wrong_phase(decode, Idle), PhaseError, r"decode takes .* got Idle"
     ),  # idle batches reaching decode crashed DP ranks
@@ -447,8 +449,8 @@ HOSTILE: Final = {
         _admit(lambda pools: []), EmptyExtend, r"at least one request"
     ),  # an empty extend would build an Extended with nothing to run
     "prebuilt-no-requests": Case(
-        _admit(lambda pools: [], function=prebuilt), EmptyExtend, r"at least one request"
-    ),  # the same through prebuilt
+        _admit(lambda pools: [], function=admit_prefilled), EmptyExtend, r"at least one request"
+    ),  # the same through admit_prefilled
     "extend-empty-prompt": Case(
         _admit(lambda pools: [*make_reqs([3]), Req(5, ())]),
         EmptyPrompt,
@@ -460,10 +462,10 @@ HOSTILE: Final = {
         r"request 0 needs 65 tokens of context, the table holds 64",
     ),  # one past the table's width
     "prebuilt-too-long": Case(
-        _admit(lambda pools: make_reqs([2, 65]), function=prebuilt),
+        _admit(lambda pools: make_reqs([2, 65]), function=admit_prefilled),
         ContextTooLong,
         r"request 1 needs 65",
-    ),  # the same through prebuilt
+    ),  # the same through admit_prefilled
     "extend-duplicate-rid": Case(
         _admit(lambda pools: [Req(3, (1,)), Req(3, (2,))]),
         BatchConflict,

@@ -24,7 +24,7 @@ from returns.result import Failure, Success
 
 import batchstate
 from batchstate import (
-    SGLANG_FILLS,
+    SGLANG_PAD_VALUES,
     GraphBuffers,
     HybridBuffers,
     MemoryKinds,
@@ -35,21 +35,24 @@ from batchstate import (
     Sampling,
     SlidingWindow,
     accepted_states,
-    bucket,
+    admit_prefilled,
     build_columns,
+    captured_size,
     check_batch,
     check_leaks,
     check_pools,
     decode,
     decode_sampled,
+    exact_window,
     extend,
-    fill,
-    fill_hybrid,
+    fill_buffers,
+    fill_hybrid_buffers,
     filter_batch,
     find_leaks,
+    finish_mixed,
     flush,
-    follow,
     forward_inputs,
+    gather_sampled,
     hybrid_inputs,
     idle,
     join_sampled,
@@ -57,14 +60,10 @@ from batchstate import (
     make_pools,
     merge,
     mix,
-    outcome,
     pad,
-    prebuilt,
     read_sampled,
     read_verified,
     release,
-    settle,
-    settle_ahead,
     split,
     sync,
     transfer_targets,
@@ -161,21 +160,23 @@ def _hybrid(cache: bool) -> Call:
     return hybrid_inputs, [forward_inputs(batch, pools.table, pools.page_size), pools]
 
 
-def _fill_hybrid(cache: bool) -> Call:
+def _fill_hybrid_buffers(cache: bool) -> Call:
     # A padded extend on hybrid pools, into its bucket's window and state buffers.
     kinds = MemoryKinds((SlidingWindow(4, 64), RecurrentState(8, 4)))
     pools = make_pools(8, 64, 256, CPU, 4, prefix_cache=cache, memory=kinds)
     batch, pools = extend(idle(CPU), [Req(0, tuple(range(9))), Req(1, (4, 5))], pools).unwrap()
     padded = pad(forward_inputs(batch, pools.table, pools.page_size), [16]).unwrap()
     buffers = HybridBuffers.allocate(CPU, kinds, rows=2, tokens=16, window_pages=32)
-    return fill_hybrid, [buffers, padded.inputs, pools]
+    return fill_hybrid_buffers, [buffers, padded.inputs, pools]
 
 
 def _transfer(cache: bool) -> Call:
     # A prebuilt batch on hybrid pools: where its transferred memory goes.
     kinds = MemoryKinds((SlidingWindow(4, 64), RecurrentState(8, 4)))
     pools = make_pools(8, 64, 256, CPU, 4, prefix_cache=cache, memory=kinds)
-    batch, pools = prebuilt(idle(CPU), [Req(0, tuple(range(9))), Req(1, (4, 5))], pools).unwrap()
+    batch, pools = admit_prefilled(
+        idle(CPU), [Req(0, tuple(range(9))), Req(1, (4, 5))], pools
+    ).unwrap()
     return transfer_targets, [batch, pools]
 
 
@@ -192,7 +193,7 @@ def _accepted_states(cache: bool) -> Call:
 
 def _pad(cache: bool) -> Call:
     batch, pools = _running(cache)
-    return pad, [forward_inputs(batch, pools.table, pools.page_size), [4], SGLANG_FILLS]
+    return pad, [forward_inputs(batch, pools.table, pools.page_size), [4], SGLANG_PAD_VALUES]
 
 
 def _release(cache: bool) -> Call:
@@ -215,15 +216,15 @@ def _verify_ahead(cache: bool) -> Call:
     return verify_ahead, [window, torch.tensor([1, 0]), [1, 1], pools]
 
 
-def _settle_ahead(cache: bool) -> Call:
+def _exact_window(cache: bool) -> Call:
     window, pools = _window(cache)
     ahead, pools = verify_ahead(window, torch.tensor([1, 0]), [1, 1], pools).unwrap()
-    return settle_ahead, [ahead, np.array([1, 0]), pools]
+    return exact_window, [ahead, np.array([1, 0]), pools]
 
 
-def _fill(cache: bool) -> Call:
+def _fill_buffers(cache: bool) -> Call:
     batch, pools = _running(cache)
-    return fill, [
+    return fill_buffers, [
         GraphBuffers.for_decode(CPU, pools.page_size, 4, max_pages=16),
         batch,
         pools.table,
@@ -244,7 +245,7 @@ def _on_allocated(
 
 
 LEGAL: Final[dict[str, Callable[[bool], Call]]] = {
-    "bucket": lambda c: (bucket, [[1, 4, 8], 3]),
+    "captured_size": lambda c: (captured_size, [[1, 4, 8], 3]),
     "build_columns": _columns,
     "check_batch": lambda c: (check_batch, [_running(c)[0]]),
     "check_leaks": _leaks(check_leaks),
@@ -255,11 +256,11 @@ LEGAL: Final[dict[str, Callable[[bool], Call]]] = {
     "filter_batch": lambda c: (filter_batch, [_running(c)[0], [0]]),
     "find_leaks": _leaks(find_leaks),
     "flush": lambda c: (flush, [_pools(c)]),
-    "follow": lambda c: (follow, [*_sampled(c)]),
+    "gather_sampled": lambda c: (gather_sampled, [*_sampled(c)]),
     "forward_inputs": _forward,
     "hybrid_inputs": _hybrid,
     "transfer_targets": _transfer,
-    "fill_hybrid": _fill_hybrid,
+    "fill_hybrid_buffers": _fill_hybrid_buffers,
     "accepted_states": _accepted_states,
     "idle": lambda c: (idle, [CPU]),
     "join_sampled": lambda c: (join_sampled, [*_two_sampled(c)]),
@@ -267,19 +268,18 @@ LEGAL: Final[dict[str, Callable[[bool], Call]]] = {
     "make_pools": lambda c: (make_pools, [4, 32, 64, CPU, 4]),
     "merge": lambda c: (merge, [*_two_batches(c)]),
     "mix": lambda c: (mix, [idle(CPU), [Req(0, (1, 2))], 8, _pools(c)]),
-    "outcome": lambda c: (outcome, [Success(1)]),
     "pad": _pad,
-    "fill": _fill,
+    "fill_buffers": _fill_buffers,
     "verify_ahead": _verify_ahead,
-    "settle_ahead": _settle_ahead,
+    "exact_window": _exact_window,
     "read_verified": lambda c: (
         read_verified,
         [torch.tensor([1, 0]), torch.tensor([[3, 4], [5, 0]])],
     ),
-    "prebuilt": lambda c: (prebuilt, [idle(CPU), [Req(0, (1, 2))], _pools(c)]),
+    "admit_prefilled": lambda c: (admit_prefilled, [idle(CPU), [Req(0, (1, 2))], _pools(c)]),
     "read_sampled": lambda c: (read_sampled, [_sampled(c)[0]]),
     "release": _release,
-    "settle": lambda c: (settle, [_mixed(c).batch]),
+    "finish_mixed": lambda c: (finish_mixed, [_mixed(c).batch]),
     "split": lambda c: (split, [_running(c)[0], [1]]),
     "sync": _sync,
     "unpad": lambda c: (unpad, [_padded(c).wrap(torch.zeros(4, 3))]),
@@ -314,7 +314,7 @@ ACCEPTED: Final = {
     ("keep_indices", 1, "huge"): "a row count past int64 is only an upper bound",
     ("make_pools", 3, "none"): "torch's default device",
     ("mix", 2, "huge"): "a budget larger than any prompt admits all",
-    ("pad", 2, "none"): "the default fills, SGLANG_FILLS",
+    ("pad", 2, "none"): "the default fills, SGLANG_PAD_VALUES",
     ("build_columns", 2, "meta-tensor"): "not refused yet: torch reads a tensor's device",
 }
 ALL: Final = frozenset(BAD)
@@ -336,7 +336,7 @@ STILL_RAW: Final[dict[tuple[str, int], frozenset[str]]] = {
     ("make_pools", 3): frozenset({"str", "negative", "huge"}),
     ("make_pools", 4): frozenset({"float-array", "meta-tensor"}),
     ("mix", 1): frozenset({"str", "float-array", "meta-tensor"}),
-    ("prebuilt", 1): frozenset({"str", "float-array", "meta-tensor"}),
+    ("admit_prefilled", 1): frozenset({"str", "float-array", "meta-tensor"}),
 }
 
 
@@ -356,8 +356,7 @@ def test_the_table_covers_every_public_function_and_pools_method() -> None:
         f"Pools.{name}"
         for name in ("allocate_slots", "allocate_tokens", "allocate_fresh", "allocate_next")
     } | {"Pools.free", "Pools.shrink"}
-    deprecated = {"outcome"}  # still refuses bad input, as long as it imports
-    assert functions | methods | deprecated == set(LEGAL)
+    assert functions | methods == set(LEGAL)
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["cache-off", "cache-on"])

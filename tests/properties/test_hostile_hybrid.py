@@ -32,12 +32,12 @@ from batchstate import (
     SlidingWindow,
     check_pools,
     extend,
+    finish_mixed,
     forward_inputs,
     hybrid_inputs,
     idle,
     mix,
     release,
-    settle,
     split,
     unwrap,
 )
@@ -139,7 +139,7 @@ def test_a_cap_between_anchors_reads_nothing_rather_than_a_partial_tail() -> Non
         mix(idle(CPU), [Req(1, (*HEADER, 2))], 64, pools, [], read_at_most={1: 36})
     )
     assert capped.prefix_lens.tolist() == [0]
-    running = settle(capped)[0]
+    running = finish_mixed(capped)[0]
     check_pools(pools, [running])
     again, pools = unwrap(mix(running, [Req(2, (*HEADER, 3))], 64, pools, [0]))
     assert again.prefix_lens.tolist()[0] == 40  # uncapped: it resumes at the anchor

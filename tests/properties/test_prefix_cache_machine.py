@@ -45,18 +45,18 @@ from batchstate import (
     OutOfReqSlots,
     Pools,
     Req,
+    admit_prefilled,
     check_batch,
     check_pools,
     decode,
     extend,
     filter_batch,
+    finish_mixed,
     idle,
     make_pools,
     merge,
     mix,
-    prebuilt,
     release,
-    settle,
     split,
 )
 from tests.strategies import CPU, LONG, keep_patterns, tile
@@ -241,11 +241,11 @@ class CacheMachine(RuleBasedStateMachine):
         arrives_whole=st.integers(0, 4),
     )
     def admit(self, picks: list[tuple[int, list[int]]], empty: int, arrives_whole: int) -> None:
-        """Extend (or, now and then, `prebuilt`) requests that share headers; merge them in."""
+        """Extend (or now and then `admit_prefilled`) requests that share headers; merge them in."""
         reqs = self._new_reqs(picks, empty)
         whole = arrives_whole == 0  # prebuilt: nothing read from the cache, KV arrives whole
         before = self.pools
-        result = (prebuilt if whole else extend)(idle(CPU), reqs, before)
+        result = (admit_prefilled if whole else extend)(idle(CPU), reqs, before)
         if not reqs:
             return
         if any(not req.input_ids for req in reqs):
@@ -360,7 +360,7 @@ class CacheMachine(RuleBasedStateMachine):
         self._publish(after, row, ids[:end], retire=True)  # the chunk's end
         for decoding in self.rows:
             decoding.seq_len += 1
-        settled = settle(mixed)
+        settled = finish_mixed(mixed)
         self.pools, self.running = after, settled.running
         if end < len(ids):
             (held,) = settled.held
@@ -369,7 +369,7 @@ class CacheMachine(RuleBasedStateMachine):
             self._seen("chunk held")
         else:
             assert not settled.held
-            self.rows.append(row)  # settle puts a finished prompt after the decode rows
+            self.rows.append(row)  # finish_mixed puts a finished prompt after the decode rows
 
     @precondition(lambda self: bool(self.spent))
     @rule(pick=st.integers(0, 5))

@@ -1,7 +1,7 @@
 """The prefix-cache state machine on hybrid pools: window pages and a state per request.
 
 `HybridCacheMachine` runs every rule of `CacheMachine` (extend and
-`prebuilt` with shared headers, chunks, mixed steps, finishing rows into
+`admit_prefilled` with shared headers, chunks, mixed steps, finishing rows into
 the cache, eviction, double releases) on pools with the cache on, a
 sliding window of a drawn length and recurrent states. Its model is the
 same but for one rule: a new request reads a cached prefix only up to
@@ -32,10 +32,10 @@ from hypothesis.stateful import initialize, invariant, rule
 
 import tests.properties.test_prefix_cache_machine as plain
 from batchstate import (
-    Holder,
     MemoryKinds,
     RecurrentState,
     SlidingWindow,
+    SlotHolder,
     check_pools,
     find_leaks,
     flush,
@@ -136,7 +136,7 @@ class HybridCacheMachine(CacheMachine):
         assert all(prefix in self.cache for prefix in cached.anchors)
         assert not find_leaks(pools, self._holders())
 
-    def _holders(self) -> list[Holder]:
+    def _holders(self) -> list[SlotHolder]:
         return [self.running, *(item for item, _ in self.held)]
 
 

@@ -45,7 +45,6 @@ from batchstate import (
     EmptyPrompt,
     Extended,
     Filtered,
-    Holder,
     Idle,
     Mixed,
     NoChunkBudget,
@@ -55,21 +54,22 @@ from batchstate import (
     OutOfReqSlots,
     Pools,
     Req,
+    SlotHolder,
     StalePools,
     StillRunning,
+    admit_prefilled,
     check_batch,
     check_leaks,
     check_pools,
     decode,
     extend,
     filter_batch,
+    finish_mixed,
     idle,
     make_pools,
     merge,
     mix,
-    prebuilt,
     release,
-    settle,
 )
 from tests.strategies import (
     CPU,
@@ -251,7 +251,7 @@ class BatchMachine(RuleBasedStateMachine):
         before_pools = snapshot(_pools_but_table(self.pools))
         reqs_only = [item for item in items if isinstance(item, Req)]
         result = (
-            prebuilt(idle(CPU), reqs_only, self.pools)
+            admit_prefilled(idle(CPU), reqs_only, self.pools)
             if via_prebuilt
             else extend(idle(CPU), items, self.pools)
         )
@@ -341,7 +341,7 @@ class BatchMachine(RuleBasedStateMachine):
         budget: int,
         with_running: bool,
     ) -> None:
-        """Mix chunks of held and new requests (under a budget) with the running rows, settle."""
+        """Mix chunks of held and new requests (under a budget) with running rows; finish_mixed."""
         shape = self.shape
         running = self._running_as_base()
         if isinstance(running, Decoding):
@@ -387,8 +387,8 @@ class BatchMachine(RuleBasedStateMachine):
         decode_rows: list[_Row],
         parked: Decoding | Filtered | Idle | None,
     ) -> None:
-        # The model after a successful mix and settle: slots, lengths, held chunks, rows.
-        settled, held = settle(mixed)
+        # The model after a successful mix and finish_mixed: slots, lengths, held chunks, rows.
+        settled, held = finish_mixed(mixed)
         extend_rows: list[_Row] = []
         slots = iter(self.model_free_slots)
         extend_lens = mixed.rows.seq_lens.host.tolist()[: mixed.num_extend_rows]
@@ -647,7 +647,7 @@ class BatchMachine(RuleBasedStateMachine):
         ]
         assert batch.out_cache_loc.device.tolist() == locs
 
-    def _holders(self) -> list[Holder]:
+    def _holders(self) -> list[SlotHolder]:
         # Every live record that holds memory: the leak check's view of the machine.
         chunks = [Chunked(row.req, row.slot, row.seq_len, gen=row.gen) for row in self.held]
         return [*self._other_batches(), *chunks]

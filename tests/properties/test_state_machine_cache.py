@@ -58,13 +58,13 @@ from batchstate import (
     decode_sampled,
     extend,
     filter_batch,
+    finish_mixed,
     flush,
     idle,
     make_pools,
     merge,
     mix,
     release,
-    settle,
     split,
     sync,
     verify,
@@ -462,7 +462,7 @@ class CacheMachine(RuleBasedStateMachine):
         for row in self.rows:
             row.tokens.append(_generated(row.tokens))
             self._write(row.slot, row.tokens, len(row.tokens) - 1, len(row.tokens))
-        self.running = settle(mixed).running
+        self.running = finish_mixed(mixed).running
         _count("overlap decodes")
 
     @precondition(lambda self: bool(self.rows))
@@ -532,7 +532,7 @@ class CacheMachine(RuleBasedStateMachine):
         budget: int,
         with_running: bool,
     ) -> None:
-        """Mix held chunks and new prompts under a budget with the running rows; settle."""
+        """Mix held chunks and new prompts under a budget with the running rows; finish_mixed."""
         shape = self.shape
         running = self._as_filtered()
         base = running if with_running else idle(CPU)
@@ -579,7 +579,7 @@ class CacheMachine(RuleBasedStateMachine):
             row.tokens.append(_generated(row.tokens))
             locs += self._write(row.slot, row.tokens, len(row.tokens) - 1, len(row.tokens))
         assert out == locs
-        settled, held = settle(mixed)
+        settled, held = finish_mixed(mixed)
         cut = [(req, slot, end) for req, slot, _, end in extend_rows if end < len(req.input_ids)]
         done = [(req, slot) for req, slot, _, end in extend_rows if end == len(req.input_ids)]
         assert [(c.req.rid, c.slot, c.cached) for c in held] == [

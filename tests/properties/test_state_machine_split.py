@@ -33,11 +33,11 @@ from batchstate import (
     Decoding,
     Departed,
     DraftError,
-    Holder,
     Idle,
     NotOwned,
     OutOfKVTokens,
     Pools,
+    SlotHolder,
     StalePools,
     StillRunning,
     Verifying,
@@ -110,7 +110,7 @@ class SpeculativeMachine(BatchMachine):
     def _owners(self) -> list[_Row]:
         return super()._owners() + [row for _, rows in self.departed for row in rows]
 
-    def _holders(self) -> list[Holder]:
+    def _holders(self) -> list[SlotHolder]:
         return [*super()._holders(), *(left for left, _ in self.departed)]
 
     def _assert_departed(self, left: Departed, rows: Sequence[_Row]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchstate import Filtered, Idle, PhaseError, filter_batch, settle, split
+from batchstate import Filtered, Idle, PhaseError, filter_batch, finish_mixed, split
 from tests.builders import make_phase, make_test_pools
 
 
@@ -21,5 +21,5 @@ def test_split_of_an_idle_batch_names_split() -> None:
 
 def test_settle_of_a_batch_that_is_not_mixed_names_settle() -> None:
     batch, _ = make_phase(Filtered, make_test_pools())
-    with pytest.raises(PhaseError, match=r"^settle takes Mixed, got Filtered$"):
-        settle(batch)  # type: ignore[arg-type]  # on purpose: not a Mixed
+    with pytest.raises(PhaseError, match=r"^finish_mixed takes Mixed, got Filtered$"):
+        finish_mixed(batch)  # type: ignore[arg-type]  # on purpose: not a Mixed

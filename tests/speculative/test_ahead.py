@@ -1,4 +1,4 @@
-"""Speculative decoding under overlap: verify_ahead, read_verified, settle_ahead."""
+"""Speculative decoding under overlap: verify_ahead, read_verified, exact_window."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from batchstate import (
     Verifying,
     check_pools,
     decode,
+    exact_window,
     extend,
     find_leaks,
     forward_inputs,
     idle,
     make_pools,
     read_verified,
-    settle_ahead,
     sync,
     verify,
     verify_ahead,
@@ -78,7 +78,7 @@ def test_overlap_matches_the_synced_path_step_for_step(page_size: int) -> None:
         assert verified.counts.tolist() == counts.tolist()
         assert verified.accepted_tokens(0) == tokens[0, : counts[0] + 1].tolist()
         bound = opened.seq_lens.bound.copy()
-        ahead_window, ahead_pools = settle_ahead(opened, verified.counts, ahead_pools)
+        ahead_window, ahead_pools = exact_window(opened, verified.counts, ahead_pools)
         # The synced path: read the counts, decode the next token, open the window.
         running, synced_pools = sync(synced_window, torch.tensor(counts), synced_pools)
         stepped, synced_pools = decode(running, synced_pools).unwrap()
@@ -106,7 +106,7 @@ def test_overlap_matches_the_synced_path_step_for_step(page_size: int) -> None:
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_on_meta_opening_and_settling_read_nothing(page_size: int) -> None:
-    """On meta under a forbidding audit, verify_ahead and settle_ahead complete; read_verified
+    """On meta under a forbidding audit, verify_ahead and exact_window complete; read_verified
     makes one read, permitted, at its own line."""
     decoding, pools = _decoding(META, page_size)
     counts = torch.zeros(3, dtype=torch.int32, device=META)
@@ -116,7 +116,7 @@ def test_on_meta_opening_and_settling_read_nothing(page_size: int) -> None:
             opened, pools = verify_ahead(window, counts, [1, 2, 3], pools).unwrap()
             assert isinstance(opened.seq_lens, UpperBound)
             assert opened.positions.device.shape == (opened.num_tokens,)
-            window, pools = settle_ahead(opened, window.draft_lens // 2, pools)
+            window, pools = exact_window(opened, window.draft_lens // 2, pools)
         assert log.report().count == 0
         tokens = torch.zeros(3, 4, dtype=torch.int64, device=META)
         with pytest.raises(NotImplementedError, match="meta"):  # no data: the read reached torch
@@ -161,12 +161,12 @@ def test_refusals() -> None:
         window, torch.zeros(3, dtype=torch.int64), [1, 1, 1], pools
     ).unwrap()
     with pytest.raises(DraftError, match="accepted 2 of 1"):
-        settle_ahead(opened, np.array([0, 2, 0]), after)
+        exact_window(opened, np.array([0, 2, 0]), after)
     with pytest.raises(DraftError, match="numpy integer"):
-        settle_ahead(opened, torch.zeros(3, dtype=torch.int64), after)  # type: ignore[arg-type]  # on purpose
+        exact_window(opened, torch.zeros(3, dtype=torch.int64), after)  # type: ignore[arg-type]  # on purpose
     _, elsewhere = _window(16, [2, 1, 0])  # another lineage: the same slots, not the bound
     with pytest.raises(DraftError, match="do not hold"):
-        settle_ahead(opened, np.zeros(3, dtype=np.int64), elsewhere)
+        exact_window(opened, np.zeros(3, dtype=np.int64), elsewhere)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -177,7 +177,7 @@ def test_fa3_takes_the_bound_and_agrees_with_the_settled_window(page_size: int) 
     counts = torch.tensor([1, 0, 2], dtype=torch.int32)
     opened, pools = verify_ahead(window, counts, [1, 2, 0], pools).unwrap()
     ahead_args = fa3_ahead_args(opened, pools.table, page_size)
-    settled, pools = settle_ahead(opened, counts.numpy(), pools)
+    settled, pools = exact_window(opened, counts.numpy(), pools)
     exact = fa3_args(forward_inputs(settled, pools.table, page_size, slot_tokens=pools.slot_tokens))
     assert ahead_args["cache_seqlens"].tolist() == exact["cache_seqlens"].tolist()
     assert ahead_args["cu_seqlens_q"].tolist() == exact["cu_seqlens_q"].tolist()

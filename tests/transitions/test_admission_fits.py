@@ -1,6 +1,6 @@
 """A short admission says how many of the requests it was offered would fit, exactly.
 
-`extend`, `prebuilt` and `mix` fail whole when slots or KV run short; their
+`extend`, `admit_prefilled` and `mix` fail whole when slots or KV run short; their
 `OutOfReqSlots` / `OutOfKVTokens` carry `fits`: the same call with only the
 first `fits` requests succeeds, and with one more fails. Drawn pools (page
 sizes 1 and 4, cache off and on, a cached head that new prompts share),
@@ -27,14 +27,14 @@ from batchstate import (
     OutOfReqSlots,
     Pools,
     Req,
+    admit_prefilled,
     extend,
+    finish_mixed,
     idle,
     make_pools,
     merge,
     mix,
-    prebuilt,
     release,
-    settle,
 )
 from tests.strategies import CPU
 
@@ -48,9 +48,9 @@ def _admit(transition: str, running: Filtered[NoColumns] | Idle[NoColumns], budg
     def call(items: Sequence[Req | Chunked[NoColumns]], pools: Pools) -> Result[object, object]:
         if transition == "extend":
             return extend(idle(CPU), items, pools)
-        if transition == "prebuilt":
+        if transition == "admit_prefilled":
             reqs = [item for item in items if isinstance(item, Req)]
-            return prebuilt(idle(CPU), reqs, pools)
+            return admit_prefilled(idle(CPU), reqs, pools)
         return mix(running, items, budget, pools, [1] * len(running.rows))
 
     return call
@@ -73,9 +73,9 @@ def _cases(
     if transition == "mix" and draw(st.booleans()):
         rows, pools = _set_up(extend(idle(CPU), [Req(800, (7,) * draw(st.integers(1, 9)))], pools))
         running = merge(idle(CPU), rows)
-    if transition != "prebuilt" and draw(st.booleans()):  # a held chunk first
+    if transition != "admit_prefilled" and draw(st.booleans()):  # a held chunk first
         step, pools = _set_up(mix(idle(CPU), [Req(700, (*HEAD, *range(20)))], 4, pools))
-        (chunk,) = settle(step).held
+        (chunk,) = finish_mixed(step).held
         items.append(chunk)
     for rid in range(draw(st.integers(1, 5))):
         tail = tuple(range(rid * 50, rid * 50 + draw(st.integers(1, 20))))
@@ -95,7 +95,7 @@ def _short(result: Result[object, object]) -> OutOfReqSlots | OutOfKVTokens | No
 
 
 @pytest.mark.parametrize("cache", [False, True])
-@pytest.mark.parametrize("transition", ["extend", "prebuilt", "mix"])
+@pytest.mark.parametrize("transition", ["extend", "admit_prefilled", "mix"])
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_fits_is_the_most_requests_from_the_first_that_fit(

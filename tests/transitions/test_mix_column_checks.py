@@ -13,11 +13,11 @@ from batchstate import (
     Filtered,
     Pools,
     extend,
+    finish_mixed,
     idle,
     make_pools,
     merge,
     mix,
-    settle,
 )
 from tests.builders import CPU, Probe, make_probe, make_reqs
 from tests.strategies import assert_unchanged, snapshot
@@ -30,7 +30,7 @@ def _probe_batch_and_chunk() -> tuple[Filtered[Probe], Chunked[Probe], Pools]:
     mixed, pools = mix(
         idle(CPU, Probe), make_reqs([40], 20), 8, pools, (), make_probe([20])
     ).unwrap()
-    _, (chunk,) = settle(mixed)
+    _, (chunk,) = finish_mixed(mixed)
     return merge(idle(CPU, Probe), first), chunk, pools
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from returns.result import Success
 
-from batchstate import Pools, Req, idle, mix, release, settle
+from batchstate import Pools, Req, finish_mixed, idle, mix, release
 from tests.builders import make_test_pools
 
 CPU = torch.device("cpu")
@@ -17,7 +17,7 @@ def _cached(page_size: int) -> Pools:
     """Pools whose cache holds PROMPT's whole pages (one request ran and left)."""
     pools = make_test_pools(page_size, prefix_cache=True, max_context_len=128)
     mixed, pools = mix(idle(CPU), [Req(0, PROMPT)], 64, pools).unwrap()
-    running, _ = settle(mixed)
+    running, _ = finish_mixed(mixed)
     return release(running, idle(CPU), pools).unwrap()
 
 
@@ -48,7 +48,7 @@ def test_the_recomputed_pages_are_retired_when_the_request_leaves() -> None:
     pools = _cached(16)
     cached_pages = pools.cache.num_evictable
     mixed, pools = mix(idle(CPU), [Req(1, PROMPT)], 64, pools, read_at_most={1: 0}).unwrap()
-    running, _ = settle(mixed)
+    running, _ = finish_mixed(mixed)
     pools = release(running, idle(CPU), pools).unwrap()
     # The cache held those pages already: the request's copies were freed, not cached twice.
     assert pools.cache.num_evictable == cached_pages == 3

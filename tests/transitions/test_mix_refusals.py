@@ -107,7 +107,7 @@ def test_input_tokens_must_be_the_running_rows() -> None:
     with _exactly(
         BatchConflict,
         "sampled tokens are for requests [10, 11], the running rows are [0, 1]:"
-        " follow() them to the running batch first",
+        " gather_sampled() them to the running batch first",
     ):
         mix(running, [], 8, pools, wrong_rows)
     on_meta = Sampled(running.rows.rids, DeviceOnly(torch.zeros(2, dtype=torch.int64, device=META)))

@@ -26,13 +26,13 @@ from batchstate import (
     check_pools,
     decode_sampled,
     find_leaks,
-    follow,
+    finish_mixed,
+    gather_sampled,
     idle,
     merge,
     mix,
     read_sampled,
     release,
-    settle,
     split,
 )
 from batchstate.audit import device_reads
@@ -46,7 +46,7 @@ def _chunked(pools: Pools, length: int = 40, budget: int = 8) -> tuple[Chunked, 
     mixed, pools = mix(
         idle(pools.table.device.device), make_reqs([length], 90), budget, pools
     ).unwrap()
-    _, (chunk,) = settle(mixed)
+    _, (chunk,) = finish_mixed(mixed)
     return chunk, pools
 
 
@@ -55,7 +55,7 @@ def _running(
 ) -> tuple[Filtered, Pools]:
     admit = make_reqs(lengths, first_rid)
     mixed, pools = mix(idle(pools.table.device.device), admit, 1000, pools).unwrap()
-    running, held = settle(mixed)
+    running, held = finish_mixed(mixed)
     assert held == ()
     return running, pools
 
@@ -81,7 +81,7 @@ def test_mixed_layout_is_extend_rows_then_one_token_decode_rows(page_size: int) 
     expected += [int(table[slots[1], p]) for p in range(8)]
     expected += [int(table[slots[2], 5]), int(table[slots[3], 9])]
     assert mixed.out_cache_loc.device.tolist() == expected
-    settled, held = settle(mixed)
+    settled, held = finish_mixed(mixed)
     # The decode rows first, then the finished prompt; the cut one is held.
     assert settled.rows.rids.tolist() == [0, 1, 90]
     assert [(c.req.rid, c.cached) for c in held] == [(50, 8)]
@@ -93,7 +93,7 @@ def test_a_dropped_chunk_is_a_leak_the_check_names() -> None:
     """Dropping a held chunk leaks its slot and KV; find_leaks says how much; release frees it."""
     pools = make_test_pools(16, max_context_len=512, num_kv_tokens=512)
     mixed, pools = mix(idle(CPU), make_reqs([500], 1), 432, pools).unwrap()
-    running, (chunk,) = settle(mixed)
+    running, (chunk,) = finish_mixed(mixed)
     leaks = find_leaks(pools, [running])  # the chunk handle dropped
     assert leaks.unheld == (chunk.slot,) and leaks.unheld_tokens == 432
     assert "432 KV tokens" in str(leaks)
@@ -130,17 +130,17 @@ def test_hostile_inputs_are_typed_and_change_nothing(page_size: int) -> None:
     with pytest.raises(BatchConflict, match="input tokens"):
         mix(running, [chunk], 5, pools, [1])
     with pytest.raises(PhaseError):
-        settle(running)  # type: ignore[arg-type]  # for callers without mypy
+        finish_mixed(running)  # type: ignore[arg-type]  # for callers without mypy
     assert_unchanged(before, (running, pools), "inputs after hostile calls")
     # A chunk continued once is stale: continuing it again is NotHeld.
     step, after = mix(idle(CPU), [chunk], 8, pools).unwrap()
-    _, (next_chunk,) = settle(step)
+    _, (next_chunk,) = finish_mixed(step)
     assert next_chunk.cached == 16
     again = mix(idle(CPU), [chunk], 8, after)
     assert isinstance(again, Failure) and isinstance(again.failure(), NotHeld)
     # Merged into the running batch by its last chunk: in a batch, so a conflict; not freeable.
     last, after = mix(running, [next_chunk], 40, after, [1, 1]).unwrap()
-    merged = settle(last).running
+    merged = finish_mixed(last).running
     with pytest.raises(BatchConflict, match="twice"):
         mix(merged, [next_chunk], 8, after, [1, 1, 1])
     assert isinstance(release(next_chunk, merged, after).failure(), StillRunning)
@@ -152,29 +152,29 @@ def test_follow_gathers_tokens_by_rid_and_refuses_strangers() -> None:
     running, pools = _running(make_test_pools(), (3, 4, 5))
     sampled = Sampled.of(running.rows, torch.tensor([7, 8, 9]))
     kept, _ = split(running, [0, 2])
-    assert read_sampled(follow(sampled, kept)).tolist() == [7, 9]
+    assert read_sampled(gather_sampled(sampled, kept)).tolist() == [7, 9]
     newcomers, pools = _running(pools, (6,), first_rid=10)
     with pytest.raises(BatchConflict, match="no sampled token"):
-        follow(sampled, merge(kept, newcomers))
-    assert follow(sampled, running) is sampled
+        gather_sampled(sampled, merge(kept, newcomers))
+    assert gather_sampled(sampled, running) is sampled
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_overlap_step_on_meta_reads_only_through_read_sampled(page_size: int) -> None:
-    """decode_sampled, mix with device tokens, settle, follow, split and release read nothing;
-    read_sampled makes one read, permitted, at its own line."""
+    """decode_sampled, mix with device tokens, finish_mixed, gather_sampled, split and release
+    read nothing; read_sampled makes one read, permitted, at its own line."""
     pools = make_test_pools(page_size, device=META)
     running, pools = _running(pools, (3, 16, 9))
     sampled = Sampled.of(running.rows, torch.zeros(3, dtype=torch.int64, device=META))
     with device_reads(forbid=True) as log:
         decoding, pools = decode_sampled(running, sampled, pools).unwrap()
-        running, _ = settle(decoding)
+        running, _ = finish_mixed(decoding)
         sampled = Sampled.of(decoding.rows, torch.zeros(3, dtype=torch.int64, device=META))
         kept, left = split(running, [0, 2])
         pools = release(left, kept, pools).unwrap()
         admit = make_reqs([40], 30)
-        mixed, pools = mix(kept, admit, 16, pools, follow(sampled, kept)).unwrap()
-        running, held = settle(mixed)
+        mixed, pools = mix(kept, admit, 16, pools, gather_sampled(sampled, kept)).unwrap()
+        running, held = finish_mixed(mixed)
         check_leaks(pools, [running, *held])
         with pytest.raises(NotImplementedError, match="meta"):  # no data: the read reached torch
             read_sampled(sampled)

@@ -1,4 +1,5 @@
-"""Sampled tokens: what `Sampled.of` refuses, how `follow` finds rows by rid, what reads return."""
+"""Sampled tokens: what `Sampled.of` refuses, how `gather_sampled` finds rows by rid, what reads
+return."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from batchstate import (
     RecordShapeError,
     Sampled,
     decode,
-    follow,
+    gather_sampled,
     join_sampled,
     merge,
     read_sampled,
@@ -104,8 +105,8 @@ def test_follow_takes_only_a_filtered_batch() -> None:
     running, pools = _running(make_test_pools(), (3, 4))
     sampled = Sampled.of(running.rows, torch.tensor([7, 8]))
     decoding, _ = decode(running, pools).unwrap()
-    with _exactly(PhaseError, "follow takes Filtered, got Decoding"):
-        follow(sampled, decoding)  # type: ignore[arg-type]  # on purpose
+    with _exactly(PhaseError, "gather_sampled takes Filtered, got Decoding"):
+        gather_sampled(sampled, decoding)  # type: ignore[arg-type]  # on purpose
 
 
 def test_follow_reorders_by_rid() -> None:
@@ -113,7 +114,7 @@ def test_follow_reorders_by_rid() -> None:
     running = _three_rows()
     sampled = Sampled.of(running.rows, torch.tensor([7, 8, 9]))
     first, last = split(running, [2]).kept, split(running, [0, 1]).kept
-    followed = follow(sampled, merge(first, last))
+    followed = gather_sampled(sampled, merge(first, last))
     assert followed.rids.tolist() == [2, 0, 1]
     assert read_sampled(followed).tolist() == [9, 7, 8]
 
@@ -126,14 +127,14 @@ def test_follow_names_a_rid_below_between_or_above_the_sampled_ones(rid: int) ->
     stranger, _ = _running(pools, (5,), first_rid=rid)
     sampled = Sampled.of(merge(low, high).rows, torch.tensor([7, 8]))
     with _exactly(BatchConflict, f"no sampled token for requests [{rid}]"):
-        follow(sampled, merge(merge(low, stranger), high))
+        gather_sampled(sampled, merge(merge(low, stranger), high))
 
 
 def test_follow_from_no_tokens_names_every_row() -> None:
     running = _three_rows()
     nothing = Sampled.of(split(running, []).kept.rows, torch.zeros(0, dtype=torch.int64))
     with _exactly(BatchConflict, "no sampled token for requests [0, 1, 2]"):
-        follow(nothing, running)
+        gather_sampled(nothing, running)
 
 
 def test_read_sampled_returns_a_read_only_copy() -> None:
@@ -151,11 +152,11 @@ def test_follow_from_one_token_names_a_larger_rid() -> None:
     one, pools = _running(pools, (3,), first_rid=0)
     other, _ = _running(pools, (4,), first_rid=5)
     with _exactly(BatchConflict, "no sampled token for requests [5]"):
-        follow(Sampled.of(one.rows, torch.tensor([7])), other)
+        gather_sampled(Sampled.of(one.rows, torch.tensor([7])), other)
 
 
 def test_a_hand_built_sampled_needs_distinct_rids() -> None:
-    """`follow` and `join_sampled` find a token by its rid, so a rid may hold one token."""
+    """`gather_sampled` and `join_sampled` find a token by its rid, so a rid may hold one token."""
     rids = np.array([4, 2, 4, 2, 9], dtype=np.int64)
     rids.setflags(write=False)
     with _exactly(BatchConflict, "Sampled.rids: requests [2, 4] appear more than once"):
@@ -167,7 +168,7 @@ def test_join_sampled_names_the_requests_both_sides_hold() -> None:
     tokens = torch.tensor([7, 8, 9])
     whole = Sampled.of(running.rows, tokens)
     kept, _ = split(running, [1])
-    one = follow(whole, kept)
+    one = gather_sampled(whole, kept)
     with _exactly(
         BatchConflict, f"requests [{int(kept.rows.rids[0])}] have sampled tokens in both"
     ):

@@ -14,7 +14,6 @@ from returns.result import Failure
 
 from batchstate import (
     TRANSITIONS,
-    Ahead,
     Batch,
     Chunked,
     Decoding,
@@ -23,7 +22,6 @@ from batchstate import (
     Filtered,
     ForwardInputs,
     GraphBuffers,
-    Holder,
     HybridBuffers,
     Idle,
     Mixed,
@@ -31,28 +29,30 @@ from batchstate import (
     Pools,
     Req,
     Sampled,
+    SlotHolder,
     TooLargeToPad,
     Transition,
     Verifying,
+    WindowAhead,
+    admit_prefilled,
     check_batch,
     check_pools,
     decode,
     decode_sampled,
+    exact_window,
     extend,
-    fill,
-    fill_hybrid,
+    fill_buffers,
+    fill_hybrid_buffers,
     filter_batch,
     find_leaks,
+    finish_mixed,
     forward_inputs,
     hybrid_inputs,
     idle,
     merge,
     mix,
     pad,
-    prebuilt,
     release,
-    settle,
-    settle_ahead,
     split,
     sync,
     transfer_targets,
@@ -126,7 +126,7 @@ def _call_prebuilt(
     source: Batch | None, operand: Batch | None, pools: Pools
 ) -> tuple[Batch, Pools, list[Batch]]:
     extra = _columns_for(source, [50, 51])
-    batch, pools = prebuilt(source, make_reqs([4, 17], first_rid=50), pools, *extra).unwrap()  # type: ignore[arg-type]  # as above
+    batch, pools = admit_prefilled(source, make_reqs([4, 17], first_rid=50), pools, *extra).unwrap()  # type: ignore[arg-type]  # as above
     return batch, pools, [batch]
 
 
@@ -184,7 +184,7 @@ def _call_sync(
 
 def _call_verify_ahead(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     # The source is a Decoding (see test_transition_row): open a window, then the next one
     # ahead of its counts, which stay on the device.
     assert isinstance(source, Decoding)
@@ -197,15 +197,17 @@ def _call_verify_ahead(
 
 def _call_settle_ahead(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     opened, pools, _ = _call_verify_ahead(source, operand, pools)
-    assert isinstance(opened, Ahead)
-    window, pools = settle_ahead(opened, np.ones(len(opened.reqs), dtype=np.int32), pools)
+    assert isinstance(opened, WindowAhead)
+    window, pools = exact_window(opened, np.ones(len(opened.reqs), dtype=np.int32), pools)
     assert window.out_cache_loc.host.tolist() == opened.out_cache_loc.device.tolist()
     return window, pools, [window]
 
 
-def _call_mix(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
+def _call_mix(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[SlotHolder]]:
     # Idle or Filtered source; the operand is a held Chunked, or None for new requests only.
     assert isinstance(source, Idle | Filtered)
     tokens = [7] * len(source.rows)
@@ -221,7 +223,7 @@ def _call_mix(source: Source, operand: Source, pools: Pools) -> tuple[object, Po
 
 def _call_decode_sampled(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     assert isinstance(source, Filtered)
     tokens = torch.arange(len(source.rows), dtype=torch.int64)
     mixed, pools = decode_sampled(source, Sampled.of(source.rows, tokens), pools).unwrap()
@@ -232,13 +234,13 @@ def _call_decode_sampled(
 
 def _call_settle(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     # The source is a Filtered (see test_transition_row): mix a long prompt in, cut by the budget.
     assert isinstance(source, Filtered)
     long = make_reqs([45], first_rid=70)
     tokens = [3] * len(source.rows)
     mixed, pools = mix(source, long, 11, pools, tokens, *_columns_for(source, [70])).unwrap()
-    running, held = settle(mixed)
+    running, held = finish_mixed(mixed)
     assert [chunk.cached for chunk in held] == [11]
     assert running.rows.rids.tolist() == source.rows.rids.tolist()
     return running, pools, [running, *held]
@@ -246,14 +248,14 @@ def _call_settle(
 
 def _call_settle_held(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     _, pools, live = _call_settle(source, operand, pools)
     return live[-1], pools, live
 
 
 def _call_forward_inputs(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     # The source is the record itself (a Filtered stands for Mixed, a Decoding for Verifying:
     # see test_transition_row, whose window map builds them).
     assert isinstance(source, Idle | Extended | Decoding)
@@ -264,7 +266,7 @@ def _call_forward_inputs(
 
 def _call_forward_inputs_mixed(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     mixed, pools, live = _call_mix(source, None, pools)
     assert isinstance(mixed, Mixed)
     inputs = forward_inputs(mixed, pools.table, pools.page_size)
@@ -274,7 +276,7 @@ def _call_forward_inputs_mixed(
 
 def _call_forward_inputs_verifying(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     assert isinstance(source, Decoding)
     window, pools = verify(source, [2] * len(source.rows), pools).unwrap()
     inputs = forward_inputs(window, pools.table, pools.page_size, slot_tokens=pools.slot_tokens)
@@ -298,7 +300,7 @@ def _assert_inputs(inputs: ForwardInputs, seq_lens: list[int]) -> None:
 
 def _call_hybrid_inputs(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     # These pools are full attention: no kind, so no window or state inputs (test_hybrid_pools
     # covers hybrid pools).
     assert isinstance(source, Decoding)
@@ -310,7 +312,7 @@ def _call_hybrid_inputs(
 
 def _call_transfer_targets(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     # Full-attention pools: each row's every position at its table cells, and nothing more
     # (tests/forward/test_hybrid_prebuilt.py covers hybrid pools).
     assert isinstance(source, Filtered)
@@ -326,18 +328,20 @@ def _call_transfer_targets(
 
 def _call_fill_hybrid(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     # Full-attention pools, a padded decode bucket: no window or state inputs, as
     # `hybrid_inputs` (tests/captured/test_hybrid_buffers.py covers hybrid pools).
     assert isinstance(source, Decoding)
     padded = pad(forward_inputs(source, pools.table, pools.page_size), [64]).unwrap()
     buffers = HybridBuffers.allocate(CPU, pools.memory_kinds, rows=64, tokens=64, window_pages=64)
-    hybrid = fill_hybrid(buffers, padded.inputs, pools).unwrap()
+    hybrid = fill_hybrid_buffers(buffers, padded.inputs, pools).unwrap()
     assert (hybrid.num_rows, hybrid.windows, hybrid.states) == (64, (), ())
     return hybrid, pools, [source]
 
 
-def _call_pad(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
+def _call_pad(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[SlotHolder]]:
     assert isinstance(source, Decoding)
     inputs = forward_inputs(source, pools.table, pools.page_size)
     padded = pad(inputs, [1, 2, 4, 8, 16]).unwrap()
@@ -348,14 +352,16 @@ def _call_pad(source: Source, operand: Source, pools: Pools) -> tuple[object, Po
     return padded, pools, [source]
 
 
-def _call_fill(source: Source, operand: Source, pools: Pools) -> tuple[object, Pools, list[Holder]]:
+def _call_fill(
+    source: Source, operand: Source, pools: Pools
+) -> tuple[object, Pools, list[SlotHolder]]:
     assert isinstance(source, Idle | Extended | Decoding)
     return _fill_checked(source, pools), pools, [source]
 
 
 def _call_fill_mixed(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     mixed, pools, live = _call_mix(source, None, pools)
     assert isinstance(mixed, Mixed)
     return _fill_checked(mixed, pools), pools, live
@@ -363,7 +369,7 @@ def _call_fill_mixed(
 
 def _call_fill_verifying(
     source: Source, operand: Source, pools: Pools
-) -> tuple[object, Pools, list[Holder]]:
+) -> tuple[object, Pools, list[SlotHolder]]:
     assert isinstance(source, Decoding)
     window, pools = verify(source, [2] * len(source.rows), pools).unwrap()
     return _fill_checked(window, pools), pools, [window]
@@ -388,7 +394,7 @@ def _fill_checked(record: Record, pools: Pools) -> Padded:
 CALLERS: dict[Callable[..., object], Caller] = {
     idle: _call_idle,
     extend: _call_extend,
-    prebuilt: _call_prebuilt,
+    admit_prefilled: _call_prebuilt,
     decode: _call_decode,
     filter_batch: _call_filter,
     split: _call_split,
@@ -396,15 +402,15 @@ CALLERS: dict[Callable[..., object], Caller] = {
     verify: _call_verify,
     sync: _call_sync,
     verify_ahead: _call_verify_ahead,  # type: ignore[dict-item]  # its records are not all Batch
-    settle_ahead: _call_settle_ahead,  # type: ignore[dict-item]  # as above
+    exact_window: _call_settle_ahead,  # type: ignore[dict-item]  # as above
     mix: _call_mix,  # type: ignore[dict-item]  # its records are not all Batch
     decode_sampled: _call_decode_sampled,  # type: ignore[dict-item]  # as above
     forward_inputs: _call_forward_inputs,  # type: ignore[dict-item]  # as above
     pad: _call_pad,  # type: ignore[dict-item]  # as above
     hybrid_inputs: _call_hybrid_inputs,  # type: ignore[dict-item]  # as above
     transfer_targets: _call_transfer_targets,  # type: ignore[dict-item]  # as above
-    fill_hybrid: _call_fill_hybrid,  # type: ignore[dict-item]  # as above
-    fill: _call_fill,  # type: ignore[dict-item]  # as above
+    fill_hybrid_buffers: _call_fill_hybrid,  # type: ignore[dict-item]  # as above
+    fill_buffers: _call_fill,  # type: ignore[dict-item]  # as above
 }
 
 
@@ -413,10 +419,10 @@ def make_chunk(pools: Pools, first_rid: int) -> tuple[Chunked[Any], Pools]:
     reqs = make_reqs([40], first_rid)
     if _PROBE[0]:
         probed, pools = mix(idle(CPU, Probe), reqs, 8, pools, (), make_probe([first_rid])).unwrap()
-        _, (probed_chunk,) = settle(probed)
+        _, (probed_chunk,) = finish_mixed(probed)
         return probed_chunk, pools
     mixed, pools = mix(idle(CPU), reqs, 8, pools).unwrap()
-    _, (chunk,) = settle(mixed)
+    _, (chunk,) = finish_mixed(mixed)
     return chunk, pools
 
 
@@ -452,8 +458,8 @@ def test_transition_row(  # noqa: PLR0917  # pytest passes every parameter by na
     _PROBE[0] = probe
     pools = make_test_pools(page_size, prefix_cache=cache)
     # make_phase builds mirrored phases only: sync's caller opens its window from a Decoding,
-    # settle's mixes one from a Filtered.
-    windows = {Verifying: Decoding, Mixed: Filtered, ForwardInputs: Decoding, Ahead: Decoding}
+    # finish_mixed's mixes one from a Filtered.
+    windows = {Verifying: Decoding, Mixed: Filtered, ForwardInputs: Decoding, WindowAhead: Decoding}
     phase = windows.get(row.source, row.source) if row.source is not None else None
     source, pools = (
         make_phase(phase, pools, source_lengths, probe=probe) if phase else (None, pools)
@@ -463,23 +469,23 @@ def test_transition_row(  # noqa: PLR0917  # pytest passes every parameter by na
         operand, pools = make_chunk(pools, first_rid=40)
     elif row.operand is not None and not issubclass(row.operand, Verifying):
         operand, pools = make_phase(row.operand, pools, operand_lengths, first_rid=20, probe=probe)
-    holders_before: list[Holder] = [source] if source is not None else []
+    holders_before: list[SlotHolder] = [source] if source is not None else []
     holders_before += [operand] if operand is not None else []
     unheld_before = set(find_leaks(pools, holders_before).unheld)  # make_phase drops rows
     caller = CALLERS.get(row.function)
-    if row.function is settle:
+    if row.function is finish_mixed:
         caller = _call_settle if row.target is Filtered else _call_settle_held  # type: ignore[assignment]  # as above
     if row.function is forward_inputs and row.source in (Mixed, Verifying):
         window = (
             _call_forward_inputs_mixed if row.source is Mixed else _call_forward_inputs_verifying
         )
         caller = window  # type: ignore[assignment]  # as above
-    if row.function is fill and row.source in (Mixed, Verifying):
+    if row.function is fill_buffers and row.source in (Mixed, Verifying):
         filled = _call_fill_mixed if row.source is Mixed else _call_fill_verifying
         caller = filled  # type: ignore[assignment]  # as above
     assert caller is not None, f"add a caller for {row.function.__name__} to CALLERS"
     result, after, outputs = caller(source, operand, pools)  # type: ignore[arg-type]  # as above
-    live: list[Holder] = list(outputs)
+    live: list[SlotHolder] = list(outputs)
     assert type(result) is row.target
     if probe:
         assert live, "the transition made no record to check"
@@ -502,7 +508,7 @@ def _assert_probe_of(holder: object) -> None:
     # Every column of a record that holds rows, checked on both sides against its rids.
     if isinstance(holder, Chunked):
         assert_probe(holder.columns, [holder.req.rid])
-    elif isinstance(holder, Verifying | Ahead):
+    elif isinstance(holder, Verifying | WindowAhead):
         assert_probe(holder.columns, holder.rids.tolist())
     else:
         rows = holder.rows  # type: ignore[attr-defined]  # a batch or a Mixed

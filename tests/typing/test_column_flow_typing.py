@@ -34,7 +34,6 @@ from batchstate.memory import *
 from batchstate.records import *
 from batchstate.speculative import *
 from batchstate.transitions import *
-from batchstate.base import Err, Ok, Outcome, outcome
 
 @attrs.frozen(eq=False)
 class Lora(Columns):
@@ -67,12 +66,18 @@ MISMATCHED: Final = {
         "anything(extend(sampling_idle, [lora_chunk], pools, sampling))",
         "extend",
     ),
-    "prebuilt_nested": ("unwrap(prebuilt(lora_idle, reqs, pools, sampling))", "prebuilt"),
-    "prebuilt_where_any_goes": ("anything(prebuilt(lora_idle, reqs, pools, sampling))", "prebuilt"),
+    "admit_prefilled_nested": (
+        "unwrap(admit_prefilled(lora_idle, reqs, pools, sampling))",
+        "admit_prefilled",
+    ),
+    "admit_prefilled_where_any_goes": (
+        "anything(admit_prefilled(lora_idle, reqs, pools, sampling))",
+        "admit_prefilled",
+    ),
     "mix_columns_of_another_set": ("mix(f, reqs, 8, pools, (), lora)", "mix"),
     "mix_where_any_goes": ("anything(mix(f, reqs, 8, pools, (), lora))", "mix"),
     "mix_nested": (
-        "settle(unwrap(mix(idle('cpu', Lora), reqs, 8, pools, (), sampling)).batch)",
+        "finish_mixed(unwrap(mix(idle('cpu', Lora), reqs, 8, pools, (), sampling)).batch)",
         "mix",
     ),
     "mix_a_chunk_of_another_set": ("anything(mix(f, [lora_chunk], 8, pools, (), sampling))", "mix"),
@@ -111,7 +116,7 @@ MATCHED: Final = {
         "batchstate.records.phases.Extended[test_column_flow_typing_matched_extend_where_any_goes.Lora]",
     ),
     "mix_nested": (
-        "reveal_type(settle(unwrap(mix(f, reqs, 8, pools, (), sampling)).batch).running)",
+        "reveal_type(finish_mixed(unwrap(mix(f, reqs, 8, pools, (), sampling)).batch).running)",
         "batchstate.records.phases.Filtered[batchstate.columns.sampling.Sampling]",
     ),
     "idle_where_any_goes": (

@@ -22,7 +22,6 @@ from batchstate.memory import *
 from batchstate.records import *
 from batchstate.speculative import *
 from batchstate.transitions import *
-from batchstate.base import Err, Ok, Outcome, outcome
 
 def sample(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
@@ -42,7 +41,7 @@ REJECTED: Final = {
 ACCEPTED: Final = {
     "accept_unpad_then_sample": "sample(unpad(padded.run(forward)))",
     "accept_unpad_tokens": "print(unpad_tokens(padded.wrap(forward(padded.inputs))).shape)",
-    "accept_pad_then_unwrap": "print(pad(inputs, [8, 16], SGLANG_FILLS).unwrap().padded_rows)",
+    "accept_pad_then_unwrap": "print(pad(inputs, [8, 16], SGLANG_PAD_VALUES).unwrap().padded_rows)",
 }
 
 

@@ -25,12 +25,11 @@ from batchstate.memory import *
 from batchstate.records import *
 from batchstate.speculative import *
 from batchstate.transitions import *
-from batchstate.base import Err, Ok, Outcome, outcome
 from batchstate.audit import device_reads
 
 def snippet(
     decoding: Decoding, filtered: Filtered, verifying: Verifying, pools: Pools,
-    tensor: torch.Tensor, ahead: Ahead,
+    tensor: torch.Tensor, ahead: WindowAhead,
 ) -> None:
 """
 
@@ -65,7 +64,7 @@ REJECTED: Final = {
         "def plan(seq_lens: Mirrored) -> None: ...\nplan(ahead.seq_lens)",
         "[arg-type]",
     ),
-    "reject_device_counts_to_settle": ("settle_ahead(ahead, tensor, pools)", "[arg-type]"),
+    "reject_device_counts_to_exact_window": ("exact_window(ahead, tensor, pools)", "[arg-type]"),
     "reject_ahead_as_batch": ("batch: Batch = ahead", "[assignment]"),
     # verify can fail: its Result must be unwrapped first.
     "reject_verify_result_as_step": ("print(verify(decoding, [0], pools).batch)", "[attr-defined]"),
@@ -77,7 +76,7 @@ ACCEPTED: Final = {
         bound: UpperBound = opened.seq_lens
         widest: int = bound.max_bound
         verified = read_verified(tensor, tensor[:, None])
-        window, pools = settle_ahead(opened, verified.counts, pools)
+        window, pools = exact_window(opened, verified.counts, pools)
         running, pools = sync(window, verified.counts, pools)
     """,
     "accept_speculative_step": """\

@@ -33,7 +33,6 @@ from batchstate.memory import *
 from batchstate.records import *
 from batchstate.speculative import *
 from batchstate.transitions import *
-from batchstate.base import Err, Ok, Outcome, outcome
 
 @attrs.frozen(eq=False)
 class Lora(Columns):
@@ -51,7 +50,7 @@ def snippet(
 _VARIABLE: Final = {Idle: "idle_", Extended: "extended", Decoding: "decoding", Filtered: "filtered"}
 _CALL: Final = {
     "extend": "extend({}, reqs, pools)",
-    "prebuilt": "prebuilt({}, reqs, pools)",
+    "admit_prefilled": "admit_prefilled({}, reqs, pools)",
     "decode": "decode({}, pools)",
     "filter_batch": "filter_batch({}, [0])",
     "split": "split({}, [0])",
@@ -127,7 +126,7 @@ REJECTED: Final = {
     "reject_check_batch_mixed": "check_batch(mixed)",
     "reject_mix_from_decoding": "mix(decoding, reqs, 8, pools)",
     "reject_mix_from_extended": "mix(extended, reqs, 8, pools)",
-    "reject_settle_filtered": "settle(filtered)",
+    "reject_finish_mixed_filtered": "finish_mixed(filtered)",
     # Device-resident tokens are device-only: no host side to read, no host list where they go.
     "reject_sampled_tokens_as_mirror": "def plan(t: Mirrored) -> None: ...\nplan(sampled.tokens)",
     "reject_decode_sampled_host_tokens": "decode_sampled(filtered, [1, 2], pools)",
@@ -175,10 +174,10 @@ ACCEPTED: Final = {
     """,
     "accept_overlap_loop": """\
         step = mix(filtered, [chunked, *reqs], 64, pools, sampled).unwrap()
-        running, held = settle(step.batch)
-        tokens = follow(Sampled.of(step.batch.rows, tensor), running)
+        running, held = finish_mixed(step.batch)
+        tokens = gather_sampled(Sampled.of(step.batch.rows, tensor), running)
         decoded = decode_sampled(running, tokens, step.pools).unwrap()
-        pools = release(held[0], settle(decoded.batch).running, decoded.pools).unwrap()
+        pools = release(held[0], finish_mixed(decoded.batch).running, decoded.pools).unwrap()
         check_leaks(pools, [running, *held, decoded.batch])
         print(read_sampled(tokens).tolist())
     """,
@@ -229,7 +228,7 @@ def test_illegal_pairs_are_the_complement_of_the_table() -> None:
 
 
 # The reason each hand-written case must fail for; the generated ones are all [arg-type]
-# (extend and prebuilt, overloaded on whether the batch carries columns: [call-overload]).
+# (extend and admit_prefilled, overloaded on whether the batch carries columns: [call-overload]).
 _REASON: Final = {
     "reject_undeclared_column": "[attr-defined]",
     "reject_result_used_as_step": "[attr-defined]",
@@ -253,7 +252,7 @@ def test_mypy_rejects(name: str) -> None:
     """mypy reports an error, for the intended reason, on code that breaks the model."""
     errors = _errors()[name]
     assert errors, f"mypy accepted {name}:\n{_module(REJECTED[name])}"
-    overloaded = name.startswith(("reject_extend_", "reject_prebuilt_", "reject_mix_"))
+    overloaded = name.startswith(("reject_extend_", "reject_admit_prefilled_", "reject_mix_"))
     reason = _REASON.get(name, "[call-overload]" if overloaded else "[arg-type]")
     assert any(reason in error for error in errors), errors
 

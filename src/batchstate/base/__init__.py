@@ -34,7 +34,7 @@ _DEPRECATED = {
     "Err": "returns.result.Failure",
     "Ok": "returns.result.Success",
     "Outcome": "returns.result.Result",
-    "outcome": "the Result itself (match on returns' Success and Failure)",
+    "outcome": "the Result itself (returns.pipeline.is_successful, then .unwrap() or .failure())",
 }
 
 if not TYPE_CHECKING:

@@ -74,7 +74,7 @@ def _rebuilt(cls: type[Error], fields: dict[str, object]) -> Error:
 class OutOfReqSlots(Error):
     """More requests than free request slots.
 
-    `fits`: how many of the requests an admission (`extend`, `prebuilt`,
+    `fits`: how many of the requests an admission (`extend`, `admit_prefilled`,
     `mix`) was offered, in the order given, these pools would take: the same
     call with only those succeeds (for `mix`, each with the chunk its budget
     gives it, beside the running rows' decode tokens); 0: not even the

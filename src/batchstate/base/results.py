@@ -1,16 +1,11 @@
-"""Reading a transition's `Result`: `unwrap`, and the deprecated `outcome` vocabulary.
+"""`unwrap`, a `Result`'s value or an exception that says why; and the deprecated `outcome`.
 
-`unwrap(result)` is `result.unwrap()` with a message: for a `Failure` it
-raises `UnwrapError`, whose message is the failure record's one line.
-
-`outcome` took a `Result` apart into a closed union that `match` keeps typed:
-mypy narrows a `Result[T, E]` matched by `case Success(value)` (or tested
-with `isinstance`) to `Success[Any]`, so `value` comes out as `Any`; `Ok` and
-`Err` are two final frozen records with one field each, and `outcome` turns a
-`Result[T, E]` into `Ok[T] | Err[E]`, so that `case Ok(step)` types `step`
-as `T`. `returns`' own idioms keep the types too (`is_successful(result)`,
-then `.unwrap()` or `.failure()`); batchstate keeps one vocabulary, and
-these names are deprecated.
+`returns`' own idioms read a result with mypy's types: `is_successful`,
+then `.unwrap()` or `.failure()` (and a `match` on the failure records),
+`.map`, `.alt`, `.value_or` (docs/api.md, "Results and failures").
+`Ok`, `Err`, `Outcome` and `outcome` were a second vocabulary for the same
+branch: `outcome` turned a `Result[T, E]` into `Ok[T] | Err[E]`. They are
+deprecated, kept for one release: the package's names for them warn.
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ _Error_co = TypeVar("_Error_co", covariant=True)
 @final
 @attrs.frozen
 class Ok(Generic[_Value_co]):
-    """A transition's value, from a `Success`: match it as `Ok(value)`."""
+    """Deprecated: a transition's value, from a `Success` (use `is_successful`, `.unwrap()`)."""
 
     value: _Value_co
 
@@ -46,7 +41,7 @@ class Ok(Generic[_Value_co]):
 @final
 @attrs.frozen
 class Err(Generic[_Error_co]):
-    """A transition's failure record, from a `Failure`: match it as `Err(error)`."""
+    """Deprecated: a transition's failure record (use `is_successful`, `.failure()`)."""
 
     error: _Error_co
 
@@ -55,7 +50,10 @@ Outcome: TypeAlias = Ok[_Value] | Err[_Error]
 
 
 def outcome(result: Result[_Value, _Error]) -> Outcome[_Value, _Error]:
-    """`Ok(value)` for a `Success`, `Err(error)` for a `Failure`: one typed `match` for both.
+    """Deprecated: `Ok(value)` for a `Success`, `Err(error)` for a `Failure`.
+
+    Use the result itself: `is_successful(result)`, then `result.unwrap()`,
+    or `match result.failure():` on the failure records.
 
     >>> import torch
     >>> from batchstate import OutOfReqSlots, Req, extend, idle, make_pools

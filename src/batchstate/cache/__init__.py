@@ -4,16 +4,27 @@
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from batchstate.cache.anchors import Anchor, HybridCache
+    from batchstate.cache.anchors import HybridCache, ResumePoint
+    from batchstate.cache.anchors import ResumePoint as Anchor
     from batchstate.cache.prefix_cache import PrefixCache
 
 __all__ = [
-    "Anchor",
     "HybridCache",
     "PrefixCache",
+    "ResumePoint",
 ]
+
+# Old names, kept for one release: mypy reads them in `__all__` (so code naming
+# them still type-checks under --strict); at run time they stay out of it.
+if TYPE_CHECKING:
+    __all__ += ["Anchor"]
+
+# Old names: each lookup warns and says what to use instead.
+_DEPRECATED = {
+    "Anchor": "batchstate.cache.ResumePoint",
+}
 
 if not TYPE_CHECKING:
     from batchstate.base.lazy import attach
 
-    __getattr__, __dir__ = attach(globals())
+    __getattr__, __dir__ = attach(globals(), _DEPRECATED)

@@ -10,7 +10,7 @@ window pages of the cache's own and the state written into a state slot
 of the cache's own by the forward itself (a checkpoint); a finished row
 whose tokens end on a page boundary keeps its own tail and state as one
 at its end (`HybridPools.give_back`), if it grew since it was admitted:
-only then are that tail and state known written (a `prebuilt` row released
+only then are that tail and state known written (an `admit_prefilled` row released
 before its transfer, or a resumed row before its forward, keeps none). A match is
 usable only up to the longest anchor at or before the full-attention
 match: a prefix whose tail is gone is never read as if it were whole.
@@ -36,7 +36,7 @@ from immutables import Map
 
 from batchstate.cache.radix import Tokens
 
-__all__ = ["NO_ANCHORS", "Anchor", "HybridCache", "SlotCopies", "tail_start"]
+__all__ = ["NO_ANCHORS", "HybridCache", "ResumePoint", "SlotCopies", "tail_start"]
 
 
 def tail_start(end: int, window: int, page_size: int) -> int:
@@ -44,7 +44,7 @@ def tail_start(end: int, window: int, page_size: int) -> int:
     return max(end - window + 1, 0) // page_size * page_size
 
 
-class Anchor(NamedTuple):
+class ResumePoint(NamedTuple):
     """A cached prefix end a request may resume from: its window tail and its state.
 
     `window_pages`: the cache's window pages holding positions
@@ -77,7 +77,7 @@ class SlotCopies(NamedTuple):
 class HybridCache:
     """The anchors of a hybrid model's prefix cache and the copies rows have pending, as a value."""
 
-    anchors: Map[Tokens, Anchor]
+    anchors: Map[Tokens, ResumePoint]
     lengths: Map[int, int]  # anchor length -> how many anchors have it: what a match looks at
     # request slot -> the copies its next forward performs; every row has an entry from its
     # admission until it grows again (its forward or transfer ran) or leaves
@@ -154,7 +154,7 @@ class HybridCache:
     def keep_anchor(self, prefix: Tokens, window_pages: tuple[int, ...], state: int) -> HybridCache:
         """A new anchor `prefix` from a finished row's own window tail and state (no copy)."""
         clock = self.clock + 1
-        anchors = self.anchors.set(prefix, Anchor(window_pages, state, clock, 0))
+        anchors = self.anchors.set(prefix, ResumePoint(window_pages, state, clock, 0))
         lengths = self.lengths.set(len(prefix), self.lengths.get(len(prefix), 0) + 1)
         return HybridCache(anchors, lengths, self.pending, clock, self.num_evicted)
 

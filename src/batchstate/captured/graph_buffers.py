@@ -2,7 +2,7 @@
 
 A graph replays the device addresses it was captured with, so an engine
 keeps, per captured bucket, one set of input buffers and writes each
-step's forward into them. `GraphBuffers` is that set; `fill` writes a
+step's forward into them. `GraphBuffers` is that set; `fill_buffers` writes a
 record's forward into it and returns the `Padded` forward the replay reads
 (its device sides are views of the buffers) and `unpad` takes.
 
@@ -36,7 +36,7 @@ from batchstate.base.errors import DoesNotFit, GraphBuffersError
 from batchstate.base.expect import expect_instance
 from batchstate.base.mirrored import DeviceOnly, HostArray, describe
 from batchstate.captured.padding import (
-    SGLANG_FILLS,
+    SGLANG_PAD_VALUES,
     FieldPairs,
     HostLayout,
     Padded,
@@ -55,7 +55,7 @@ from batchstate.forward.inputs import ForwardPhase, expect_table_of, row_layout
 from batchstate.memory.token_table import TokenTable
 from batchstate.records.verifying import Verifying
 
-__all__ = ["DoesNotFit", "GraphBuffers", "GraphBuffersError", "fill"]
+__all__ = ["DoesNotFit", "GraphBuffers", "GraphBuffersError", "fill_buffers"]
 
 
 # Each field's bytes per entry, in `PADDED_FIELDS` order: int64 first, every view aligned.
@@ -69,9 +69,9 @@ class GraphBuffers:
     """One captured bucket's input buffers on the device, allocated once.
 
     Build it with `allocate` (or `for_decode`, `for_extend`, `for_verify`) before capture;
-    capture the graph reading `fill`'s first result, then `fill` before each
+    capture the graph reading `fill_buffers`'s first result, then `fill_buffers` before each
     replay. The buffers are written in place, like the token table: a
-    `Padded` from an earlier `fill` shows the newer values once that newer
+    `Padded` from an earlier `fill_buffers` shows the newer values once that newer
     fill has run, on the host at once and on the device once its copy has,
     as the replay it fed did before it.
 
@@ -82,7 +82,7 @@ class GraphBuffers:
         tokens: query tokens it was captured with (rows, for decode).
         max_pages: page-table columns: the most pages one row reads.
         kv_capacity: `kv_indices` entries: the most pages all rows read.
-        fills: padded rows' and tokens' values (`FILL_FIELDS`).
+        fills: padded rows' and tokens' values (`PAD_FIELDS`).
         block: the mirrored fields' bytes, one tensor.
         fields: views of `block`, in `PADDED_FIELDS` order.
         cells: int32 `[kv_capacity]`, a view of `block`'s tail: where each
@@ -90,14 +90,14 @@ class GraphBuffers:
         kv_indices: int32 `[kv_capacity]`.
         page_table: int32 `[rows, max_pages]`.
         out_cache_loc: int64 `[tokens]`.
-        staging: the host bytes `fill` lays a step out in, then copies into
+        staging: the host bytes `fill_buffers` lays a step out in, then copies into
             `block` (pinned on CUDA).
-        host: writable views of `staging`, for `fill` alone.
+        host: writable views of `staging`, for `fill_buffers` alone.
         pairs: each mirrored field: a read-only view of `staging` and its
             view of `block`, in `PADDED_FIELDS` order.
         flat_page_table: `page_table` viewed as one row, where `cells` index.
         copies: on CUDA, the event of the last copy out of `staging`, which
-            the next `fill` waits on before it writes `staging` again.
+            the next `fill_buffers` waits on before it writes `staging` again.
     """
 
     device: torch.device
@@ -140,13 +140,13 @@ class GraphBuffers:
             tokens: the bucket's query tokens, >= `rows` times the fills' `extend_lens`.
             max_pages: pages one row may read, >= the fills' pages.
             kv_capacity: pages all rows may read; None: `rows * max_pages`.
-            fills: as `pad`'s; None: `SGLANG_FILLS`.
+            fills: as `pad`'s; None: `SGLANG_PAD_VALUES`.
 
         Raises:
             GraphBuffersError: a size below its minimum, or not an int.
             PaddingError: bad `fills`.
         """
-        fills = dict(SGLANG_FILLS if fills is None else fills)
+        fills = dict(SGLANG_PAD_VALUES if fills is None else fills)
         check_fills(fills)
         capacity = rows * max_pages if kv_capacity is None else kv_capacity
         sizes = {"page_size": page_size, "rows": rows, "tokens": tokens}
@@ -277,7 +277,7 @@ def _is_int(value: object) -> bool:
 # A step's forward written straight from its record into a captured bucket's buffers.
 #
 # `forward_inputs` builds fresh tensors; a captured graph reads fixed ones.
-# `fill` goes from the record (and the pools' table) to the bucket's
+# `fill_buffers` goes from the record (and the pools' table) to the bucket's
 # buffers without building the fresh ones: the host lays every mirrored
 # field out, padded, in one packed array, with each page's cell in the
 # bucket's page table; one copy uploads it into the bucket's block, and
@@ -286,18 +286,18 @@ def _is_int(value: object) -> bool:
 
 
 @overload
-def fill(
+def fill_buffers(
     buffers: GraphBuffers, batch: ForwardPhase[C], table: TokenTable
 ) -> Result[Padded, DoesNotFit]: ...
 
 
 @overload
-def fill(
+def fill_buffers(
     buffers: GraphBuffers, batch: Verifying[C], table: TokenTable, *, slot_tokens: HostArray
 ) -> Result[Padded, DoesNotFit]: ...
 
 
-def fill(
+def fill_buffers(
     buffers: GraphBuffers,
     batch: ForwardPhase[C] | Verifying[C],
     table: TokenTable,
@@ -343,12 +343,12 @@ def fill(
     >>> batch, pools = extend(idle("cpu"), [Req(0, (1, 2)), Req(1, (3,))], pools).unwrap()
     >>> batch, pools = decode(batch, pools).unwrap()
     >>> buffers = GraphBuffers.for_decode(torch.device("cpu"), 1, batch_size=4, max_pages=8)
-    >>> padded = fill(buffers, batch, pools.table).unwrap()
+    >>> padded = fill_buffers(buffers, batch, pools.table).unwrap()
     >>> padded.inputs.seq_lens.device.tolist(), padded.inputs.page_table.device.shape
     ([3, 2, 1, 1], torch.Size([4, 8]))
     """
-    expect_instance(buffers, GraphBuffers, "fill: buffers")
-    expect_instance(table, TokenTable, "fill: table")
+    expect_instance(buffers, GraphBuffers, "fill_buffers: buffers")
+    expect_instance(table, TokenTable, "fill_buffers: table")
     slots, prefix, extend, seq, locs = row_layout(batch, table, slot_tokens)
     device, page_size = slots.device.device, table.page_size
     table.expect_on(device)

@@ -3,7 +3,7 @@
 A replayed CUDA graph reads the addresses it was captured with, so the
 window and state layers' inputs (`hybrid_inputs`) need fixed buffers as
 the full-attention ones do (`GraphBuffers`). `HybridBuffers` is that set
-for one bucket, beside its `GraphBuffers`; `fill_hybrid` computes a padded
+for one bucket, beside its `GraphBuffers`; `fill_hybrid_buffers` computes a padded
 forward's `hybrid_inputs` on the host and writes them into it in one copy
 (all but the prefix cache's anchor copies, uploaded apart: see there):
 
@@ -36,7 +36,7 @@ from batchstate.forward.inputs import ForwardInputs
 from batchstate.memory.kinds import MemoryKinds
 from batchstate.pools.pools import Pools
 
-__all__ = ["HybridBuffers", "fill_hybrid"]
+__all__ = ["HybridBuffers", "fill_hybrid_buffers"]
 
 # Per window kind: kv_starts, kv_indptr, kv_indices, out_cache_loc; per state kind: slots.
 _WINDOW_WHAT: Final = ("rows", "rows", "window pages", "tokens")
@@ -49,7 +49,7 @@ class HybridBuffers:
     """One captured bucket's window and state inputs on the device, allocated once.
 
     Build it with `allocate` before capture, beside the bucket's
-    `GraphBuffers`; `fill_hybrid` before each replay. Written in place: a
+    `GraphBuffers`; `fill_hybrid_buffers` before each replay. Written in place: a
     `HybridInputs` from an earlier fill shows the newer values once the
     newer fill's copy has run, as the replay it fed did before it.
 
@@ -121,12 +121,12 @@ class HybridBuffers:
         )
 
 
-def fill_hybrid(
+def fill_hybrid_buffers(
     buffers: HybridBuffers, inputs: ForwardInputs, pools: Pools
 ) -> Result[HybridInputs, DoesNotFit]:
     """`hybrid_inputs(inputs, pools)`, written into the bucket's `buffers` in one copy.
 
-    `inputs`: the bucket's padded forward (`fill`'s or `pad`'s `inputs`).
+    `inputs`: the bucket's padded forward (`fill_buffers`'s or `pad`'s `inputs`).
     The window and state inputs take no allocation. The anchor copies
     (`HybridInputs.cached`) are not in the buffers: a forward that resumes
     from or publishes an anchor (an extend, chunk or mixed step with the
@@ -144,20 +144,21 @@ def fill_hybrid(
             pools of other memory kinds than theirs.
         ForwardInputsError, StalePools: as `hybrid_inputs`.
 
-    >>> from batchstate import MemoryKinds, Req, SlidingWindow, RecurrentState, extend, fill
-    >>> from batchstate import GraphBuffers, idle, make_pools
+    >>> from batchstate import MemoryKinds, Req, SlidingWindow, RecurrentState, extend, idle
+    >>> from batchstate import GraphBuffers, fill_buffers, make_pools
     >>> kinds = MemoryKinds((SlidingWindow(8, 64), RecurrentState(16, 4)))
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"), page_size=4, memory=kinds)
     >>> batch, pools = extend(idle("cpu"), [Req(0, tuple(range(10)))], pools).unwrap()
     >>> cpu = torch.device("cpu")
-    >>> padded = fill(GraphBuffers.for_extend(cpu, 4, 1, 16, 8), batch, pools.table).unwrap()
+    >>> graph = GraphBuffers.for_extend(cpu, 4, 1, 16, 8)
+    >>> padded = fill_buffers(graph, batch, pools.table).unwrap()
     >>> buffers = HybridBuffers.allocate(cpu, kinds, rows=1, tokens=16, window_pages=8)
-    >>> hybrid = fill_hybrid(buffers, padded.inputs, pools).unwrap()
+    >>> hybrid = fill_hybrid_buffers(buffers, padded.inputs, pools).unwrap()
     >>> hybrid.windows[0].kv_indices.device.tolist(), len(hybrid.windows[0].out_cache_loc)
     ([1, 2, 3], 16)
     """
-    expect_instance(buffers, HybridBuffers, "fill_hybrid: buffers")
-    hosts = hybrid_hosts(inputs, pools, "fill_hybrid")
+    expect_instance(buffers, HybridBuffers, "fill_hybrid_buffers: buffers")
+    hosts = hybrid_hosts(inputs, pools, "fill_hybrid_buffers")
     if inputs.device != buffers.device or pools.memory_kinds != buffers.kinds:
         raise GraphBuffersError(
             f"inputs on {inputs.device} with {pools.memory_kinds!r}; the buffers on"

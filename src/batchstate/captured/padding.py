@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from batchstate.forward.inputs import ForwardInputs
 
 __all__ = [
-    "FILL_FIELDS",
     "PADDED_FIELDS",
-    "SGLANG_FILLS",
-    "VLLM_FILLS",
+    "PAD_FIELDS",
+    "SGLANG_PAD_VALUES",
+    "VLLM_PAD_VALUES",
     "FieldPairs",
     "HostLayout",
     "LayoutSizes",
@@ -39,7 +39,7 @@ __all__ = [
     "PaddedOutput",
     "TableShape",
     "TooLargeToPad",
-    "bucket",
+    "captured_size",
     "check_fill_ranges",
     "check_fills",
     "field_lengths",
@@ -56,14 +56,14 @@ __all__ = [
 
 # Fill tables: the values padded rows and tokens carry, and their checks.
 #
-# `pad` and `fill` add rows and tokens to a forward; each needs a slot, a
+# `pad` and `fill_buffers` add rows and tokens to a forward; each needs a slot, a
 # length, a position, a KV location and a page that every kernel can run on
 # without touching real data. A fill table names them; SGLang's and vLLM's
 # are below.
 
 
 # What a fill table sets, for padded rows and tokens (every other field follows from these).
-FILL_FIELDS: Final = (
+PAD_FIELDS: Final = (
     "req_pool_indices",  # a padded row's slot: 0, the table's padding row
     "seq_lens",  # KV tokens a padded row attends over
     "extend_lens",  # query tokens of a padded row: 1 or 0
@@ -75,7 +75,7 @@ FILL_FIELDS: Final = (
 # SGLang's CUDA-graph runner: every padded row reads and writes the padding location 0
 # (slot 0, page 0), one KV token and one query token, position 0. What FlashInfer's and
 # FA3's kernels need: no row of zero length, and every location inside the cache.
-SGLANG_FILLS: Final[Mapping[str, int]] = {
+SGLANG_PAD_VALUES: Final[Mapping[str, int]] = {
     "req_pool_indices": 0,
     "seq_lens": 1,
     "extend_lens": 1,
@@ -86,7 +86,7 @@ SGLANG_FILLS: Final[Mapping[str, int]] = {
 # vLLM's: padded rows have no query and no KV (`query_start_loc` repeats its last value)
 # and a slot mapping of -1, which its KV-write kernel skips. Only for kernels that take
 # empty rows and skip negative locations.
-VLLM_FILLS: Final[Mapping[str, int]] = {
+VLLM_PAD_VALUES: Final[Mapping[str, int]] = {
     "req_pool_indices": 0,
     "seq_lens": 0,
     "extend_lens": 0,
@@ -120,14 +120,14 @@ def check_fill_ranges(inputs: ForwardInputs | TableShape, fills: Mapping[str, in
 
 
 def check_fills(fills: Mapping[str, int]) -> None:
-    """Raise `PaddingError` unless `fills` sets every name in `FILL_FIELDS` to a usable int."""
+    """Raise `PaddingError` unless `fills` sets every name in `PAD_FIELDS` to a usable int."""
     if not isinstance(fills, Mapping):
-        raise PaddingError(f"fills must map each of {', '.join(FILL_FIELDS)} to an int")
-    missing = [name for name in FILL_FIELDS if name not in fills]
-    unknown = sorted(str(name) for name in fills if name not in FILL_FIELDS)
+        raise PaddingError(f"fills must map each of {', '.join(PAD_FIELDS)} to an int")
+    missing = [name for name in PAD_FIELDS if name not in fills]
+    unknown = sorted(str(name) for name in fills if name not in PAD_FIELDS)
     if missing or unknown:
         raise PaddingError(f"fills: missing {missing}, unknown {unknown}")
-    bad = [name for name in FILL_FIELDS if not is_int(fills[name])]
+    bad = [name for name in PAD_FIELDS if not is_int(fills[name])]
     if bad:
         raise PaddingError(f"fills must be ints: {bad}")
     if fills["extend_lens"] not in (0, 1) or fills["seq_lens"] < fills["extend_lens"]:
@@ -139,9 +139,9 @@ def check_fills(fills: Mapping[str, int]) -> None:
 
 # The host side of a padded forward: rows and tokens added by a fill table, no device work.
 #
-# `pad` and `fill` (a captured graph's buffers) pad the same way and differ
+# `pad` and `fill_buffers` (a captured graph's buffers) pad the same way and differ
 # only in where the arrays live: `pad` lays them out in a fresh array and
-# uploads fresh tensors, `fill` in the bucket's host staging array, written
+# uploads fresh tensors, `fill_buffers` in the bucket's host staging array, written
 # every step, and copies it into the bucket's block. Both start here, from
 # each real row's slot, prefix, query and KV lengths: a forward of `n` rows
 # grown to `rows` rows, each added row carrying the fills' query and KV
@@ -493,7 +493,7 @@ def unpad_tokens(output: PaddedOutput) -> torch.Tensor:
     return output._tensor[: output.padded.num_real_tokens]  # as above
 
 
-def bucket(sizes: Sequence[int], count: int) -> Result[int, TooLargeToPad]:
+def captured_size(sizes: Sequence[int], count: int) -> Result[int, TooLargeToPad]:
     """The smallest captured size >= `count`, or `Failure(TooLargeToPad)`.
 
     For data-parallel ranks, `count` is the largest rank's: the token counts
@@ -531,7 +531,7 @@ def pad(
     Args:
         inputs: an unpadded forward's inputs.
         sizes: the captured sizes, strictly increasing, each >= 1.
-        fills: a value for every name in `FILL_FIELDS`; None: `SGLANG_FILLS`.
+        fills: a value for every name in `PAD_FIELDS`; None: `SGLANG_PAD_VALUES`.
         at_least: pad to at least this count: the largest data-parallel rank's.
 
     Returns:
@@ -539,7 +539,7 @@ def pad(
         exceeds every size.
 
     Raises:
-        PaddingError: bad `sizes` (see `bucket`) or `fills`: a field
+        PaddingError: bad `sizes` (see `captured_size`) or `fills`: a field
             missing or unknown, a non-int, `extend_lens` other than 0 or 1,
             or `seq_lens` below `extend_lens`; a fill outside the table or
             the KV cache (a slot, position, location or page no pools hand
@@ -554,13 +554,13 @@ def pad(
     (4, [3, 2, 1, 1])
     """
     expect_instance(inputs, ForwardInputs, "pad: inputs")
-    fills = SGLANG_FILLS if fills is None else fills
+    fills = SGLANG_PAD_VALUES if fills is None else fills
     check_fills(fills)
     check_fill_ranges(inputs, fills)
     if not is_int(at_least) or at_least < 0:
         raise PaddingError(f"at_least must be an int >= 0, got {at_least!r}")
     count = max(inputs.num_tokens, at_least)
-    chosen = bucket(sizes, count)
+    chosen = captured_size(sizes, count)
     if not isinstance(chosen, Success):
         return Failure(chosen.failure())
     return Success(_pad_to(inputs, chosen.unwrap(), fills))

@@ -11,10 +11,10 @@ from batchstate.base.errors import InvariantViolation
 from batchstate.checks.hybrid import unheld_hybrid
 from batchstate.pools.pools import Pools, expect_pools
 
-__all__ = ["Holder", "Leaks", "check_leaks", "find_leaks"]
+__all__ = ["Leaks", "SlotHolder", "check_leaks", "find_leaks"]
 
 
-class Holder(Protocol):
+class SlotHolder(Protocol):
     """Anything that holds request slots between two calls, of any column set.
 
     The records (`Idle`, `Extended`, `Decoding`, `Filtered`, `Mixed`), a held
@@ -80,7 +80,7 @@ class Leaks:
         return "; ".join(parts)
 
 
-def find_leaks(pools: Pools, holders: Iterable[Holder]) -> Leaks:
+def find_leaks(pools: Pools, holders: Iterable[SlotHolder]) -> Leaks:
     """Compare the slots the pools own with the slots `holders` hold: host data only.
 
     Pass every live record: the running batch, each held `Chunked`, a
@@ -124,14 +124,14 @@ def find_leaks(pools: Pools, holders: Iterable[Holder]) -> Leaks:
     )
 
 
-def check_leaks(pools: Pools, holders: Iterable[Holder]) -> None:
+def check_leaks(pools: Pools, holders: Iterable[SlotHolder]) -> None:
     """Raise `InvariantViolation` unless `find_leaks` finds nothing."""
     leaks = find_leaks(pools, holders)
     if leaks:
         raise InvariantViolation(f"leak check: {leaks}")
 
 
-def _held(holder: Holder) -> list[tuple[int, int, int]]:
+def _held(holder: SlotHolder) -> list[tuple[int, int, int]]:
     # (slot, tokens it holds, generation) per row; -1 where only the device knows the length.
     if not hasattr(holder, "_held_slots"):
         raise TypeError(f"find_leaks: {type(holder).__name__} holds no request slots")

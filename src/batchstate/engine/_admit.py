@@ -20,6 +20,7 @@ import torch
 from returns.result import Result
 
 from batchstate import (
+    BatchAndPools,
     Chunked,
     Extended,
     ExtendError,
@@ -34,12 +35,11 @@ from batchstate import (
     Req,
     Sampled,
     Sampling,
-    Step,
+    admit_prefilled,
     extend,
-    follow,
+    gather_sampled,
     idle,
     mix,
-    prebuilt,
 )
 from batchstate.engine._admission import Budget, reserve
 from batchstate.engine._config import EngineError
@@ -51,7 +51,7 @@ __all__ = ["admit", "admit_chunks", "columns_of", "mix_rows", "running_tokens"]
 
 
 class _Stepped(Protocol):
-    # What an admitting transition returns: `Step` and `MixStep` both.
+    # What an admitting transition returns: `BatchAndPools` and `MixStep` both.
     @property
     def pools(self) -> Pools: ...
 
@@ -114,7 +114,9 @@ def _admit_whole(state: EngineState) -> Extended[Sampling] | None:
     reqs = list(islice(state.waiting, _chosen(state, budget)))
     device = state.running.device
 
-    def attempt(reqs: list[Req]) -> Callable[[], Result[Step[Extended[Sampling]], ExtendError]]:
+    def attempt(
+        reqs: list[Req],
+    ) -> Callable[[], Result[BatchAndPools[Extended[Sampling]], ExtendError]]:
         # The admitted rows' own sampling parameters, in row order, in one upload.
         return partial(_extend, device, reqs, state.pools, columns_of(state, reqs, device))
 
@@ -173,7 +175,7 @@ def _admitted(state: EngineState, batch: Mixed[Sampling], num_held: int) -> Mixe
     for _ in range(max(taken - num_held, 0)):
         state.waiting.popleft()
     if not state.config.mixed:
-        # A prefill-only step: the running rows wait; merged in after settle.
+        # A prefill-only step: the running rows wait; merged in after finish_mixed.
         state.parked = state.running
         state.running = idle(state.running.rows.device, Sampling)
     return batch
@@ -184,7 +186,7 @@ def running_tokens(state: EngineState, running: Running) -> list[int] | Sampled:
     if isinstance(running, Idle):
         return []
     if state.config.overlap and state.unread is not None and state.device_tokens is not None:
-        return state.timed(partial(follow, state.device_tokens, running))
+        return state.timed(partial(gather_sampled, state.device_tokens, running))
     return state.last_tokens(running.rows.rids.tolist())
 
 
@@ -202,7 +204,9 @@ def _admit_prebuilt(state: EngineState) -> Transfer | None:
     reqs = arrivals[: state.policy.admit(arrivals, remaining, budget)]
     device = state.running.device
 
-    def attempt(reqs: list[Req]) -> Callable[[], Result[Step[Filtered[Sampling]], ExtendError]]:
+    def attempt(
+        reqs: list[Req],
+    ) -> Callable[[], Result[BatchAndPools[Filtered[Sampling]], ExtendError]]:
         return partial(_prebuilt, device, reqs, state.pools, columns_of(state, reqs, device))
 
     step = _fewer_until_it_fits(state, reqs, attempt, "prebuilt", audit=False)
@@ -265,14 +269,14 @@ def columns_of(
 
 def _extend(
     device: torch.device, reqs: Sequence[Req], pools: Pools, columns: Sampling
-) -> Result[Step[Extended[Sampling]], ExtendError]:
+) -> Result[BatchAndPools[Extended[Sampling]], ExtendError]:
     return extend(idle(device, Sampling), reqs, pools, columns)
 
 
 def _prebuilt(
     device: torch.device, reqs: Sequence[Req], pools: Pools, columns: Sampling
-) -> Result[Step[Filtered[Sampling]], ExtendError]:
-    return prebuilt(idle(device, Sampling), reqs, pools, columns)
+) -> Result[BatchAndPools[Filtered[Sampling]], ExtendError]:
+    return admit_prefilled(idle(device, Sampling), reqs, pools, columns)
 
 
 def mix_rows(  # noqa: PLR0917  # mix's own arguments, in its order

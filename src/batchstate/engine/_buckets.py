@@ -3,7 +3,7 @@
 An engine replaying CUDA graphs writes every step's forward into the
 buffers its graph was captured with. The feeder does the same: each
 bucket's `GraphBuffers` is allocated the first time a forward lands in
-it and `fill`ed every step after, so the model reads the same few
+it and written by `fill_buffers` every step after, so the model reads the same few
 tensors at every step of a bucket.
 
 A decode forward (one query token per row at most) is bucketed by rows,
@@ -12,8 +12,8 @@ forward is padded by tokens in no row, its rows unchanged, which a
 bucket's fixed row count can match only exactly: its bucket is
 `for_extend(rows, size)`, one per row count the run brings to a size.
 Beside each, the bucket's input ids (int64 `[size]`), as a graph runner
-keeps them, and on hybrid pools its `HybridBuffers`, which `fill_hybrid`
-writes the window and state layers' inputs into. (`fill` pads an extend
+keeps them, and on hybrid pools its `HybridBuffers`, which `fill_hybrid_buffers`
+writes the window and state layers' inputs into. (`fill_buffers` pads an extend
 bucket's missing rows with fill rows, which `pad` does not; keyed by
 rows, the model reads exactly what `pad` gave it.)
 """
@@ -34,8 +34,8 @@ from batchstate import (
     Mixed,
     Padded,
     Pools,
-    fill,
-    fill_hybrid,
+    fill_buffers,
+    fill_hybrid_buffers,
 )
 from batchstate.engine._config import EngineError
 
@@ -77,7 +77,7 @@ class Buckets:
         if buffers is None:
             buffers = self.buffers[key] = _allocate(batch, pools, key, decode=decode)
             self.input_ids[key] = buffers.out_cache_loc.new_zeros(key[1])
-        filled = fill(buffers, batch, pools.table)
+        filled = fill_buffers(buffers, batch, pools.table)
         padded = filled.value_or(None)
         if padded is None:
             raise EngineError(f"a forward does not fit its bucket {key}: {filled.failure()}")
@@ -97,7 +97,7 @@ class Buckets:
             buffers = self.hybrid[key] = HybridBuffers.allocate(
                 inputs.device, pools.memory_kinds, rows=key[0], tokens=key[1], window_pages=capacity
             )
-        filled = fill_hybrid(buffers, inputs, pools)
+        filled = fill_hybrid_buffers(buffers, inputs, pools)
         hybrid = filled.value_or(None)
         if hybrid is None:
             raise EngineError(f"a forward's hybrid inputs do not fit {key}: {filled.failure()}")

@@ -4,7 +4,7 @@ Every step runs the same stages, in order (see docs/engine.md):
 
 1. admit (`_admit`): prebuilt arrivals at the front of the queue, else held
    chunks and waiting requests, as the scheduler policy orders and counts
-   them, through `prebuilt`, `extend` or `mix`;
+   them, through `admit_prefilled`, `extend` or `mix`;
 2. plan (`_plan`): choose the forward (transfer, extend, mixed, decode,
    verify), retracting the policy's victims while decode runs out of KV;
 3. run (`_run`): the token source builds the forward's inputs, pads them to
@@ -30,10 +30,10 @@ from typing import final
 import attrs
 
 from batchstate import (
-    Holder,
     InvariantViolation,
     Pools,
     Req,
+    SlotHolder,
     check_batch,
     check_leaks,
     check_pools,
@@ -192,7 +192,7 @@ class Engine(EngineState):
         """
         # An unread verify window holds the running rows (its lengths are the pools').
         window = self.window
-        holders: list[Holder] = [self.running if window is None else window.window, *self.held]
+        holders: list[SlotHolder] = [self.running if window is None else window.window, *self.held]
         try:
             check_batch(self.running)
             check_pools(self.pools, [self.running] if window is None else [])

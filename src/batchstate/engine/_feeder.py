@@ -16,7 +16,7 @@ from batchstate import (
     Mixed,
     Padded,
     Pools,
-    bucket,
+    captured_size,
     forward_inputs,
 )
 from batchstate.engine._buckets import Buckets, forward_shape
@@ -31,7 +31,7 @@ class Feeder:
     With sizes, every forward is padded to the smallest size that holds its
     tokens (rows, for decode), with SGLang's fills: on the CPU too, the same
     shapes a CUDA graph would replay, without a capture. It is written by
-    `fill` into its bucket's `GraphBuffers` (`buckets`), allocated on the
+    `fill_buffers` into its bucket's `GraphBuffers` (`buckets`), allocated on the
     bucket's first forward and reused by every later one, as a replayed
     graph reads the buffers it was captured with. A forward larger than
     every size runs unpadded, on fresh inputs, as an engine runs such a
@@ -44,7 +44,7 @@ class Feeder:
     def __init__(self, graph_sizes: Sequence[int] = ()) -> None:
         self.sizes = tuple(graph_sizes)
         if self.sizes:
-            bucket(self.sizes, 1)  # refuses bad sizes up front
+            captured_size(self.sizes, 1)  # refuses bad sizes up front
         self.forwards = 0
         self.padded_forwards = 0
         self.eager_forwards = 0  # larger than every size: run unpadded
@@ -64,7 +64,7 @@ class Feeder:
         if not self.sizes:
             return forward_inputs(batch, pools.table, pools.page_size)
         floor = self.floor
-        size = bucket(self.sizes, max(forward_shape(batch)[1], floor or 0))
+        size = captured_size(self.sizes, max(forward_shape(batch)[1], floor or 0))
         if floor == 0 or not isinstance(size, Success):
             self.eager_forwards += 1
             return forward_inputs(batch, pools.table, pools.page_size)

@@ -5,7 +5,7 @@ With overlap, a verify forward's acceptance stays on the device
 counts unread (`verify_ahead`: KV for every draft accepted), then makes
 the step's one named read (`read_verified`: counts and tokens together),
 records each row's tokens, settles the window to exact lengths
-(`settle_ahead`), drafts from the histories now known and verifies.
+(`exact_window`), drafts from the histories now known and verifies.
 
 Rows that finished stay in the window one step (their tokens past the
 stop are dropped). When the window holds such rows, or requests wait to be
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from batchstate import Verified, settle_ahead, sync, verify_ahead
+from batchstate import Verified, exact_window, sync, verify_ahead
 from batchstate.engine._forwards import VerifyForward
 from batchstate.engine._state import EngineState, UnreadWindow
 
@@ -47,7 +47,7 @@ def verify_overlapped(state: EngineState) -> VerifyForward | None:
     ahead, state.pools = step
     state.window = None
     verified, _ = _read(state, last)
-    settled, state.pools = state.timed(lambda: settle_ahead(ahead, verified.counts, state.pools))
+    settled, state.pools = state.timed(lambda: exact_window(ahead, verified.counts, state.pools))
     committed = last.committed + verified.counts + 1  # the token after the accepted ones
     rids = last.rids
     histories = [state.prompts[rid] + state.generated(rid) for rid in rids]

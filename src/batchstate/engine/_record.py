@@ -16,7 +16,7 @@ from typing import final
 
 import attrs
 
-from batchstate import Decoding, Extended, Filtered, Mixed, Sampled, Sampling, settle, sync
+from batchstate import Decoding, Extended, Filtered, Mixed, Sampled, Sampling, finish_mixed, sync
 from batchstate.engine._run import (
     DeviceTokens,
     HostTokens,
@@ -75,7 +75,7 @@ def _record_mixed(state: EngineState, batch: Mixed[Sampling], sampled: Sampled) 
         # join the parked rows, whose tokens are still the last forward's.
         parked = state.parked
         state.device_tokens = sampled if parked is None else state.joined(parked, sampled)
-    settled = state.timed(lambda: settle(batch))
+    settled = state.timed(lambda: finish_mixed(batch))
     state.held.extend(settled.held)
     running = settled.running
     rids = running.rows.rids.tolist()

@@ -88,7 +88,7 @@ class TokenSource(Protocol):
     def transfer(
         self, batch: Filtered[Sampling], pools: Pools, prompts: Sequence[Sequence[int]]
     ) -> list[int]:
-        """Fill a `prebuilt` batch's KV from a prefill server; each row's first token.
+        """Fill an `admit_prefilled` batch's KV from a prefill server; each row's first token.
 
         `prompts[row]`: the row's input ids, whose memory goes where
         `transfer_targets(batch, pools)` names. No forward runs on the batch.

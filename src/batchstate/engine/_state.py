@@ -33,7 +33,7 @@ from batchstate import (
     Sampled,
     Sampling,
     Verifying,
-    follow,
+    gather_sampled,
     idle,
     join_sampled,
     release,
@@ -174,7 +174,7 @@ class EngineState:
         """Overlap: the device tokens of `running`'s rows, then `new`'s."""
         if not isinstance(running, Filtered) or self.device_tokens is None:
             return new
-        return join_sampled(follow(self.device_tokens, running), new)
+        return join_sampled(gather_sampled(self.device_tokens, running), new)
 
     def generated(self, rid: int) -> tuple[int, ...]:
         """What request `rid` generated so far (all of it, once finished)."""

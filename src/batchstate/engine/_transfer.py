@@ -36,8 +36,8 @@ def write_prefilled(
     """Write each row's `prefilled[row]` where the pools hold its memory (mutates `cache`).
 
     Args:
-        batch: a `prebuilt` batch, its memory allocated but not yet written.
-        pools: the pools `prebuilt` returned.
+        batch: an `admit_prefilled` batch, its memory allocated but not yet written.
+        pools: the pools `admit_prefilled` returned.
         prefilled: per row, what its prefill server handed over for its prompt
             (`seq_lens[row]` positions), on the cache's device.
     """

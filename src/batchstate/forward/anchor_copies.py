@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from batchstate.base.mirrored import HostArray, Mirrored
-from batchstate.cache.anchors import Anchor, HybridCache
+from batchstate.cache.anchors import HybridCache, ResumePoint
 from batchstate.cache.radix import Tokens
 from batchstate.forward.inputs import ForwardInputs, ForwardInputsError
 from batchstate.memory.window_pages import WindowPages
@@ -109,7 +109,7 @@ def cached_copies(
     return (CachedCopies(*Mirrored.from_hosts(hosts, inputs.device)),)
 
 
-def _kept(cached: HybridCache, prefix: Tokens, slot: int) -> Anchor:
+def _kept(cached: HybridCache, prefix: Tokens, slot: int) -> ResumePoint:
     anchor = cached.anchors.get(prefix)
     if anchor is None:
         raise ForwardInputsError(

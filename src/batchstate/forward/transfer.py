@@ -1,6 +1,6 @@
-"""Where a prefill server's memory goes: each row of a `prebuilt` batch, per kind of memory.
+"""Where a prefill server's memory goes: each row of an `admit_prefilled` batch, per kind of memory.
 
-`prebuilt` admits requests whose prompt another server computed, and runs
+`admit_prefilled` admits requests whose prompt another server computed, and runs
 no forward: whoever transfers that server's memory writes it here. What
 it must fill, all from host values of the pools:
 
@@ -13,7 +13,7 @@ it must fill, all from host values of the pools:
                             state slot state_indices[i]
 
 A window layer's next forward (the decode at `seq_lens[i]`) reads
-positions from `seq_lens[i] - window + 1` on, so `prebuilt` holds window
+positions from `seq_lens[i] - window + 1` on, so `admit_prefilled` holds window
 pages from that position's page on and nothing earlier is transferred;
 a state layer reads only its state. One upload; nothing read from the
 device.
@@ -67,9 +67,9 @@ class TransferTargets:
 def transfer_targets(batch: Filtered[Any], pools: Pools) -> TransferTargets:
     """Where a transfer writes `batch`'s rows' memory: full-attention, window tail, state.
 
-    For a `prebuilt` batch, before it decodes: the locations its prefill
+    For an `admit_prefilled` batch, before it decodes: the locations its prefill
     server's K/V and states go to (see the module's table). Pass the pools
-    `prebuilt` returned (or any later ones in which the rows still hold
+    `admit_prefilled` returned (or any later ones in which the rows still hold
     their lengths). One upload; nothing is read from the device.
 
     Raises:
@@ -82,10 +82,10 @@ def transfer_targets(batch: Filtered[Any], pools: Pools) -> TransferTargets:
 
     >>> import torch
     >>> from batchstate import MemoryKinds, RecurrentState, Req, SlidingWindow, idle
-    >>> from batchstate import make_pools, prebuilt
+    >>> from batchstate import admit_prefilled, make_pools
     >>> kinds = MemoryKinds((SlidingWindow(8, 64), RecurrentState(16, 4)))
     >>> pools = make_pools(4, 32, 64, torch.device("cpu"), page_size=4, memory=kinds)
-    >>> batch, pools = prebuilt(idle("cpu"), [Req(0, tuple(range(20)))], pools).unwrap()
+    >>> batch, pools = admit_prefilled(idle("cpu"), [Req(0, tuple(range(20)))], pools).unwrap()
     >>> targets = transfer_targets(batch, pools)
     >>> window = targets.hybrid.windows[0]  # the decode at 20 reads from 13 on
     >>> window.kv_starts.host.tolist(), window.kv_indices.host.tolist()

@@ -110,7 +110,7 @@ class WindowPages:
         `reads_from` is the first position each row's forward queries:
         `old_lens`, or less for a forward that queries tokens again (a
         verify window its decode token), or more for rows whose memory
-        arrives from elsewhere (`prebuilt`: `new_lens`, what the next decode
+        arrives from elsewhere (`admit_prefilled`: `new_lens`, what the next decode
         queries), which take window pages for their window's tail only.
         Returns the new value, or `(pages needed, pages available)` when
         the window pages fall short (nothing changed then).

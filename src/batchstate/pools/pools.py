@@ -773,7 +773,7 @@ class Pools:
 
         `reads_from`: the first position each row's forward queries, where it
         is not `old_lens`: before it (a verify window queries its decode token
-        again), or `new_lens` for rows no forward computes here (`prebuilt`);
+        again), or `new_lens` for rows no forward computes here (`admit_prefilled`);
         window pages are held only from what that position reads on.
         """
         page_size = self.page_size
@@ -809,7 +809,7 @@ class Pools:
 
         Pages are counted in Python and each row's locations are its whole
         pages laid out in order. `transferred`: no forward computes the rows
-        here (`prebuilt`), so window pages are taken for each window's tail only.
+        here (`admit_prefilled`), so window pages are taken for each window's tail only.
         """
         page_size = self.page_size
         pages_per_row = [-(-length // page_size) for length in seq_lens]
@@ -942,7 +942,7 @@ class Pools:
         (locked already). `cells` are the transition's table cells, not written
         yet; returns the pools and the cells to write instead: a duplicate's
         cells point at the cache's pages, and cells of positions computed by an
-        earlier forward are appended. Without `retire` (`prebuilt`: no forward
+        earlier forward are appended. Without `retire` (`admit_prefilled`: no forward
         computes the pages, a KV transfer fills them through the table after
         this) such a row keeps its own pages private until release instead.
         """

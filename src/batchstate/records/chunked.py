@@ -23,7 +23,7 @@ __all__ = ["Chunked", "columns_in_order"]
 class Chunked(Generic[C]):
     """A request held between the chunks of its prefill: it owns `slot` and `cached` KV tokens.
 
-    Made by `settle` for each row of a mixed forward whose prompt goes on in
+    Made by `finish_mixed` for each row of a mixed forward whose prompt goes on in
     a later chunk. It can only be continued (handed to `mix` again, which
     computes its next chunk and, on the last one, makes it a running row;
     or to `extend`, which computes the rest of its prompt) or released

@@ -14,7 +14,7 @@ and each row samples at its last token, `cumsum(extend_lens) - 1`.
 
 A chunk budget caps the extend tokens per step: requests are taken in
 order, each computes as much of its prompt as the budget has left, and the
-last one taken may stop part way. `settle` then hands back the running
+last one taken may stop part way. `finish_mixed` then hands back the running
 batch (decode rows, then every row whose prompt is done) and a `Chunked`
 for each row whose prompt goes on.
 """
@@ -41,7 +41,7 @@ from batchstate.records.chunked import Chunked
 from batchstate.records.phases import Filtered, _rows_held
 from batchstate.records.rows import Rows, check_host
 
-__all__ = ["MixStep", "Mixed", "Settled", "settle"]
+__all__ = ["FinishedMixed", "MixStep", "Mixed", "finish_mixed"]
 
 
 @read_only_copies
@@ -153,14 +153,14 @@ class MixStep(NamedTuple, Generic[C]):
     pools: Pools
 
 
-class Settled(NamedTuple, Generic[C]):
+class FinishedMixed(NamedTuple, Generic[C]):
     """A mixed forward after it ran: the running rows, and the requests held between chunks."""
 
     running: Filtered[C]
     held: tuple[Chunked[C], ...]
 
 
-def settle(batch: Mixed[C]) -> Settled[C]:
+def finish_mixed(batch: Mixed[C]) -> FinishedMixed[C]:
     """After the forward: the running rows as `Filtered`, and a `Chunked` per partial row.
 
     The running batch holds the decode rows first, then each extend row
@@ -171,10 +171,10 @@ def settle(batch: Mixed[C]) -> Settled[C]:
         PhaseError: `batch` is not `Mixed`.
     """
     if not isinstance(batch, Mixed):
-        raise PhaseError(f"settle takes Mixed, got {type(batch).__name__}")
+        raise PhaseError(f"finish_mixed takes Mixed, got {type(batch).__name__}")
     rows, num_extend = batch.rows, batch.num_extend_rows
     if not num_extend:
-        return Settled(Filtered(rows), ())
+        return FinishedMixed(Filtered(rows), ())
     partial = set(batch.partial)
     order = host_int64(
         [*range(num_extend, len(rows)), *(row for row in range(num_extend) if row not in partial)]
@@ -191,4 +191,4 @@ def settle(batch: Mixed[C]) -> Settled[C]:
         )
         for row in batch.partial
     )
-    return Settled(Filtered(settled), held)
+    return FinishedMixed(Filtered(settled), held)

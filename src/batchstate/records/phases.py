@@ -20,12 +20,12 @@ from batchstate.records.rows import Rows, check_host
 __all__ = [
     "RUNNING_PHASES",
     "Batch",
+    "BatchAndPools",
     "Decoding",
     "Extended",
     "Filtered",
     "Idle",
     "Running",
-    "Step",
 ]
 
 
@@ -186,7 +186,7 @@ RUNNING_PHASES: Final = (Extended, Decoding, Filtered)
 _Phase_co = TypeVar("_Phase_co", covariant=True)
 
 
-class Step(NamedTuple, Generic[_Phase_co]):
+class BatchAndPools(NamedTuple, Generic[_Phase_co]):
     """What an allocating transition returns: the new record and the pools it left."""
 
     batch: _Phase_co

@@ -3,7 +3,7 @@
 A `Replica` owns one `Pools` (prefix cache on) and one batchstate record per
 SGLang batch it has seen. Each method is one SGLang call, in SGLang's words
 (requests are named by SGLang's rid strings, batches by a label), applied with
-batchstate's public transitions: `mix` + `settle` for `prepare_for_extend`
+batchstate's public transitions: `mix` + `finish_mixed` for `prepare_for_extend`
 (chunked prefill included), `decode`, `filter_batch`, `merge`, `split` +
 `release`. `state(label)` is what the replica holds, in the terms
 `sglang_state` records SGLang's (see `compare`). It needs no SGLang: `replay`
@@ -28,12 +28,12 @@ from batchstate import (
     Req,
     decode,
     filter_batch,
+    finish_mixed,
     idle,
     make_pools,
     merge,
     mix,
     release,
-    settle,
     split,
 )
 from batchstate.errors import Error
@@ -132,7 +132,7 @@ class Replica:
         ):
             del computed
             self.prefix[item.rid] = int(cached)
-        running, held = settle(mixed)
+        running, held = finish_mixed(mixed)
         for chunk in held:
             self.held[self._rid(chunk.req.rid)] = chunk
         self.records[label] = running

@@ -8,11 +8,11 @@ step N accepted. `verify_ahead` opens it from the device's counts, which
 it does not read: KV is reserved for the bound, and each token's position
 and KV location are computed on the device. When the counts reach the
 host (`read_verified`, one read for them and the accepted tokens),
-`settle_ahead` turns the window into an exact `Verifying` and gives back
+`exact_window` turns the window into an exact `Verifying` and gives back
 what the bound reserved and acceptance did not use.
 
-    Verifying(N) --verify_ahead(accepted on device)--> Ahead(N+1) --(forward N+1)-->
-        read_verified(N) --settle_ahead(counts)--> Verifying(N+1) --> sync | verify_ahead
+    Verifying(N) --verify_ahead(accepted on device)--> WindowAhead(N+1) --(forward N+1)-->
+        read_verified(N) --exact_window(counts)--> Verifying(N+1) --> sync | verify_ahead
 
 Row i, with `c` its length before step N's drafts (its decode token
 included), `d` step N's drafts, `a` the accepted ones and `e` step N+1's:
@@ -42,20 +42,20 @@ from batchstate.records.verifying import Verifying, VerifyStep, window_lens
 from batchstate.speculative.verification import Drafts, _draft_lens
 from batchstate.transitions.decoding import DecodeError
 
-__all__ = ["Ahead", "AheadStep", "settle_ahead", "verify_ahead"]
+__all__ = ["WindowAhead", "WindowAheadStep", "exact_window", "verify_ahead"]
 
 
 @read_only_copies
 @final
 @attrs.frozen(eq=False, repr=False)
-class Ahead(Generic[C]):
+class WindowAhead(Generic[C]):
     """A verify window opened before the previous window's accepted counts are on the host.
 
     Built by `verify_ahead`. Its lengths are an `UpperBound` (exact on the
     device); its tokens' positions and KV locations exist only on the
     device; the query layout (`qo_indptr`: one token after the accepted
     ones and `draft_lens[i]` drafts a row) is known on the host. No
-    transition that needs exact host lengths takes it: `settle_ahead` it
+    transition that needs exact host lengths takes it: `exact_window` it
     first, with the counts.
     """
 
@@ -85,21 +85,20 @@ class Ahead(Generic[C]):
         return [(slot, -1, gen) for slot, gen in zip(slots, self.gens.tolist(), strict=True)]
 
     def __repr__(self) -> str:
-        return (
-            f"Ahead(num_reqs={len(self.reqs)}, num_tokens={self.num_tokens}, device={self.device})"
-        )
+        shape = f"num_reqs={len(self.reqs)}, num_tokens={self.num_tokens}, device={self.device}"
+        return f"WindowAhead({shape})"
 
 
-class AheadStep(NamedTuple, Generic[C]):
+class WindowAheadStep(NamedTuple, Generic[C]):
     """What `verify_ahead` returns: the window and the pools holding its bound's KV."""
 
-    batch: Ahead[C]
+    batch: WindowAhead[C]
     pools: Pools
 
 
 def verify_ahead(
     window: Verifying[C], num_accepted: torch.Tensor, draft_lens: Drafts, pools: Pools
-) -> Result[AheadStep[C], DecodeError]:
+) -> Result[WindowAheadStep[C], DecodeError]:
     """Open the next verify window from `window`'s accepted counts on the device, unread.
 
     Reserves KV up to each row's bound (every draft of `window` accepted,
@@ -111,10 +110,10 @@ def verify_ahead(
         window: the verify window whose forward wrote `num_accepted`.
         num_accepted: int32 or int64 `[num_reqs]` on `window.device`.
         draft_lens: the next window's drafts per row, >= 0 (as `verify`'s).
-        pools: the pools that hold `window` (`verify`'s, or `settle_ahead`'s).
+        pools: the pools that hold `window` (`verify`'s, or `exact_window`'s).
 
     Returns:
-        `Success(AheadStep(Ahead, Pools))`; `Failure(OutOfKVTokens)` or
+        `Success(WindowAheadStep(WindowAhead, Pools))`; `Failure(OutOfKVTokens)` or
         `Failure(ContextTooLong)` (for the bound), with `window` and `pools` unchanged.
 
     Raises:
@@ -180,7 +179,7 @@ def verify_ahead(
     accepted = num_accepted.to(torch.int64)
     positions = base + accepted.index_select(0, rows_side)
     locs = after.table.device[token_slots, positions].to(torch.int64)
-    ahead = Ahead(
+    ahead = WindowAhead(
         window.device,
         window.reqs,
         window.rids,
@@ -196,11 +195,11 @@ def verify_ahead(
         DeviceOnly(locs),
         window.columns,
     )
-    return Success(AheadStep(ahead, after.commit()))
+    return Success(WindowAheadStep(ahead, after.commit()))
 
 
-def settle_ahead(
-    ahead: Ahead[C], num_accepted: npt.NDArray[np.integer], pools: Pools
+def exact_window(
+    ahead: WindowAhead[C], num_accepted: npt.NDArray[np.integer], pools: Pools
 ) -> VerifyStep[C]:
     """The window with exact lengths, once the previous window's counts are on the host.
 
@@ -215,12 +214,12 @@ def settle_ahead(
         pools: the pools `verify_ahead` returned, or their successors.
 
     Raises:
-        PhaseError: `ahead` is not `Ahead`.
+        PhaseError: `ahead` is not `WindowAhead`.
         DraftError: counts of the wrong shape or out of range, or pools that
             do not hold the window.
     """
-    if not isinstance(ahead, Ahead):
-        raise PhaseError(f"settle_ahead takes Ahead, got {type(ahead).__name__}")
+    if not isinstance(ahead, WindowAhead):
+        raise PhaseError(f"exact_window takes WindowAhead, got {type(ahead).__name__}")
     num_reqs = len(ahead.reqs)
     given: object = num_accepted  # callers without mypy may pass anything
     if (

@@ -27,7 +27,7 @@ from batchstate.base.errors import ContextTooLong, DraftError, OutOfKVTokens, Ph
 from batchstate.base.mirrored import DeviceOnly, HostArray, Mirrored, frozen, upload
 from batchstate.columns.columns import C
 from batchstate.pools.pools import Pools, expect_pools
-from batchstate.records.phases import Decoding, Filtered, Step
+from batchstate.records.phases import BatchAndPools, Decoding, Filtered
 from batchstate.records.rows import build_rows, check_columns, expect_current, pack_ints
 from batchstate.records.verifying import Verifying, VerifyStep, window_layout, window_lens
 from batchstate.transitions.decoding import DecodeError
@@ -128,7 +128,7 @@ def verify(
 
 def sync(
     batch: Verifying[C], num_accepted: torch.Tensor | npt.NDArray[np.integer], pools: Pools
-) -> Step[Filtered[C]]:
+) -> BatchAndPools[Filtered[C]]:
     """Read each row's accepted drafts from the device, free the rest, mirror the lengths again.
 
     The one device read of the decode path: it waits for the verify forward
@@ -150,7 +150,7 @@ def sync(
         pools: the pools `verify` returned, or their successors.
 
     Returns:
-        `Step(Filtered, Pools)`: a running batch to filter, merge or decode.
+        `BatchAndPools(Filtered, Pools)`: a running batch to filter, merge or decode.
 
     Raises:
         PhaseError: `batch` is not `Verifying`.
@@ -215,7 +215,7 @@ def sync(
         batch.columns,
     )
     check_columns(rows)
-    return Step(Filtered(rows), after.commit())
+    return BatchAndPools(Filtered(rows), after.commit())
 
 
 def _draft_lens(draft_lens: Drafts, num_reqs: int) -> HostArray:

@@ -1,7 +1,7 @@
 """A verify forward's outcome on the host: accepted tokens and counts in one named read.
 
 The host needs both after a verify forward: the counts to set each row's
-length (`sync`, `settle_ahead`), the tokens to stream output and check
+length (`sync`, `exact_window`), the tokens to stream output and check
 finishes. Read apart, they are two waits; `read_verified` packs them on
 the device and copies them back once, inside `permitted_reads`.
 """

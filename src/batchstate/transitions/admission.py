@@ -1,7 +1,7 @@
 """Admitting requests: the empty batch (`idle`), `extend` (prefill) and `prebuilt` batches.
 
 In this module, top to bottom: how many of the requests an admission was
-offered the pools would take, for its failure (`extend` and `prebuilt`
+offered the pools would take, for its failure (`extend` and `admit_prefilled`
 admit all of their inputs or none; when the pools run short, the failure
 says how many, from the first, would have fitted, so that a scheduler can
 offer exactly those; `mix` counts its own in `transitions.mixing`); the
@@ -41,17 +41,17 @@ from batchstate.columns.columns import NO_COLUMNS, C, NoColumns
 from batchstate.columns.rows import join_pending
 from batchstate.pools.pools import ExtendRows, Pools, expect_pools
 from batchstate.records.chunked import Chunked, columns_in_order
-from batchstate.records.phases import Extended, Filtered, Idle, Step
+from batchstate.records.phases import BatchAndPools, Extended, Filtered, Idle
 from batchstate.records.rows import Req, Rows, build_rows, pack_ints
 
-__all__ = ["ExtendError", "extend", "extend_fits", "idle", "prebuilt"]
+__all__ = ["ExtendError", "admit_prefilled", "extend", "extend_fits", "idle"]
 
 
 def extend_fits(inputs: Sequence[Req | Chunked[C]], pools: Pools, *, match: bool) -> int:
     """The most of `inputs`, from the first, whose slots and KV the pools have (0: none).
 
     `match`: new requests read their cached prefixes first (`extend`), or not
-    (`prebuilt`). Fewer inputs never need more, so the first count that fits,
+    (`admit_prefilled`). Fewer inputs never need more, so the first count that fits,
     counting down, is the most.
     """
     with pools.memory.probing():
@@ -90,13 +90,13 @@ def _allocates(inputs: Sequence[Req | Chunked[C]], pools: Pools, *, match: bool)
             prefix.append(item.cached)
             seq_lens.append(len(item.req.input_ids))
     lengths = host_int64(seq_lens)
-    # `prebuilt` (no match) takes window pages for each window's tail only, as it admits.
+    # `admit_prefilled` (no match) takes window pages for each window's tail only, as it admits.
     reads_from = None if match else lengths
     allocation = with_slots.take_tokens(host_int64(slots), host_int64(prefix), lengths, reads_from)
     return not isinstance(allocation, OutOfKVTokens)
 
 
-# The checks `extend` and `prebuilt` run on their inputs before anything is allocated.
+# The checks `extend` and `admit_prefilled` run on their inputs before anything is allocated.
 
 
 def _first_problem(
@@ -209,7 +209,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
     allocated: tuple[HostArray, Pools],
     columns: C,
     *,
-    retire: bool,  # a forward computes the pages (not `prebuilt`): duplicates are retired
+    retire: bool,  # a forward computes the pages (not `admit_prefilled`): duplicates are retired
 ) -> _Admitted[C] | ExtendError:
     new_slots, pools = allocated
     new_slot_iter = iter(new_slots.tolist())
@@ -231,7 +231,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
             [reqs[row].input_ids for row in new_rows],
             matched.lengths,
         )
-    # Rows no forward computes here (`prebuilt`) are first read by their next decode,
+    # Rows no forward computes here (`admit_prefilled`) are first read by their next decode,
     # at `seq_len`: they take window pages for their window's tail only.
     reads_from = None if retire else seq_lens_host
     allocation = pools.take_tokens(slots_host, prefix_host, seq_lens_host, reads_from)
@@ -336,17 +336,17 @@ def idle(device: torch.device | str, columns: type[Any] = NoColumns) -> Idle[Any
 @overload
 def extend(
     batch: Idle[NoColumns], reqs: Sequence[Req | Chunked[NoColumns]], pools: Pools
-) -> Result[Step[Extended[NoColumns]], ExtendError]: ...
+) -> Result[BatchAndPools[Extended[NoColumns]], ExtendError]: ...
 @overload
 def extend(
     batch: Idle[C], reqs: Sequence[Req | Chunked[C]], pools: Pools, columns: C
-) -> Result[Step[Extended[C]], ExtendError]: ...
+) -> Result[BatchAndPools[Extended[C]], ExtendError]: ...
 def extend(  # the overloads above are the API; Any stands for their column set here
     batch: Idle[Any],
     reqs: Sequence[Req | Chunked[Any]],
     pools: Pools,
     columns: Any = NO_COLUMNS,
-) -> Result[Step[Extended[Any]], ExtendError]:
+) -> Result[BatchAndPools[Extended[Any]], ExtendError]:
     """Admit requests for an extend forward: allocate slots and KV, write the table.
 
     A `Req` gets a new request slot and computes all its input ids; a
@@ -364,7 +364,7 @@ def extend(  # the overloads above are the API; Any stands for their column set 
     table (both sides) once every allocation has succeeded.
 
     Returns:
-        `Success(Step(Extended, Pools))`, or a `Failure` naming what ran out
+        `Success(BatchAndPools(Extended, Pools))`, or a `Failure` naming what ran out
         or which request was bad (`NotHeld`: a chunk its slot no longer
         holds); the pools given are unchanged either way.
 
@@ -395,20 +395,20 @@ def extend(  # the overloads above are the API; Any stands for their column set 
         admitted.extend_lens,
         admitted.num_computed,
     )
-    return Success(Step(extended, admitted.pools.commit()))
+    return Success(BatchAndPools(extended, admitted.pools.commit()))
 
 
 @overload
-def prebuilt(
+def admit_prefilled(
     batch: Idle[NoColumns], reqs: Sequence[Req], pools: Pools
-) -> Result[Step[Filtered[NoColumns]], ExtendError]: ...
+) -> Result[BatchAndPools[Filtered[NoColumns]], ExtendError]: ...
 @overload
-def prebuilt(
+def admit_prefilled(
     batch: Idle[C], reqs: Sequence[Req], pools: Pools, columns: C
-) -> Result[Step[Filtered[C]], ExtendError]: ...
-def prebuilt(  # the overloads above are the API; Any stands for their column set here
+) -> Result[BatchAndPools[Filtered[C]], ExtendError]: ...
+def admit_prefilled(  # the overloads above are the API; Any stands for their column set here
     batch: Idle[Any], reqs: Sequence[Req], pools: Pools, columns: Any = NO_COLUMNS
-) -> Result[Step[Filtered[Any]], ExtendError]:
+) -> Result[BatchAndPools[Filtered[Any]], ExtendError]:
     """A decode-ready batch whose KV arrives from elsewhere (disaggregated prefill).
 
     Allocates a slot and KV for every input id of each request and builds
@@ -426,11 +426,11 @@ def prebuilt(  # the overloads above are the API; Any stands for their column se
             on different devices.
         ColumnError: as for `extend`.
     """
-    _expect_idle(batch, "prebuilt")
+    _expect_idle(batch, "admit_prefilled")
     admitted = _admit(batch, reqs, pools, columns, match=False)
     if not isinstance(admitted, _Admitted):
         return Failure(admitted)
-    return Success(Step(Filtered(admitted.rows), admitted.pools.commit()))
+    return Success(BatchAndPools(Filtered(admitted.rows), admitted.pools.commit()))
 
 
 # Up to this many fresh requests, writing the table row by row beats index tensors.

@@ -16,7 +16,7 @@ from batchstate.base.errors import (
 from batchstate.base.mirrored import DeviceOnly, Mirrored, frozen
 from batchstate.columns.columns import C
 from batchstate.pools.pools import Pools, expect_pools
-from batchstate.records.phases import RUNNING_PHASES, Decoding, Running, Step
+from batchstate.records.phases import RUNNING_PHASES, BatchAndPools, Decoding, Running
 from batchstate.records.rows import NUM_INTS, SEQ_LENS, Rows, build_rows, expect_current
 
 __all__ = ["DecodeError", "decode", "grow"]
@@ -28,7 +28,7 @@ _ONE_MORE_TOKEN: Final = frozen(
 )
 
 
-def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeError]:
+def decode(batch: Running[C], pools: Pools) -> Result[BatchAndPools[Decoding[C]], DecodeError]:
     """Make room for one more token per row: allocate its KV location, grow every length.
 
     Reads nothing from the device: lengths and page counts come from the
@@ -38,7 +38,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
     after the allocation has succeeded.
 
     Returns:
-        `Success(Step(Decoding, Pools))`; or `Failure(OutOfKVTokens)` or
+        `Success(BatchAndPools(Decoding, Pools))`; or `Failure(OutOfKVTokens)` or
         `Failure(ContextTooLong)`, with `batch` and `pools` unchanged.
 
     Raises:
@@ -60,7 +60,7 @@ def decode(batch: Running[C], pools: Pools) -> Result[Step[Decoding[C]], DecodeE
     if isinstance(grown, OutOfKVTokens):
         return Failure(grown)
     new_rows, out_cache_loc, after = grown
-    return Success(Step(Decoding.trusted(new_rows, out_cache_loc), after.commit()))
+    return Success(BatchAndPools(Decoding.trusted(new_rows, out_cache_loc), after.commit()))
 
 
 def grow(rows: Rows[C], pools: Pools) -> tuple[Rows[C], DeviceOnly, Pools] | OutOfKVTokens:

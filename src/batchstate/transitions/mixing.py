@@ -330,7 +330,7 @@ def _expect_tokens(tokens: Tokens, rows: Rows[C]) -> None:
         if not same(tokens.rids, rows.rids):
             raise BatchConflict(
                 f"sampled tokens are for requests {tokens.rids.tolist()}, the running rows are"
-                f" {rows.rids.tolist()}: follow() them to the running batch first"
+                f" {rows.rids.tolist()}: gather_sampled() them to the running batch first"
             )
         if tokens.tokens.device.device != rows.device:
             raise BatchConflict(
@@ -414,7 +414,7 @@ def mix(  # noqa: PLR0917  # the overloads above are the API; Any stands for the
     Requests of `admit` are taken in order while the budget lasts: a `Req`
     gets a fresh slot and computes up to `budget` tokens of its prompt, a
     `Chunked` continues past what its slot holds. The last one taken may
-    stop part way (it comes back from `settle` as a `Chunked`); the rest are
+    stop part way (it comes back from `finish_mixed` as a `Chunked`); the rest are
     not admitted (`batch.num_extend_rows` says how many were). Every
     running row gets one KV location, as `decode` gives it. The table is
     written once every allocation has succeeded; one host-to-device copy
@@ -499,7 +499,7 @@ def decode_sampled(
 
     Raises:
         PhaseError: `batch` is not `Filtered`.
-        BatchConflict: `sampled` is not `batch`'s rows in order (see `follow`),
+        BatchConflict: `sampled` is not `batch`'s rows in order (see `gather_sampled`),
             or `batch` and `pools` live on different devices.
         StaleRecord: `batch` and `pools` disagree about a slot.
     """

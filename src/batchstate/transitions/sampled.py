@@ -3,7 +3,7 @@
 An overlap scheduler builds step N+1 while step N still runs: N+1's input
 tokens are N's sampled tokens, which exist only on the device. `Sampled`
 holds them with the host-known request ids of their rows, so they can follow
-rows through a split or a merge (`follow`, a device gather by a host index)
+rows through a split or a merge (`gather_sampled`, a device gather by a host index)
 and feed `decode_sampled` or `mix` without a read. The host learns them
 later through `read_sampled`, one named read that an audit permits.
 """
@@ -27,7 +27,7 @@ from batchstate.columns.columns import C
 from batchstate.records.phases import Filtered
 from batchstate.records.rows import Rows, check_host
 
-__all__ = ["Sampled", "follow", "join_sampled", "read_sampled"]
+__all__ = ["Sampled", "gather_sampled", "join_sampled", "read_sampled"]
 
 
 @read_only_copies
@@ -44,7 +44,7 @@ class Sampled:
     tokens: DeviceOnly  # int64 [num_rows], row -> its sampled token
 
     def __attrs_post_init__(self) -> None:
-        # One rid per token: `follow` gathers by position in `rids`.
+        # One rid per token: `gather_sampled` gathers by position in `rids`.
         tokens = self.tokens.device
         if tokens.dim() != 1 or tokens.dtype != torch.int64:
             raise RecordShapeError(
@@ -52,7 +52,7 @@ class Sampled:
                 f" {list(tokens.shape)}"
             )
         check_host("Sampled.rids", self.rids, np.int64, tokens.shape[0])
-        # `follow` and `join_sampled` find a token by its rid: one rid, one token.
+        # `gather_sampled` and `join_sampled` find a token by its rid: one rid, one token.
         ordered = np.sort(self.rids)
         if (ordered[1:] == ordered[:-1]).any():
             twice = sorted({int(rid) for rid in ordered[1:][ordered[1:] == ordered[:-1]]})
@@ -95,7 +95,7 @@ class Sampled:
         return f"Sampled(rids={self.rids.tolist()}, tokens={tokens})"
 
 
-def follow(sampled: Sampled, batch: Filtered[C]) -> Sampled:
+def gather_sampled(sampled: Sampled, batch: Filtered[C]) -> Sampled:
     """`sampled`'s tokens for `batch`'s rows, in `batch`'s order: a device gather, no read.
 
     The index is computed on the host from request ids; rows already in
@@ -105,9 +105,9 @@ def follow(sampled: Sampled, batch: Filtered[C]) -> Sampled:
         PhaseError: `batch` is not `Filtered`.
         BatchConflict: a row of `batch` has no token in `sampled`.
     """
-    expect_instance(sampled, Sampled, "follow: sampled")
+    expect_instance(sampled, Sampled, "gather_sampled: sampled")
     if not isinstance(batch, Filtered):
-        raise PhaseError(f"follow takes Filtered, got {type(batch).__name__}")
+        raise PhaseError(f"gather_sampled takes Filtered, got {type(batch).__name__}")
     wanted = batch.rows.rids
     if same(sampled.rids, wanted):
         return sampled
@@ -120,7 +120,7 @@ def join_sampled(first: Sampled, second: Sampled) -> Sampled:
     """The tokens of two forwards' rows together, `first`'s then `second`'s: one device `cat`.
 
     For batches that are merged before their next step (the running rows
-    and the rows a prefill step just admitted); `follow` then orders them
+    and the rows a prefill step just admitted); `gather_sampled` then orders them
     as the merged batch's rows. Reads nothing.
 
     Raises:

@@ -1,4 +1,4 @@
-"""`follow`'s host index: rows a split kept in order, rows reordered, rows missing."""
+"""`gather_sampled`'s host index: rows a split kept in order, rows reordered, rows missing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchstate import BatchConflict, Req, Sampled, extend, follow, idle, merge, split
+from batchstate import BatchConflict, Req, Sampled, extend, gather_sampled, idle, merge, split
 from batchstate.transitions.sampled import _positions
 from tests.builders import make_test_pools
 
@@ -37,7 +37,16 @@ def test_follow_gathers_the_tokens_of_the_rows_a_split_kept() -> None:
     batch = merge(idle("cpu"), extended)
     sampled = Sampled.of(batch.rows, torch.arange(100, 112))
     kept, _ = split(batch, [0, 2, 3, 5, 6, 7, 8, 11])
-    assert follow(sampled, kept).tokens.device.tolist() == [100, 102, 103, 105, 106, 107, 108, 111]
+    assert gather_sampled(sampled, kept).tokens.device.tolist() == [
+        100,
+        102,
+        103,
+        105,
+        106,
+        107,
+        108,
+        111,
+    ]
 
 
 def test_follow_refuses_a_row_with_no_token() -> None:
@@ -46,4 +55,4 @@ def test_follow_refuses_a_row_with_no_token() -> None:
     sampled = Sampled.of(first.rows, torch.tensor([7, 8]))
     other, pools = extend(idle("cpu"), [Req(2, (3,))], pools).unwrap()
     with pytest.raises(BatchConflict, match=r"no sampled token for requests \[2\]"):
-        follow(sampled, merge(idle("cpu"), other))
+        gather_sampled(sampled, merge(idle("cpu"), other))

@@ -1,4 +1,11 @@
-"""`outcome` takes a Result apart into `Ok` or `Err`, keeping the value or the record itself."""
+"""The deprecated `outcome`, `Ok` and `Err` still work for the release that keeps them.
+
+`returns`' own idioms replace them (tests/base/test_result_idioms.py); until
+they are removed, `outcome` takes a Result apart into `Ok` or `Err`, keeping
+the value or the record itself. They are imported here from the module that
+defines them, which does not warn; the package's names warn
+(tests/base/test_public_face.py).
+"""
 
 from __future__ import annotations
 
@@ -9,18 +16,16 @@ import pytest
 from returns.result import Failure, Result, Success
 
 from batchstate import (
+    BatchAndPools,
     ContextTooLong,
     Decoding,
-    Err,
-    Ok,
     OutOfKVTokens,
     Req,
-    Step,
     decode,
     extend,
     idle,
-    outcome,
 )
+from batchstate.base.results import Err, Ok, outcome
 from tests.builders import CPU, make_test_pools
 
 
@@ -54,9 +59,9 @@ def test_a_real_transition_matches_by_its_failure_record() -> None:
 def test_a_real_success_matches_as_ok_with_the_step() -> None:
     pools = make_test_pools()
     batch, pools = extend(idle(CPU), [Req(0, (5, 6))], pools).unwrap()
-    result: Result[Step[Decoding], object] = decode(batch, pools)
+    result: Result[BatchAndPools[Decoding], object] = decode(batch, pools)
     match outcome(result):
-        case Ok(Step(decoded, after)):
+        case Ok(BatchAndPools(decoded, after)):
             assert decoded.rows.seq_lens.host.tolist() == [3]
             assert after is not pools
         case Err(error):
@@ -73,3 +78,8 @@ def test_ok_and_err_are_frozen_values() -> None:
     assert pickle.loads(pickle.dumps(Err(OutOfKVTokens(1, 0, 16)))) == Err(OutOfKVTokens(1, 0, 16))
     assert Ok.__match_args__ == ("value",)
     assert Err.__match_args__ == ("error",)
+
+
+def test_outcome_refuses_what_is_not_a_result() -> None:
+    with pytest.raises(TypeError, match=r"^outcome: result must be Result, got str$"):
+        outcome("not a result")  # type: ignore[arg-type]  # the point
