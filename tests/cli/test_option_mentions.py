@@ -51,7 +51,7 @@ OTHER_TOOLS: Final = {
     "tools/soak.py": {"--threads", "--production", "--requests", "--check-every", "--seed"},
     "tools/mutation.py": {"--max-children", "--left", "--survivors", "--report"},
     "mutmut": {"--max-children"},
-    "pip install": {"--index-url", "--extra-index-url"},
+    "pip install": {"--index-url", "--extra-index-url", "--no-deps"},
     "tools/version_matrix.py": {"--torch", "--python", "--index-url", "--root"},
     "tools/figures.py": {"--suite"},
 }

@@ -17,7 +17,10 @@ The conventions a block follows:
 - A whole program that runs only on a CUDA device says so just above it:
   `> Needs a CUDA device.`
 - Every block passes `mypy --strict` with the project's configuration and
-  plugins (a fragment after its setup): one mypy run checks them all.
+  plugins (a fragment after its setup): one mypy run checks the blocks that
+  need no library, one run each library's. SGLang's are checked whether or not
+  it is installed (pyproject reads it as Any); a library that is neither
+  (FlashInfer, FA3 where absent) has its blocks skipped, named.
 - The block's `assert`s are its checks: one that fails fails the test.
 - `print(x)  # text`: a print whose line ends in a comment claims that it
   prints `text`. A block that makes such a claim must print exactly its
@@ -27,9 +30,11 @@ The conventions a block follows:
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import importlib.util
 import io
 import re
+import tomllib
 from pathlib import Path
 from typing import Final
 
@@ -176,7 +181,7 @@ def _require(needs: tuple[str, ...]) -> None:
         elif need == "sglang":
             # Installed is enough: importing SGLang itself needs batchstate.sglang's stubs.
             if importlib.util.find_spec(need) is None:
-                pytest.skip("needs sglang (the `sglang` extra)")
+                pytest.skip("needs SGLang 0.5.23: docs/sglang.md#install")
         else:
             pytest.importorskip(need)
 
@@ -200,27 +205,67 @@ def test_a_fragment_needs_its_setup(block: Block) -> None:
         run_block(block, with_setup=False)
 
 
-def _importable(needs: tuple[str, ...]) -> bool:
-    return all(need == "cuda" or importlib.util.find_spec(need) for need in needs)
+# The modules pyproject.toml's mypy overrides read as Any where they are not installed
+# (`ignore_missing_imports`: SGLang, which ships no types).
+ANY_WHEN_ABSENT: Final = tuple(
+    module
+    for override in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"][
+        "overrides"
+    ]
+    if override.get("ignore_missing_imports")
+    for module in (
+        [override["module"]] if isinstance(override["module"], str) else override["module"]
+    )
+)
+# Each library a block needs (FlashInfer, FA3, SGLang), beside a CUDA device.
+LIBRARIES: Final = sorted({need for block in PYTHON for need in block.needs} - {"cuda"})
+
+
+def _mypy_resolves(module: str) -> bool:
+    """Whether mypy can check an import of `module` here: it is installed, or pyproject
+    has mypy read it as Any where it is not (SGLang: its blocks are checked either way)."""
+    read_as_any = any(
+        module == pattern.removesuffix(".*") or fnmatch.fnmatchcase(module, pattern)
+        for pattern in ANY_WHEN_ABSENT
+    )
+    return read_as_any or importlib.util.find_spec(module) is not None
 
 
 @pytest.mark.xdist_group("mypy")
-def test_every_python_block_passes_mypy_strict() -> None:
+@pytest.mark.parametrize("library", ["", *LIBRARIES], ids=lambda library: library or "none")
+def test_every_python_block_passes_mypy_strict(library: str) -> None:
     """README's and the docs' python blocks, each a module (a fragment after its setup),
-    checked in one mypy run with pyproject's configuration: strict, returns' plugin and
-    the package's own. A block whose library is not installed here is left out."""
-    checked = [block for block in PYTHON if _importable(block.needs)]
-    assert len(checked) >= len(PYTHON) - 2  # at most the FlashInfer and FA3 blocks
-    setups = [Block(SETUP_PAGE, 0, "python", code) for code in SETUPS.values()]
-    errors = mypy_errors(
-        {f"block_{index}": block.program for index, block in enumerate([*checked, *setups])}
-    )
+    checked with pyproject's configuration: strict, returns' plugin and the package's own.
+    One mypy run for the blocks that need no library (with both setups), and one for those
+    that need each library; where mypy cannot resolve that library (not installed, and
+    not read as Any), its blocks are skipped, named."""
+    if library:
+        blocks = [block for block in PYTHON if library in block.needs]
+    else:
+        blocks = [block for block in PYTHON if set(block.needs) <= {"cuda"}]
+        blocks += [Block(SETUP_PAGE, 0, "python", code) for code in SETUPS.values()]
+    assert blocks
+    if library and not _mypy_resolves(library):
+        names = ", ".join(block.name for block in blocks)
+        pytest.skip(f"needs {library}, not installed here: {names} not type-checked")
+    errors = mypy_errors({f"block_{index}": block.program for index, block in enumerate(blocks)})
     named = {
         block.name: errors[f"block_{index}"]
-        for index, block in enumerate([*checked, *setups])
+        for index, block in enumerate(blocks)
         if errors[f"block_{index}"]
     }
     assert named == {}
+
+
+def test_every_block_is_in_one_type_check() -> None:
+    """The runs above cover every python block: those needing no library, and each
+    library's; SGLang's are checked with or without SGLang installed."""
+    grouped = [block for block in PYTHON if set(block.needs) <= {"cuda"}]
+    grouped += [block for library in LIBRARIES for block in PYTHON if library in block.needs]
+    assert sorted(block.name for block in grouped) == sorted(block.name for block in PYTHON)
+    assert set(LIBRARIES) >= {"sglang", "flashinfer"}
+    assert _mypy_resolves("sglang") and _mypy_resolves("sglang.srt.managers")
+    assert not _mypy_resolves("not_a_module_anywhere")
 
 
 def test_a_wrong_claim_or_a_failing_assert_fails() -> None:

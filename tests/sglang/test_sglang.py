@@ -1,7 +1,7 @@
 """batchstate.sglang against SGLang's real scheduler bookkeeping (pools, radix cache,
 PrefillAdder, ScheduleBatch), stepped with seeded tokens on CPU.
 
-Skipped when SGLang is not installed (CI installs the `sglang` extra).
+Skipped when SGLang is not installed (CI installs it as docs/sglang.md says).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 
 if importlib.util.find_spec("sglang") is None:
     pytest.skip(
-        "sglang is not installed: pip install 'batchstate[sglang]'", allow_module_level=True
+        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
+        allow_module_level=True,
     )
 
 from batchstate.sglang import Divergence, UnsupportedSGLang, Watch, audit, cpu_topology

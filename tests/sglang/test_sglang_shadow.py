@@ -13,7 +13,8 @@ import pytest
 
 if importlib.util.find_spec("sglang") is None:
     pytest.skip(
-        "sglang is not installed: pip install 'batchstate[sglang]'", allow_module_level=True
+        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
+        allow_module_level=True,
     )
 
 from batchstate.cli import main

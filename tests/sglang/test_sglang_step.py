@@ -1,6 +1,6 @@
 """The side-by-side benchmark against SGLang's real step runs and reports every phase.
 
-Skipped when SGLang is not installed (CI installs the `sglang` extra).
+Skipped when SGLang is not installed (CI installs it as docs/sglang.md says).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 
 if importlib.util.find_spec("sglang") is None:
     pytest.skip(
-        "sglang is not installed: pip install 'batchstate[sglang]'", allow_module_level=True
+        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
+        allow_module_level=True,
     )
 
 from benchmarks.impl_batchstate import BatchstateStep
