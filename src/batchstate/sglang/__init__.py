@@ -1,10 +1,11 @@
-"""batchstate beside a live SGLang scheduler (`pip install 'batchstate[sglang]'`).
+"""batchstate beside a live SGLang scheduler (SGLang 0.5.23 and the `sglang` extra).
 
 `audit(batch)` checks a live `ScheduleBatch`, its pools and its radix cache against
 batchstate's invariants; `Watch` does so after every lifecycle call and names the
 first call that breaks one; `Shadow` replays every lifecycle call as batchstate
 transitions on its own pools and names the first call where the two differ, and
-`replay` runs its trace through batchstate alone. See docs/sglang.md.
+`replay` runs its trace through batchstate alone. See docs/sglang.md, whose Install
+section gives the commands.
 """
 
 from batchstate.sglang._fields import SUPPORTED_VERSIONS, UnsupportedSGLang

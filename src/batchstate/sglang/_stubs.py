@@ -18,11 +18,33 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+# How to install what SGLang's scheduler needs: docs/sglang.md#install's two commands.
+INSTALL = (
+    "beside SGLang 0.5.23, pip install '.[sglang]' from a batchstate checkout; on a CPU,"
+    " pip install 'torch==2.13.0' -e '.[dev,sglang]' && pip install --no-deps 'sglang==0.5.23'"
+    " (docs/sglang.md#install)"
+)
+
+
+def _require_sglang() -> None:
+    """SGLang and the `sglang` extra (transformers first) are installed, or an ImportError
+    that says how to install them, before anything imports either."""
+    missing = [
+        name
+        for name in ("sglang", "transformers")
+        if sys.modules.get(name) is None and importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        names = " and ".join(missing)
+        raise ImportError(
+            f"batchstate.sglang runs SGLang's scheduler; {names} not installed: {INSTALL}"
+        )
+
 
 def _load_sglang_stubs() -> ModuleType:
     spec = importlib.util.find_spec("sglang")
     if spec is None or spec.submodule_search_locations is None:
-        raise ImportError("sglang is not installed: pip install 'batchstate[sglang]'")
+        raise ImportError(f"sglang is not installed: {INSTALL}")
     location = next(iter(spec.submodule_search_locations))
     stub_spec = importlib.util.spec_from_file_location(
         "batchstate_sglang_platform_stubs", f"{location}/_platform_stubs.py"
@@ -93,6 +115,7 @@ def _absent(name: str) -> bool:
 
 def install_stubs() -> None:
     """Stub triton and torchvision where they are not importable; idempotent."""
+    _require_sglang()
     if "sglang" not in sys.modules:
         # An earlier `import sglang` that failed (no triton) leaves its submodules
         # behind without their parent; importing SGLang again needs them gone.
