@@ -13,7 +13,7 @@ from typing import Final
 
 import pytest
 
-DOCS: Final = Path(__file__).resolve().parent.parent / "docs" / "sglang.md"
+DOCS: Final = Path(__file__).resolve().parents[2] / "docs" / "sglang.md"
 
 # docs/sglang.md's audit example, up to its first SGLang call, in an interpreter where
 # the modules named on its command line are not importable.
