@@ -35,14 +35,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ImportError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return USAGE
-    from batchstate.cli import _run  # noqa: PLC0415  (loads torch and the engine)
+    # Loads torch and the engine: only once the options are checked.
+    from batchstate.cli._run import (  # noqa: PLC0415
+        simulate,
+        simulate_dp,
+        warn_if_ranks_outnumber_cores,
+    )
     from batchstate.engine import launched_by_torchrun  # noqa: PLC0415
 
     if dp is None:
-        return _run.simulate(config, args)
+        return simulate(config, args)
     if not launched_by_torchrun():
-        _run.warn_if_ranks_outnumber_cores(dp.ranks)
-    code = _run.simulate_dp(config, dp, args)
+        warn_if_ranks_outnumber_cores(dp.ranks)
+    code = simulate_dp(config, dp, args)
     if launched_by_torchrun():
         # End this rank without interpreter teardown: torch's distributed threads
         # can abort it there (SIGABRT after the work is done, about one run in
