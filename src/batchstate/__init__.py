@@ -169,6 +169,7 @@ if TYPE_CHECKING:
     from batchstate.columns.sampling import Sampling
     from batchstate.columns.sampling_params import GREEDY, SamplingParams
     from batchstate.forward.anchor_copies import CachedCopies as CachedCopies
+    from batchstate.forward.contract import check_forward as check_forward
     from batchstate.forward.hybrid import (
         HybridInputs as HybridInputs,
     )
