@@ -458,13 +458,24 @@ class Padded:
 @final
 @attrs.frozen(eq=False, repr=False)
 class PaddedOutput:
-    """A padded forward's per-token output: no sampler takes it; `unpad` it first."""
+    """A padded forward's per-token output: no sampler takes it; `unpad` it first.
+
+    Its tensor is typed `object`, so mypy rejects handing the output, or the
+    attribute that holds the tensor, to code that takes a tensor: only
+    `unpad` and `unpad_tokens` give one back (short of a `cast` or an
+    `isinstance` check, which say on purpose what they do).
+    """
 
     padded: Padded
-    _tensor: torch.Tensor
+    _tensor: object  # a torch.Tensor, typed so that it reaches no sampler but through unpad
 
     def __repr__(self) -> str:
-        return f"PaddedOutput(shape={tuple(self._tensor.shape)}, {self.padded!r})"
+        return f"PaddedOutput(shape={tuple(_tensor_of(self).shape)}, {self.padded!r})"
+
+
+def _tensor_of(output: PaddedOutput) -> torch.Tensor:
+    # `wrap` stores a tensor: the one place that says so to mypy.
+    return cast("torch.Tensor", output._tensor)
 
 
 def unpad(output: PaddedOutput) -> torch.Tensor:
@@ -474,7 +485,7 @@ def unpad(output: PaddedOutput) -> torch.Tensor:
     `sample_index` otherwise.
     """
     expect_instance(output, PaddedOutput, "unpad: output")
-    padded, tensor = output.padded, output._tensor  # the one reader
+    padded, tensor = output.padded, _tensor_of(output)  # the one reader
     inputs = padded.inputs
     if inputs.is_decode and padded.num_real_tokens == padded.num_real_rows:
         return tensor[: padded.num_real_rows]
@@ -484,7 +495,7 @@ def unpad(output: PaddedOutput) -> torch.Tensor:
 def unpad_tokens(output: PaddedOutput) -> torch.Tensor:
     """The real tokens' outputs, `[num_real_tokens, ...]` (a view)."""
     expect_instance(output, PaddedOutput, "unpad_tokens: output")
-    return output._tensor[: output.padded.num_real_tokens]  # as above
+    return _tensor_of(output)[: output.padded.num_real_tokens]  # as above
 
 
 def bucket(sizes: Sequence[int], count: int) -> Result[int, TooLargeToPad]:
