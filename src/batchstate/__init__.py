@@ -112,6 +112,9 @@ if TYPE_CHECKING:
         StillRunning as StillRunning,
     )
     from batchstate.base.errors import (
+        TokenIdError as TokenIdError,
+    )
+    from batchstate.base.errors import (
         TooLargeToPad as TooLargeToPad,
     )
     from batchstate.base.errors import (

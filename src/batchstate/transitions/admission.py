@@ -38,7 +38,7 @@ from batchstate.columns.rows import join_pending
 from batchstate.pools.pools import ExtendRows, Pools, expect_pools
 from batchstate.records.chunked import Chunked, columns_in_order
 from batchstate.records.phases import Extended, Filtered, Idle, Step
-from batchstate.records.rows import Req, Rows, build_rows, pack_ints
+from batchstate.records.rows import Req, Rows, build_rows, expect_token_ids, pack_ints
 
 __all__ = ["ExtendError", "extend", "extend_fits", "idle", "prebuilt"]
 
@@ -178,6 +178,8 @@ def _place_fresh(
     locs, after = allocation
     locs32 = locs.astype(np.int32)
     total = sum(seq_lens)
+    ids = _token_ids(reqs, (0,) * len(reqs))
+    expect_token_ids(ids, reqs)  # nothing written, nothing committed yet
     rows, (input_ids, out_cache_loc, table_locs) = build_rows(
         batch.device,
         tuple(reqs),
@@ -186,7 +188,7 @@ def _place_fresh(
         total,
         longest,
         columns,
-        (_token_ids(reqs, (0,) * len(reqs)), locs, locs32),
+        (ids, locs, locs32),
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write_rows(slots.tolist(), seq_lens, Mirrored._pair(frozen(locs32), table_locs))
@@ -265,6 +267,8 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         token_slots, positions, locs32 = prefix_cells(
             prefix_rows, pools.page_size, (token_slots, positions, locs32)
         )
+    ids = _token_ids(reqs, prefix_lens)
+    expect_token_ids(ids, reqs)  # nothing written, nothing committed yet
     # One host-to-device copy for every column, the table write and the forward.
     rows, (input_ids, out_cache_loc, *cells) = build_rows(
         batch.device,
@@ -279,7 +283,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         sum(seq_lens),
         max(seq_lens),
         join_pending(columns_in_order(inputs, columns) or [columns]),
-        (_token_ids(reqs, prefix_lens), locs, token_slots, positions, locs32),
+        (ids, locs, token_slots, positions, locs32),
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write(
