@@ -533,6 +533,14 @@ def pad(
     the table's full width, so its shape is static) and `out_cache_loc`;
     no read.
 
+    The real rows keep the forward's contract of `inputs` (docs/design.md:
+    no location the forward writes is a cell below a row's `prefix_lens`),
+    so a kernel may read each prefix before or after the write. Padded
+    rows sit at the padding slot 0 with a prefix of the `seq_lens` fill
+    less the `extend_lens` fill (0 with `SGLANG_FILLS` and `VLLM_FILLS`);
+    padded tokens write the `out_cache_loc` fill, the padding location 0
+    (several may; no real row reads it) or -1 (a write vLLM skips).
+
     Args:
         inputs: an unpadded forward's inputs.
         sizes: the captured sizes, strictly increasing, each >= 1.
