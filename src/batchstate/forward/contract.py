@@ -215,13 +215,15 @@ def _expect_prefix_unwritten(pools: Pools, rows: _Rows, locs: HostArray) -> None
             f" {int(positions[at])} of its prefix at location {int(cells[at])}, on a page"
             " no row holds (free, retired or padding): no earlier forward wrote it"
         )
-    writer = np.full(pools.kv_cache_size, -1, dtype=np.int64)
-    writer[locs] = np.arange(locs.shape[0])
-    token = writer[cells]
-    clash = token >= 0
+    # Which token writes each prefix cell, if any: a sorted search (no array as large as
+    # the KV cache, which production pools count in millions of locations).
+    order = np.argsort(locs, kind="stable")
+    ordered = locs[order]
+    found = np.searchsorted(ordered, cells).clip(max=max(ordered.shape[0] - 1, 0))
+    clash = ordered[found] == cells if ordered.shape[0] else np.zeros(cells.shape[0], dtype=bool)
     if clash.any():
         at = int(clash.argmax())
-        by = int(token[at])
+        by = int(order[found[at]])
         raise InvariantViolation(
             f"check_forward: {rows.name(int(cell_rows[at]))} reads position"
             f" {int(positions[at])} of its prefix at location {int(cells[at])}, which this"
