@@ -53,10 +53,11 @@ def make_test_pools(
 
 
 def make_reqs(lengths: Sequence[int], first_rid: int = 0) -> list[Req]:
-    """One request per length, with distinct rids and recognisable token ids."""
+    """One request per length, with distinct rids and recognisable token ids (>= 0, as
+    every token id is: a negative rid's are its absolute value's)."""
     return [
-        Req(first_rid + i, tuple(range(100 * (first_rid + i), 100 * (first_rid + i) + length)))
-        for i, length in enumerate(lengths)
+        Req(rid, tuple(range(100 * abs(rid), 100 * abs(rid) + length)))
+        for rid, length in ((first_rid + i, length) for i, length in enumerate(lengths))
     ]
 
 

@@ -26,6 +26,12 @@ Numbers: TypeAlias = dict[str, object]
 
 PRESSURE: Final = "--kv-tokens 512 --new-token-ratio 0 --headroom-pages 0 --requests 128"
 SHARED: Final = "--requests 128 --shared-prefix 4 64 0.8 --follow-ups 0.3"
+# docs/prefix-cache.md, "A burst on a cold cache": bursts of 32 sharing a 256-token prompt.
+BURST: Final = (
+    "--requests 128 --arrival burst --burst-size 32 --shared-prefix 1 256 1.0"
+    " --prompt-len 8 32 --output-len 16 64 --max-running 64 --max-prefill-tokens 16384"
+    " --chunk-size 0"
+)
 
 
 def machine() -> str:
@@ -91,6 +97,11 @@ def run_figures(plot: str | None) -> None:
         ("--shared-prefix 4 32 0.5 --follow-ups 0.3 --kv-tokens 2048", _hits),
         (SHARED, _hits),
         (f"{SHARED} --no-prefix-cache", _hits),
+        (f"{BURST} --kv-tokens 8192 --device meta", _burst(8192)),
+        (f"{BURST} --kv-tokens 4096 --device meta", _burst(4096)),
+        (f"{BURST} --kv-tokens 8192", _burst(8192)),
+        ("--attention paged --no-oracle", _step_time),
+        ("--attention ragged --no-oracle", _step_time),
     )
     for options, describe in figures:
         summary, wall = simulate(options)
@@ -111,6 +122,24 @@ def _hits(s: Numbers) -> str:
         f" tokens computed, {s['prefill_cached']} read from the cache; {s['chunks']} chunks;"
         f" {s['evicted_pages']} pages evicted; oracle {s['oracle']}"
     )
+
+
+def _burst(kv_tokens: int) -> Callable[[Numbers], str]:
+    def describe(s: Numbers) -> str:
+        peak = round(float(str(s["peak_kv_use"])) * kv_tokens)
+        return (
+            f"{s['steps']} steps ({s['extend_steps']} extend), peak {peak} KV tokens in use,"
+            f" {s['mean_batch_size']:.1f} rows per forward on average, {s['prefill_computed']}"
+            f" prefill tokens computed, {s['duplicate_tokens_freed']} duplicate tokens freed;"
+            f" oracle {s['oracle']}"
+        )
+
+    return describe
+
+
+def _step_time(s: Numbers) -> str:
+    # The engine loop's time per step: the forward and the bookkeeping around it.
+    return f"{s['steps']} steps, {s['step_ms']:.2f} ms per step, engine loop {s['wall_s']:.2f} s"
 
 
 def time_suite() -> None:

@@ -112,6 +112,9 @@ if TYPE_CHECKING:
         StillRunning as StillRunning,
     )
     from batchstate.base.errors import (
+        TokenIdError as TokenIdError,
+    )
+    from batchstate.base.errors import (
         TooLargeToPad as TooLargeToPad,
     )
     from batchstate.base.errors import (
@@ -187,6 +190,7 @@ if TYPE_CHECKING:
     from batchstate.columns.sampling import Sampling
     from batchstate.columns.sampling_params import GREEDY, SamplingParams
     from batchstate.forward.anchor_copies import CachedCopies as CachedCopies
+    from batchstate.forward.contract import check_forward as check_forward
     from batchstate.forward.hybrid import (
         HybridInputs as HybridInputs,
     )

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         StalePools,
         StaleRecord,
         StillRunning,
+        TokenIdError,
         TooLargeToPad,
         UnwrapError,
     )
@@ -85,6 +86,7 @@ __all__ = [
     "StalePools",
     "StaleRecord",
     "StillRunning",
+    "TokenIdError",
     "TooLargeToPad",
     "UnwrapError",
 ]

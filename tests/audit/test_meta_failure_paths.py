@@ -9,6 +9,7 @@ pools it was given are unchanged.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -22,6 +23,7 @@ from batchstate import (
     Chunked,
     ContextTooLong,
     Decoding,
+    DraftError,
     EmptyExtend,
     EmptyPrompt,
     Filtered,
@@ -261,10 +263,30 @@ def test_a_failure_leaves_the_pools_it_was_given(name: str, cache: bool) -> None
     assert np.array_equal(after[-1], before[-1])  # type: ignore[arg-type]  # host tables
 
 
-def _sync_with_old_pools(pools: Pools) -> object:
-    batch, pools = _running(pools)
-    window, _ = verify(batch, [2, 2, 2], pools).unwrap()
-    return sync(window, np.zeros(3, dtype=np.int64), pools)  # the pools from before verify
+def _sync_refused(how: str) -> Case:
+    # `sync` of a verify window on meta, handed counts on meta (reading them would raise):
+    # each refusal must come before the read. `how` the call is wrong.
+    def case(pools: Pools) -> object:
+        batch, pools = _running(pools)
+        other = copy.deepcopy(pools)  # another lineage: it never held the window
+        window, after = verify(batch, [2, 2, 2], pools).unwrap()
+        counts = torch.zeros(3, dtype=torch.int64, device=META)
+        if how == "twice":
+            _, after = sync(window, np.array([1, 0, 2]), after)  # host counts: no read
+        given = {"stale": pools, "other": other, "twice": after}.get(how, after)
+        if how == "shape":
+            counts = counts[:2]
+        elif how == "dtype":
+            counts = counts.to(torch.float32)
+        elif how == "device":
+            counts = torch.zeros(3, dtype=torch.int64)  # on the CPU, the window on meta
+        elif how == "host-range":
+            return sync(window, np.array([3, 0, 0]), given)  # known on the host: no read
+        elif how == "phase":
+            return sync(batch, counts, given)  # type: ignore[arg-type]  # the contract under test
+        return sync(window, counts, given)
+
+    return case
 
 
 BROKEN_CONTRACTS: Final[dict[str, tuple[Case, type[Exception], str]]] = {
@@ -289,10 +311,21 @@ BROKEN_CONTRACTS: Final[dict[str, tuple[Case, type[Exception], str]]] = {
         TypeError,
         "expected Pools",
     ),
-    "sync-stale-pools": (
-        _sync_with_old_pools,
-        StalePools,
-        "these pools are stale",
+    "sync-stale-pools": (_sync_refused("stale"), StalePools, "these pools are stale"),
+    "sync-pools-of-another-lineage": (
+        _sync_refused("other"),
+        DraftError,
+        "the pools do not hold this batch's drafts",
+    ),
+    "sync-twice": (_sync_refused("twice"), DraftError, "the pools do not hold this batch's"),
+    "sync-counts-short": (_sync_refused("shape"), DraftError, r"expected int32 or int64 \[3\]"),
+    "sync-float-counts": (_sync_refused("dtype"), DraftError, "got torch.float32"),
+    "sync-counts-elsewhere": (_sync_refused("device"), DraftError, "on cpu"),
+    "sync-a-decode": (_sync_refused("phase"), PhaseError, "sync takes Verifying"),
+    "sync-host-count-past-drafts": (
+        _sync_refused("host-range"),
+        DraftError,
+        "row 0 accepted 3 of 2 drafts",
     ),
     "flush-a-batch": (lambda p: flush(idle(META)), TypeError, "expected Pools"),  # type: ignore[arg-type]  # as above
 }
@@ -301,7 +334,11 @@ BROKEN_CONTRACTS: Final[dict[str, tuple[Case, type[Exception], str]]] = {
 @pytest.mark.parametrize("cache", [False, True], ids=["cache-off", "cache-on"])
 @pytest.mark.parametrize("name", BROKEN_CONTRACTS)
 def test_broken_contracts_raise_before_any_read(name: str, cache: bool) -> None:
-    """A wrong kind of value raises the typed error its transition names, reading nothing."""
+    """A wrong kind of value raises the typed error its transition names, reading nothing.
+
+    `sync`'s cases hand it counts on meta, which it would read if it got that far: every
+    refusal that does not need the counts' values comes before the read. A count out of
+    range needs them; handed on the host, it is refused with no read."""
     case, error, message = BROKEN_CONTRACTS[name]
     with device_reads(forbid=True) as log, pytest.raises(error, match=message):
         case(_pools(cache))

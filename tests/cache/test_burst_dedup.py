@@ -141,6 +141,37 @@ def test_a_chunk_reads_what_another_row_published_while_it_was_held(page_size: i
     assert pools.num_free_tokens == KV_TOKENS and len(pools.free_pages) * page_size == KV_TOKENS
 
 
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_a_chunk_continued_after_a_new_request_with_its_prompt_publishes_first(
+    page_size: int,
+) -> None:
+    """No cell the chunk reads as its prefix is one the forward writes; the prompt held once.
+
+    The new request goes first in `admit` and computes the prompt past its cached part; the
+    chunk continues past cells its earlier chunk wrote, in a page it shares with this
+    forward's positions. The chunk publishes first: the new request moves onto the chunk's
+    pages at positions it computes itself, and the chunk's own cells stay as they were.
+    """
+    prompt = (*SYSTEM[:52], 7)  # 53 tokens: the chunk holds 22 (not a page boundary at 4, 16)
+    pools = _pools(page_size)
+    first, pools = mix(idle(CPU), [Req(0, prompt)], 22, pools, []).unwrap()
+    settled = finish_mixed(first)
+    (held,) = settled.held
+    chunk_cells = pools.table.host[held.slot, :22].copy()
+    new = Req(1, (*prompt, 9))
+    second, pools = mix(settled.running, [new, held], 128, pools, []).unwrap()
+    new_slot, chunk_slot = second.rows.req_pool_indices.host.tolist()
+    table = pools.table.host
+    assert (table[chunk_slot, :22] == chunk_cells).all()  # what an earlier forward wrote
+    written = set(second.out_cache_loc.device.tolist())
+    for slot, prefix in zip((new_slot, chunk_slot), second.prefix_lens.tolist(), strict=True):
+        assert not written.intersection(table[slot, :prefix].tolist())
+    full = len(prompt) // page_size * page_size
+    assert (table[new_slot, :full] == table[chunk_slot, :full]).all()  # held once
+    assert pools.prefixes[chunk_slot] == pools.prefixes[new_slot][:full] == prompt[:full]
+    check_pools(pools, [finish_mixed(second).running], compare_device=True)
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_a_burst_on_meta_reads_nothing_from_the_device(page_size: int) -> None:
     """The new cells go with the extend's one upload; nothing is read back."""

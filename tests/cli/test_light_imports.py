@@ -14,7 +14,7 @@ import batchstate
 import batchstate.cli._option_groups
 import batchstate.cli._parser
 from batchstate.base.lazy import typing_imports
-from batchstate.engine import ARRIVALS, DEVICES, SAMPLING_MIXES
+from batchstate.engine import ARRIVALS, ATTENTION_KERNELS, DEVICES, SAMPLING_MIXES
 from batchstate.engine._ranks import BACKENDS
 
 # Runs the command line in a fresh interpreter, then says which heavy modules it loaded.
@@ -93,10 +93,12 @@ def test_the_cli_choices_are_the_engines() -> None:
         groups.ARRIVALS,
         groups.SAMPLING_MIXES,
         groups.DEVICES,
+        groups.ATTENTION_KERNELS,
         batchstate.cli._parser.BACKENDS,
     ) == (
         ARRIVALS,
         SAMPLING_MIXES,
         DEVICES,
+        ATTENTION_KERNELS,
         BACKENDS,
     )

@@ -22,12 +22,15 @@ from batchstate.engine import (
     END_TOKEN,
     Engine,
     EngineConfig,
+    ModelConfig,
     ModelTokens,
     RequestSpec,
     SimulationConfig,
+    TinyModel,
     WorkloadConfig,
     generate_alone,
     make_kv_cache,
+    make_model,
     make_workload,
     simulate,
 )
@@ -46,8 +49,10 @@ def _run(
     pools: Pools,
     config: EngineConfig,
     corrupt: Callable[[Decoding[Sampling]], Decoding[Sampling]] | None = None,
+    model: TinyModel | None = None,
 ) -> Engine:
-    tokens = ModelTokens(tiny_model(), make_kv_cache(tiny_model(), pools))
+    model = tiny_model() if model is None else model
+    tokens = ModelTokens(model, make_kv_cache(model, pools))
     source = tokens if corrupt is None else _Corrupting(tokens, corrupt)
     engine = Engine(config, specs, pools, source)
     engine.run()
@@ -127,6 +132,29 @@ def test_engine_modes_match_oracle(  # noqa: PLR0917  # pytest passes parameters
     assert trace.overshoot_tokens == (len(engine.outputs) if overlap else 0)
     assert engine.pools.num_free_tokens == num_kv_tokens
     assert trace.num_checks > 20  # check_leaks ran with every periodic check
+
+
+@pytest.mark.parametrize(
+    ("config", "page_size", "num_kv_tokens", "max_running"),
+    [
+        (EngineConfig(chunk_size=16, mixed=True, overlap=True), 16, 4096, 32),
+        (EngineConfig(chunk_size=16, new_token_ratio=0.0, headroom_pages=0), 1, 400, 32),
+        (EngineConfig(mixed=True, overlap=True, headroom_pages=0), 16, LONGEST + 16, 8),
+    ],
+    ids=["p16-chunked-mixed-overlap", "p1-chunked-retract", "p16-mixed-overlap-retract-to-one"],
+)
+def test_the_ragged_kernel_matches_oracle(
+    config: EngineConfig, page_size: int, num_kv_tokens: int, max_running: int
+) -> None:
+    """Attention over the step's K/V and the paged prefix, then the write: exact too, with
+    every forward's contract checked before it runs (`check_every=1`)."""
+    pools = make_pools(max_running, LONGEST, num_kv_tokens, torch.device("cpu"), page_size)
+    config = attrs.evolve(config, max_running=max_running, check_every=1)
+    model = make_model(ModelConfig(attention="ragged"))  # the default model's weights
+    engine = _run(make_workload(WORKLOAD), pools, config, model=model)
+    assert engine.outputs == alone_outputs(WORKLOAD)
+    assert (engine.trace.num_retractions > 0) == (num_kv_tokens < 4096)
+    assert engine.pools.num_free_tokens == num_kv_tokens
 
 
 def _swap_out_cache_loc(batch: Decoding[Sampling]) -> Decoding[Sampling]:

@@ -5,9 +5,13 @@ at page sizes 1 and 16, and a subset on two data-parallel ranks. Each cell
 runs a dozen requests with shared prefixes and follow-up turns in a KV
 pool small enough that requests are retracted and cached pages evicted.
 After every step the engine checks its pools and holds every owned slot
-(`check_every=1`: `check_pools` and `check_leaks`); at the end the oracle
+(`check_every=1`: `check_pools` and `check_leaks`), and before every forward
+its contract (`check_forward`); at the end the oracle
 is exact (each request equals its run alone, token for token) and, after
 `flush`, every page and slot is free.
+
+A few cells of each family run again with the ragged kernel (`--attention
+ragged`), which reads a forward's prefix before it writes the step's KV.
 
 The hybrid cells run the same workload on `--model hybrid` (a window
 layer of 8 positions, a recurrent-state layer and a full layer), in every
@@ -269,6 +273,50 @@ def test_hybrid_cells_with_the_prefix_cache_resume_rows_exactly(
     if drafts:
         assert run.trace.speculative_steps > 0
     _assert_requests_run_together(run.trace, chunk)
+
+
+# The ragged kernel (`--attention ragged`: attention over the step's K/V and over the paged
+# prefix, then the write) on a few cells of each family: it reads the prefix before the
+# write, so a prefix cell some forward also wrote would change tokens. Every forward's
+# contract is checked before it runs too (`check_every=1`).
+RAGGED_CELLS: Final = [
+    ((True, 8, True, True, 2), 16, False, ()),  # SGLang's default step, speculating
+    ((True, 8, False, False, 0), 1, False, ()),
+    ((True, 0, True, True, 0), 1, False, ()),
+    ((False, 0, False, False, 2), 16, False, ()),
+    ((True, 8, True, True, 0), 16, False, GRAPH_SIZES),  # padded to captured sizes
+    ((True, 8, True, True, 2), 1, True, ()),  # hybrid, resuming from anchors
+    ((False, 0, False, True, 0), 16, True, GRAPH_SIZES),  # hybrid, padded
+]
+
+
+def _ragged_name(cell: tuple[tuple[bool, int, bool, bool, int], int, bool, tuple[int, ...]]) -> str:
+    mode, page_size, hybrid, sizes = cell
+    return f"{'hybrid-' if hybrid else ''}{_name(mode)}-page{page_size}{'-graphs' if sizes else ''}"
+
+
+@pytest.mark.parametrize("cell", RAGGED_CELLS, ids=[_ragged_name(c) for c in RAGGED_CELLS])
+def test_the_ragged_kernel_runs_the_modes_exactly(
+    cell: tuple[tuple[bool, int, bool, bool, int], int, bool, tuple[int, ...]],
+) -> None:
+    mode, page_size, hybrid, sizes = cell
+    cache, *rest = mode
+    config = (
+        _hybrid_config(tuple(rest), page_size, cache=cache)  # type: ignore[arg-type]
+        if hybrid
+        else _config(mode, page_size)
+    )
+    model = attrs.evolve(config.model, attention="ragged")
+    run = simulate(attrs.evolve(config, model=model, cuda_graph_sizes=sizes))
+    assert run.oracle is not None and run.oracle.passed, run.oracle
+    assert run.oracle.num_checked == WORKLOAD.num_requests
+    assert run.trace.num_checks == len(run.trace) + 1
+    assert run.pools_conserved
+    if cache:
+        assert run.trace.cache_hits > 0
+    if sizes:
+        assert run.feeder is not None and run.feeder.padded_forwards > 0
+    _assert_requests_run_together(run.trace, mode[1])
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -10,6 +10,7 @@ and every record and pool among the inputs must still pass its invariants.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
@@ -28,6 +29,7 @@ from batchstate import (
     Decoding,
     Departed,
     DeviceOnly,
+    DraftError,
     EmptyExtend,
     EmptyPrompt,
     Extended,
@@ -47,22 +49,36 @@ from batchstate import (
     RecordShapeError,
     Req,
     Rows,
+    Sampled,
     StalePools,
     StillRunning,
+    TokenIdError,
     admit_prefilled,
     check_batch,
     check_pools,
     decode,
     extend,
     filter_batch,
+    gather_sampled,
     idle,
     keep_indices,
     make_pools,
     merge,
+    mix,
     release,
+    sync,
+    verify,
 )
 from batchstate.base.mirrored import frozen, host_int64
-from tests.builders import CPU, make_extended, make_phase, make_reqs, make_test_pools
+from tests.builders import (
+    CPU,
+    Probe,
+    make_extended,
+    make_phase,
+    make_probe,
+    make_reqs,
+    make_test_pools,
+)
 from tests.strategies import assert_unchanged, snapshot
 
 META: Final = torch.device("meta")
@@ -359,6 +375,49 @@ def _i(value: int) -> torch.Tensor:
     return torch.tensor([value])
 
 
+def _take(index: list[int]) -> Callable[[], Setup]:
+    # Three rows built by hand, taken at a full-length `index` (the in-order shortcut's size).
+    return lambda: _call(Rows.take, _make_rows([1, 2, 3], [3, 4, 5]), np.array(index))
+
+
+def _mix_tokens(tokens: list[int]) -> Callable[[], Setup]:
+    # A mixed step of the running rows alone, fed `tokens` from the host.
+    def setup() -> Setup:
+        batch, pools = _make_filtered()
+        return _call(mix, batch, [], 4, pools, tokens)
+
+    return setup
+
+
+def _follow_from(device: torch.device) -> Setup:
+    # Tokens on `device` followed to a cpu batch's rows (in order: the shortcut's case).
+    batch, _ = _make_filtered()
+    tokens = torch.zeros(len(batch.rows), dtype=torch.int64, device=device)
+    return _call(gather_sampled, Sampled(batch.rows.rids, DeviceOnly(tokens)), batch)
+
+
+def _column_out_of_sync() -> tuple[object, ...]:
+    pools = make_test_pools()
+    batch, pools = extend(idle(CPU, Probe), make_reqs([3, 4]), pools, make_probe([0, 1])).unwrap()
+    batch.rows.columns.weight.device[1] = 99.0  # NOTE: one side of a mirrored column, by hand
+    return (Filtered(batch.rows),)
+
+
+def _window_on_meta(how: str) -> Setup:
+    # A verify window on meta, synced with meta counts (a read would raise): `how` the pools
+    # are wrong. Each refusal must come before the counts are read.
+    pools = make_test_pools(device=META)
+    extended, pools = extend(idle(META), make_reqs([3, 4]), pools).unwrap()
+    decoding, pools = decode(extended, pools).unwrap()
+    other = copy.deepcopy(pools)  # another lineage, holding no window
+    window, after = verify(decoding, [2, 1], pools).unwrap()
+    counts = torch.zeros(2, dtype=torch.int64, device=META)
+    if how == "synced":
+        _, after = sync(window, np.array([2, 1]), after)  # the window is consumed
+    given = {"stale": pools, "other": other, "synced": after}[how]
+    return _call(sync, window, counts, given)
+
+
 HOSTILE: Final = {
     # ---- wrong phases, for callers without mypy ----
     "extend-from-extended": Case(
@@ -444,6 +503,20 @@ HOSTILE: Final = {
     "keep-indices-any-for-zero-rows": Case(
         _keep_indices([0], 0), KeepIndicesError, r"out of range for 0 rows"
     ),  # an empty batch keeps nothing
+    "rows-take-out-of-order": Case(
+        _take([2, 0, 1]),
+        KeepIndicesError,
+        r"Rows.take: positions must be strictly increasing: out of order at position 1"
+        r" \(2 then 0\)",
+    ),  # a full-length index: the shortcut returned the rows as they were
+    "rows-take-out-of-range": Case(
+        _take([0, 1, 3]), KeepIndicesError, r"Rows.take: position 3 is out of range for 3 rows"
+    ),  # the same shortcut, past the last row
+    "rows-take-a-list": Case(
+        lambda: _call(Rows.take, _make_rows([1, 2], [3, 4]), [0, 1]),
+        KeepIndicesError,
+        r"Rows.take: expected a 1-D integer numpy array, got list",
+    ),  # positions must be host int64 (filter_batch takes lists)
     # ---- admission: empty, too long, full, conflicting ----
     "extend-no-requests": Case(
         _admit(lambda pools: []), EmptyExtend, r"at least one request"
@@ -466,6 +539,21 @@ HOSTILE: Final = {
         ContextTooLong,
         r"request 1 needs 65",
     ),  # the same through admit_prefilled
+    "extend-negative-token": Case(
+        _admit(lambda pools: [Req(0, (5, -7, 9))]),
+        TokenIdError,
+        r"request 0: input id -7 at position 1 is negative: token ids are >= 0",
+    ),  # an embedding would read out of range
+    "admit-prefilled-negative-token": Case(
+        _admit(lambda pools: [Req(0, (5, 6)), Req(1, (-1,))], function=admit_prefilled),
+        TokenIdError,
+        r"request 1: input id -1 at position 0 is negative",
+    ),  # the same through admit_prefilled
+    "mix-negative-running-token": Case(
+        _mix_tokens([1, -2]),
+        TokenIdError,
+        r"running row 1's input token -2 is negative",
+    ),  # a decode row's token, from the host
     "extend-duplicate-rid": Case(
         _admit(lambda pools: [Req(3, (1,)), Req(3, (2,))]),
         BatchConflict,
@@ -537,6 +625,26 @@ HOSTILE: Final = {
     "decode-pools-on-other-device": Case(
         lambda: _decode_on(CPU, META), BatchConflict, r"batch is on cpu.*pools.* on meta"
     ),  # was written to the host table only
+    # ---- overlap: tokens left on the device ----
+    "gather-sampled-tokens-on-meta": Case(
+        lambda: _follow_from(META),
+        BatchConflict,
+        r"sampled tokens on meta, the batch on cpu",
+    ),  # the in-order shortcut handed them back as they were; join_sampled refused them
+    # ---- speculative sync: refused before the counts are read (meta counts: a read raises) ----
+    "sync-stale-pools": Case(
+        lambda: _window_on_meta("stale"), StalePools, r"these pools are stale"
+    ),  # the pools from before verify
+    "sync-pools-of-another-lineage": Case(
+        lambda: _window_on_meta("other"),
+        DraftError,
+        r"the pools do not hold this batch's drafts",
+    ),  # a copy that never held the window
+    "sync-twice": Case(
+        lambda: _window_on_meta("synced"),
+        DraftError,
+        r"the pools do not hold this batch's drafts",
+    ),  # the window consumed already
     # ---- merge ----
     "merge-itself": Case(
         lambda: _merge_shared("itself"), BatchConflict, r"request ids \[1\] are in both batches"
@@ -698,6 +806,11 @@ HOSTILE: Final = {
     "check-table-out-of-sync": Case(
         _check(_table_out_of_sync), InvariantViolation, r"table: host != device"
     ),  # one side of the table written alone
+    "check-column-out-of-sync": Case(
+        _check(_column_out_of_sync),
+        InvariantViolation,
+        r"columns.weight: host mirror != device",
+    ),  # compare_device compared the slots and lengths only
 }
 
 

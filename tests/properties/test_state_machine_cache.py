@@ -52,6 +52,7 @@ from batchstate import (
     Req,
     Sampled,
     check_batch,
+    check_forward,
     check_leaks,
     check_pools,
     decode,
@@ -334,6 +335,7 @@ class CacheMachine(RuleBasedStateMachine):
             return None
         assert isinstance(result, Success), f"expected Success, got {result}"
         batch, pools = result.unwrap()
+        check_forward(batch, pools)  # no cell a row reads as its prefix is one it writes
         _count("evicted pages", pools.cache.num_evicted - self.pools.cache.num_evicted)
         new_slots = iter(self.free_slots)
         slots = [item.slot if isinstance(item, Chunked) else next(new_slots) for item in items]
@@ -388,6 +390,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert isinstance(result, Success), f"expected Success, got {result}"
         evicted = self.pools.cache.num_evicted
         batch, self.pools = result.unwrap()
+        check_forward(batch, self.pools)
         _count("evicted pages", self.pools.cache.num_evicted - evicted)
         locs = []
         for row in self.rows:
@@ -424,6 +427,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         assert isinstance(result, Success), f"expected Success, got {result}"
         window, pools = result.unwrap()
+        check_forward(window, pools)
         took = [int(count * share) for count in counts]  # none, half or all accepted
         synced, self.pools = sync(window, np.array(took, dtype=np.int64), pools)
         for row, count in zip(self.rows, took, strict=True):
@@ -458,6 +462,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         assert isinstance(result, Success), f"expected Success, got {result}"
         mixed, self.pools = result.unwrap()
+        check_forward(mixed, self.pools)
         assert mixed.input_ids.device.tolist() == tokens.tolist()
         for row in self.rows:
             row.tokens.append(_generated(row.tokens))
@@ -522,6 +527,7 @@ class CacheMachine(RuleBasedStateMachine):
         chunk_picks=st.lists(st.integers(0, 7), max_size=2, unique=True),
         budget=st.sampled_from([0, 1, 2, 3, 5, 8, 16]),
         with_running=st.booleans(),
+        new_first=st.booleans(),
     )
     def mixed_step(
         self,
@@ -531,18 +537,16 @@ class CacheMachine(RuleBasedStateMachine):
         chunk_picks: list[int],
         budget: int,
         with_running: bool,
+        new_first: bool,
     ) -> None:
-        """Mix held chunks and new prompts under a budget with the running rows; finish_mixed."""
-        shape = self.shape
+        """Mix held chunks and new prompts under a budget with the running rows; finish_mixed.
+
+        `new_first`: the new prompts go before the held chunks (a new request sharing a
+        chunk's prompt publishes in the same forward as the chunk continues)."""
         running = self._as_filtered()
         base = running if with_running else idle(CPU)
         decode_rows = self.rows if with_running else []
-        picks = sorted({pick % len(self.held) for pick in chunk_picks}) if self.held else []
-        admit: list[Req | Chunked] = [self.held[pick] for pick in picks]
-        admit += [
-            Req(self._fresh_rid(), data.draw(_prompts(shape.max_context_len), label="prompt"))
-            for _ in range(num_new)
-        ]
+        admit = self._admitted(data, num_new, chunk_picks, new_first=new_first)
         tokens = [_generated(row.tokens) for row in decode_rows]
         before = snapshot((self.pools, self.running))
         result = mix(base, admit, budget, self.pools, tokens)
@@ -552,6 +556,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         assert isinstance(result, Success), f"expected Success, got {result}"
         mixed, pools = result.unwrap()
+        check_forward(mixed, pools)
         _count("evicted pages", pools.cache.num_evicted - self.pools.cache.num_evicted)
         self.pools = pools
         # The model: extend rows first (chunks keep their slots), then the decode rows.
@@ -596,6 +601,18 @@ class CacheMachine(RuleBasedStateMachine):
         _count("mixed steps")
         _count("chunks continued", len(spent))
         _count("chunks held", len(held))
+
+    def _admitted(
+        self, data: st.DataObject, num_new: int, chunk_picks: list[int], *, new_first: bool
+    ) -> list[Req | Chunked]:
+        # Held chunks (picked) and new prompts (drawn), the new ones first or last.
+        picks = sorted({pick % len(self.held) for pick in chunk_picks}) if self.held else []
+        held: list[Req | Chunked] = [self.held[pick] for pick in picks]
+        new: list[Req | Chunked] = [
+            Req(self._fresh_rid(), data.draw(_prompts(self.shape.max_context_len), label="prompt"))
+            for _ in range(num_new)
+        ]
+        return [*new, *held] if new_first else [*held, *new]
 
     def _predict_mix(
         self, admit: Sequence[Req | Chunked], budget: int, decode_rows: Sequence[_Row]

@@ -43,6 +43,7 @@ __all__ = [
     "ReleaseError",
     "StaleRecord",
     "StillRunning",
+    "TokenIdError",
 ]
 
 
@@ -281,6 +282,14 @@ class DraftError(Error, ValueError):
 
     A `ValueError`: a speculative engine handed `verify` or `sync` numbers
     its own drafter or verify kernel should never produce.
+    """
+
+
+class TokenIdError(Error, ValueError):
+    """A request's input ids hold a negative value: no token id, an embedding read out of range.
+
+    Raised by `extend`, `admit_prefilled` and `mix` (for a running row's input token
+    too) before the table is written or the pools committed.
     """
 
 

@@ -315,6 +315,15 @@ def fill_buffers(
     columns and the ragged `kv_indices` from there, and copies the KV
     locations. No device tensor is allocated and none is read.
 
+    The real rows keep the forward's contract as `forward_inputs` states it
+    (docs/design.md): cells below each row's `prefix_lens` hold an earlier
+    forward's KV, and none of them is a location `out_cache_loc` writes, so
+    the captured kernel may read the prefix before or after its write.
+    Padded rows sit at the padding slot 0 with a prefix of the `seq_lens`
+    fill less the `extend_lens` fill (0 with `SGLANG_FILLS` and
+    `VLLM_FILLS`), and padded tokens write the `out_cache_loc` fill: the
+    padding location 0 (several may; no real row reads it) or -1 (skipped).
+
     Args:
         buffers: the bucket's buffers (a decode, extend or verify bucket).
         batch: the record whose forward runs: `Idle`, `Extended`, `Decoding`,

@@ -464,13 +464,24 @@ class Padded:
 @final
 @attrs.frozen(eq=False, repr=False)
 class PaddedOutput:
-    """A padded forward's per-token output: no sampler takes it; `unpad` it first."""
+    """A padded forward's per-token output: no sampler takes it; `unpad` it first.
+
+    Its tensor is typed `object`, so mypy rejects handing the output, or the
+    attribute that holds the tensor, to code that takes a tensor: only
+    `unpad` and `unpad_tokens` give one back (short of a `cast` or an
+    `isinstance` check, which say on purpose what they do).
+    """
 
     padded: Padded
-    _tensor: torch.Tensor
+    _tensor: object  # a torch.Tensor, typed so that it reaches no sampler but through unpad
 
     def __repr__(self) -> str:
-        return f"PaddedOutput(shape={tuple(self._tensor.shape)}, {self.padded!r})"
+        return f"PaddedOutput(shape={tuple(_tensor_of(self).shape)}, {self.padded!r})"
+
+
+def _tensor_of(output: PaddedOutput) -> torch.Tensor:
+    # `wrap` stores a tensor: the one place that says so to mypy.
+    return cast("torch.Tensor", output._tensor)
 
 
 def unpad(output: PaddedOutput) -> torch.Tensor:
@@ -480,7 +491,7 @@ def unpad(output: PaddedOutput) -> torch.Tensor:
     `sample_index` otherwise.
     """
     expect_instance(output, PaddedOutput, "unpad: output")
-    padded, tensor = output.padded, output._tensor  # the one reader
+    padded, tensor = output.padded, _tensor_of(output)  # the one reader
     inputs = padded.inputs
     if inputs.is_decode and padded.num_real_tokens == padded.num_real_rows:
         return tensor[: padded.num_real_rows]
@@ -490,7 +501,7 @@ def unpad(output: PaddedOutput) -> torch.Tensor:
 def unpad_tokens(output: PaddedOutput) -> torch.Tensor:
     """The real tokens' outputs, `[num_real_tokens, ...]` (a view)."""
     expect_instance(output, PaddedOutput, "unpad_tokens: output")
-    return output._tensor[: output.padded.num_real_tokens]  # as above
+    return _tensor_of(output)[: output.padded.num_real_tokens]  # as above
 
 
 def captured_size(sizes: Sequence[int], count: int) -> Result[int, TooLargeToPad]:
@@ -527,6 +538,14 @@ def pad(
     one upload, and a device pad of `kv_indices`, `page_table` (widened to
     the table's full width, so its shape is static) and `out_cache_loc`;
     no read.
+
+    The real rows keep the forward's contract of `inputs` (docs/design.md:
+    no location the forward writes is a cell below a row's `prefix_lens`),
+    so a kernel may read each prefix before or after the write. Padded
+    rows sit at the padding slot 0 with a prefix of the `seq_lens` fill
+    less the `extend_lens` fill (0 with `SGLANG_FILLS` and `VLLM_FILLS`);
+    padded tokens write the `out_cache_loc` fill, the padding location 0
+    (several may; no real row reads it) or -1 (a write vLLM skips).
 
     Args:
         inputs: an unpadded forward's inputs.

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchstate.base.errors import InvariantViolation, PhaseError, RecordShapeError
-from batchstate.base.mirrored import HostArray, torch_dtype
+from batchstate.base.mirrored import HostArray, Mirrored, torch_dtype
 from batchstate.checks.cache import (
     check_inputs,
     check_prefix_paths,
@@ -22,7 +22,7 @@ from batchstate.checks.cache import (
     unread_cells,
 )
 from batchstate.checks.hybrid import check_hybrid
-from batchstate.columns.columns import C
+from batchstate.columns.columns import C, layout
 from batchstate.pools.pools import Pools, expect_pools
 from batchstate.records.phases import Batch, Decoding, Extended
 from batchstate.records.rows import GENS, NUM_INTS, RIDS, SEQ_LENS, SLOTS, Rows, check_columns
@@ -232,6 +232,13 @@ def _expect(condition: bool, message: str) -> None:
 def check_batch(batch: Batch[C], *, compare_device: bool = False) -> None:
     """Check a record's invariants; `compare_device` also compares mirrors (it syncs).
 
+    With `compare_device`, every `Mirrored` the rows hold (`req_pool_indices`,
+    `seq_lens`, each mirrored column of their column set) must equal its
+    device side in dtype and values and, on a CPU device, share no memory
+    with it; `orig_seq_lens` must equal `seq_lens`, and an extend's or
+    decode's `out_cache_loc` hold no location twice. The message names the
+    column.
+
     Raises:
         InvariantViolation: naming the invariant and the numbers.
         PhaseError: `batch` is not a batch with rows (a `Verifying`,
@@ -265,10 +272,17 @@ def check_batch(batch: Batch[C], *, compare_device: bool = False) -> None:
             "seq_lens differ from prefix_lens + extend_lens",
         )
     if compare_device:
-        for name, pair in (
+        columns = rows.columns
+        mirrors: list[tuple[str, Mirrored]] = [
             ("req_pool_indices", rows.req_pool_indices),
             ("seq_lens", rows.seq_lens),
-        ):
+        ]
+        mirrors += [
+            (f"columns.{name}", getattr(columns, name))
+            for group in layout(type(columns)).mirrored
+            for name in group.names
+        ]
+        for name, pair in mirrors:
             same = pair.device.dtype == torch_dtype(pair.host.dtype) and np.array_equal(
                 pair.host, pair.device.cpu().numpy()
             )

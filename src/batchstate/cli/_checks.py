@@ -86,10 +86,12 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
         overlap=args.overlap,
         speculative=args.speculative,
     )
-    model = ModelConfig()
+    model = ModelConfig(attention=args.attention)
     if args.model == "hybrid":
         kinds, window = HYBRID_LAYERS, model.window if args.window is None else args.window
-        model = ModelConfig(num_layers=len(kinds), layer_kinds=kinds, window=window)
+        model = ModelConfig(
+            num_layers=len(kinds), layer_kinds=kinds, window=window, attention=args.attention
+        )
     else:  # the full-attention model has no window layer they could size
         for option, value in (("--window", args.window), ("--window-tokens", args.window_tokens)):
             if value is not None:

@@ -10,6 +10,7 @@ from batchstate.cli._values import SharedPrefix, Switch
 
 __all__ = [
     "ARRIVALS",
+    "ATTENTION_KERNELS",
     "DEVICES",
     "MODELS",
     "SAMPLING_MIXES",
@@ -26,6 +27,7 @@ ARRIVALS: Final = ("all", "uniform", "poisson", "burst")
 SAMPLING_MIXES: Final = ("greedy", "mixed", "fixed")
 DEVICES: Final = ("cpu", "meta", "cuda")
 MODELS: Final = ("full", "hybrid")
+ATTENTION_KERNELS: Final = ("paged", "ragged")
 
 
 def add_workload_options(add: Add) -> None:
@@ -142,6 +144,15 @@ def add_engine_options(add: Add) -> None:
         " layer (its own window pages, given back as rows grow), a recurrent-state layer (a"
         " state slot per request) and a full-attention layer. With the prefix cache, rows"
         " resume from cached window tails and states",
+    )
+    add(
+        "--attention",
+        choices=ATTENTION_KERNELS,
+        default="paged",
+        help="the full-attention layers' kernel. paged: write the step's K/V into the cache,"
+        " then read every key through the table; ragged: attend over the step's own K/V and"
+        " over the paged prefix, merge, then write (SGLang's FlashInfer ragged path): it"
+        " reads the prefix before the write",
     )
     add(
         "--window",

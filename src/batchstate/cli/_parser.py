@@ -122,7 +122,8 @@ def _add_output_options(add: Add) -> None:
         type=int,
         default=100,
         metavar="N",
-        help="check invariants every N steps; 0: at the end only",
+        help="check invariants every N steps (the pools and rows after the step, the"
+        " forward's contract before its forward, off meta); 0: at the end only",
     )
     add(
         "--audit-every",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from batchstate.cli._codes import FAILED, OK, USAGE
+from batchstate.errors import Error
 
 __all__ = ["add_replay_command", "replay_command"]
 
@@ -58,7 +59,7 @@ def replay_command(trace: Path) -> int:
     return FAILED
 
 
-class NotATrace(ValueError):
+class NotATrace(Error, ValueError):
     """Why a file is not a trace, in one line that starts with its path."""
 
 

@@ -37,7 +37,12 @@ if TYPE_CHECKING:
     from batchstate.engine._kv_cache import KVCache, make_kv_cache
     from batchstate.engine._launch import RankFailed, launch, run_launched
     from batchstate.engine._model import Attend, TinyModel, make_model
-    from batchstate.engine._model_config import HYBRID_LAYERS, ModelConfig
+    from batchstate.engine._model_config import (
+        ATTENTION_KERNELS,
+        HYBRID_LAYERS,
+        AttentionKernel,
+        ModelConfig,
+    )
     from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
     from batchstate.engine._paged import sample_decode, sample_extend
     from batchstate.engine._plot import check_plot_path, plot_run
@@ -64,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARRIVALS",
+    "ATTENTION_KERNELS",
     "DEVICES",
     "END_TOKEN",
     "HYBRID_LAYERS",
@@ -71,6 +77,7 @@ __all__ = [
     "Acceptance",
     "Arrival",
     "Attend",
+    "AttentionKernel",
     "Budget",
     "DataParallelConfig",
     "DataParallelRun",

@@ -9,11 +9,27 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HYBRID_LAYERS", "DtypeName", "LayerKind", "ModelConfig"]
+__all__ = [
+    "ATTENTION_KERNELS",
+    "HYBRID_LAYERS",
+    "AttentionKernel",
+    "DtypeName",
+    "LayerKind",
+    "ModelConfig",
+]
 
 DtypeName = Literal["float64", "float32", "bfloat16", "float16"]
 LayerKind = Literal["full", "window", "state"]
 """What a layer keeps: full-attention KV, sliding-window KV, or a recurrent state."""
+AttentionKernel = Literal["paged", "ragged"]
+"""How a full-attention layer orders its KV write and its reads (docs/engine.md).
+
+`paged`: write the step's K/V into the cache, then read every key through
+the table. `ragged`: attend over the step's own keys and values and over
+the paged prefix, merge the two, then write (SGLang's FlashInfer ragged
+path, FlashAttention's varlen path): it reads the prefix before the write.
+"""
+ATTENTION_KERNELS: Final[tuple[AttentionKernel, ...]] = ("paged", "ragged")
 
 # `--model hybrid`: one layer of each kind, as gpt-oss interleaves window and full
 # attention and Qwen3-Next interleaves linear attention (a recurrent state) and full.
@@ -38,6 +54,8 @@ class ModelConfig:
     # Each layer's kind, one per layer; () makes every layer full attention.
     layer_kinds: tuple[LayerKind, ...] = ()
     window: int = 32  # positions a "window" layer reads, itself included
+    # The full-attention layers' kernel: the order of their KV write and reads.
+    attention: AttentionKernel = "paged"
 
     def kind(self, layer: int) -> LayerKind:
         """What layer `layer` keeps."""

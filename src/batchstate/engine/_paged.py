@@ -10,11 +10,20 @@ the tokens, which is what the oracle catches; padded to a captured size,
 the padded rows' outputs are dropped by `unpad` before sampling. A hybrid
 model's window and state layers read theirs through `hybrid_inputs` (see
 `engine/_hybrid_attend.py`).
+
+Two kernels, as `ModelConfig.attention` picks: `paged` writes each
+layer's K/V at `out_cache_loc` and then reads every key through the pages;
+`ragged` attends over the step's own K/V and over the prefix read through
+the pages, merges the two, and writes last, as SGLang's FlashInfer ragged
+path and FlashAttention's varlen path do. The ragged one is exact only if
+no cell a row reads as its prefix is one the forward writes: the forward's
+contract (docs/design.md), which `check_forward` checks.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +47,7 @@ from batchstate import (
 from batchstate.engine._feeder import Feeder
 from batchstate.engine._hybrid_attend import hybrid_attend
 from batchstate.engine._kv_cache import KVCache
-from batchstate.engine._model import FeedForward, TinyModel
+from batchstate.engine._model import Attend, FeedForward, TinyModel
 
 __all__ = [
     "forward_idle",
@@ -218,23 +227,92 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
     locs = inputs.out_cache_loc.device
     scale = 1.0 / math.sqrt(model.config.head_dim)
 
+    def grid(x: torch.Tensor) -> torch.Tensor:  # [tokens, h, d] -> [rows, max_q, h, d]
+        out = x.new_zeros(num_rows, max_q, *x.shape[1:])
+        out[row, col] = x[:row_tokens]
+        return out
+
+    def flat(out: torch.Tensor, num_tokens: int) -> torch.Tensor:  # back to [tokens, h, d]
+        kept = out[row, col]
+        rowless = num_tokens - row_tokens
+        return torch.cat((kept, kept.new_zeros(rowless, *kept.shape[1:]))) if rowless else kept
+
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         layer = model.config.ordinal(layer)  # its row among the full-attention layers
         cache.k[layer, locs] = k
         cache.v[layer, locs] = v
         keys, values = cache.k[layer, key_locs], cache.v[layer, key_locs]  # [b, keys, h, d]
-        queries = q.new_zeros(num_rows, max_q, *q.shape[1:])
-        queries[row, col] = q[:row_tokens]
-        scores = torch.einsum("bqhd,bkhd->bhqk", queries, keys) * scale
+        scores = torch.einsum("bqhd,bkhd->bhqk", grid(q), keys) * scale
         scores = scores.masked_fill(~visible[:, None], -torch.inf)
-        out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values)[row, col]
-        rowless = q.shape[0] - row_tokens
-        return torch.cat((out, out.new_zeros(rowless, *out.shape[1:]))) if rowless else out
+        return flat(torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values), q.shape[0])
 
+    if model.config.attention == "ragged":
+        attend = _ragged(model, cache, inputs, key_locs, q_lens, kv_lens, grid, flat)
     if model.config.is_hybrid:
         hybrid = hybrid_inputs(inputs, pools) if hybrid is None else hybrid
         attend = hybrid_attend(model, cache, inputs, hybrid, attend, checkpoints)
     return model.hidden(input_ids, inputs.positions.device, attend, feed_forward)
+
+
+def _ragged(  # noqa: PLR0917  # the forward's layout, as `_forward` computed it
+    model: TinyModel,
+    cache: KVCache,
+    inputs: ForwardInputs,
+    key_locs: torch.Tensor,
+    q_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    grid: Callable[[torch.Tensor], torch.Tensor],
+    flat: Callable[[torch.Tensor, int], torch.Tensor],
+) -> Attend:
+    # Ragged attention, as SGLang's FlashInfer path and FlashAttention's varlen path run an
+    # extend: over the step's own keys and values (causal among a row's new tokens), and
+    # over the row's prefix read through its pages, the two merged by their log-sum-exps;
+    # only then is the step's K/V written at `out_cache_loc`. The prefix is read before
+    # the write: a prefix cell the forward also wrote would be read stale (docs/design.md).
+    device = key_locs.device
+    prefix = kv_lens - q_lens  # [rows]: keys before the row's first query
+    host_prefix = inputs.prefix_lens.host
+    max_prefix = int(host_prefix.max()) if host_prefix.shape[0] else 0
+    prefix_locs = key_locs[:, :max_prefix]
+    seen = torch.arange(max_prefix, device=device)[None, :] < prefix[:, None]  # [rows, keys]
+    query = torch.arange(inputs.max_q_len, device=device)
+    causal = query[None, :] <= query[:, None]  # [q, new key]: a new token sees those up to it
+    own = causal[None] & (query[None, None, :] < q_lens[:, None, None])  # [rows, q, new key]
+    locs = inputs.out_cache_loc.device
+    scale = 1.0 / math.sqrt(model.config.head_dim)
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        layer = model.config.ordinal(layer)  # its row among the full-attention layers
+        queries = grid(q)
+        old_k, old_v = cache.k[layer, prefix_locs], cache.v[layer, prefix_locs]  # before the write
+        paged = torch.einsum("bqhd,bkhd->bhqk", queries, old_k) * scale
+        paged = paged.masked_fill(~seen[:, None, None, :], -torch.inf)
+        step = torch.einsum("bqhd,bkhd->bhqk", queries, grid(k)) * scale
+        step = step.masked_fill(~own[:, None], -torch.inf)
+        out_paged, lse_paged = _partial(paged, old_v)
+        out_step, lse_step = _partial(step, grid(v))
+        out = _merge(out_paged, lse_paged, out_step, lse_step)
+        cache.k[layer, locs] = k  # the write, last
+        cache.v[layer, locs] = v
+        return flat(out, q.shape[0])
+
+    return attend
+
+
+def _partial(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Softmax attention over one part of the keys, and its log-sum-exp (-inf: no key seen).
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [b, h, q, 1]
+    weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0))
+    return torch.einsum("bhqk,bkhd->bqhd", weights, values), lse.permute(0, 2, 1, 3)
+
+
+def _merge(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
+    # Two parts' attention as one softmax over both (FlashInfer's `merge_state`).
+    lse = torch.logaddexp(lse_a, lse_b)
+    lse = torch.where(torch.isfinite(lse), lse, 0.0)  # a padded query sees neither part
+    return out_a * torch.exp(lse_a - lse) + out_b * torch.exp(lse_b - lse)
 
 
 def forward_idle(

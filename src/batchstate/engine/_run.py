@@ -14,7 +14,7 @@ from typing import TypeAlias, final
 
 import attrs
 
-from batchstate import Mixed, Sampled, Sampling
+from batchstate import Mixed, Sampled, Sampling, check_forward
 from batchstate.engine._forwards import (
     DecodeForward,
     ExtendForward,
@@ -84,8 +84,14 @@ Ran: TypeAlias = HostTokens | DeviceTokens | VerifiedTokens | UnreadVerified | N
 
 
 def run_forward(state: EngineState, forward: Forward) -> Ran:
-    """Run `forward` on the model (or, on meta, draw its tokens)."""
+    """Run `forward` on the model (or, on meta, draw its tokens).
+
+    On a step whose pools are checked (`check_every`), the forward's
+    contract is checked first (`check_forward`): no cell a row reads as its
+    prefix is one the forward writes. Not on meta, which runs no model.
+    """
     tokens, pools = state.tokens, state.pools
+    _check_contract(state, forward)
     match forward:
         case Transfer(batch, prompts):
             return HostTokens(forward, tokens.transfer(batch, pools, prompts))
@@ -101,6 +107,20 @@ def run_forward(state: EngineState, forward: Forward) -> Ran:
         case NoForward():
             tokens.after_idle(state.running)  # ranks sharing a forward join with no rows
             return NoTokens()
+
+
+def _check_contract(state: EngineState, forward: Forward) -> None:
+    # This step's pools are checked once it ends (`Engine._advance`): its forward before it runs.
+    every, pools = state.config.check_every, state.pools
+    if not every or (len(state.trace) + 1) % every or pools.table.device.device.type == "meta":
+        return
+    match forward:
+        case ExtendForward(batch) | DecodeForward(batch) | MixedForward(batch):
+            check_forward(batch, pools)
+        case VerifyForward(window=window):
+            check_forward(window, pools)
+        case _:
+            pass  # a transfer or no rows: no forward reads the cache
 
 
 def _sampling_of(batch: Mixed[Sampling]) -> Sampling | None:

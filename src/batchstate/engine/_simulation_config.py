@@ -14,7 +14,7 @@ import attrs
 
 from batchstate.captured.sizes import PaddingError, check_sizes
 from batchstate.engine._config import EngineConfig
-from batchstate.engine._model_config import ModelConfig
+from batchstate.engine._model_config import ATTENTION_KERNELS, ModelConfig
 from batchstate.engine._workload import WorkloadConfig
 
 if TYPE_CHECKING:
@@ -168,8 +168,7 @@ class SimulationConfig:
                 f" ({longest} tokens)"
             )
         self._check_bounds()
-        if self.workload.vocab_size != self.model.vocab_size:
-            raise ValueError("the workload and the model must share a vocabulary size")
+        self._check_model()
         _check_graph_sizes(self.cuda_graph_sizes)
         self._check_hybrid()
         if self.device == "cuda":  # last: the one check that loads torch
@@ -197,6 +196,15 @@ class SimulationConfig:
                 f" a row's decode token and its drafts, and {holder} holds {room} tokens:"
                 " lower --speculative"
             )
+
+    def _check_model(self) -> None:
+        if self.model.attention not in ATTENTION_KERNELS:
+            raise ValueError(
+                f"unknown attention kernel {self.model.attention!r}: choose one of"
+                f" {', '.join(ATTENTION_KERNELS)}"
+            )
+        if self.workload.vocab_size != self.model.vocab_size:
+            raise ValueError("the workload and the model must share a vocabulary size")
 
     def _check_hybrid(self) -> None:
         # What hybrid pools refuse, or what the engine cannot yet do for them, as usage errors.

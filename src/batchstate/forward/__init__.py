@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from batchstate.forward.anchor_copies import CachedCopies
+    from batchstate.forward.contract import check_forward
     from batchstate.forward.hybrid import HybridInputs, StateInputs, WindowInputs, hybrid_inputs
     from batchstate.forward.inputs import ForwardInputs, ForwardPhase, forward_inputs
     from batchstate.forward.speculative_states import StateCopies, accepted_states
@@ -20,6 +21,7 @@ __all__ = [
     "TransferTargets",
     "WindowInputs",
     "accepted_states",
+    "check_forward",
     "forward_inputs",
     "hybrid_inputs",
     "transfer_targets",

@@ -214,6 +214,20 @@ def forward_inputs(
     and position and uploads them together; the device gathers each row's
     page ids from `table` (two gathers, and a division when `page_size` > 1).
 
+    What a kernel may assume, the forward's contract (docs/design.md): when
+    this forward starts, every cell below row `i`'s `prefix_lens[i]` holds KV
+    an earlier forward wrote; the forward writes exactly `out_cache_loc`,
+    each location once; and no location it writes is a cell below any row's
+    `prefix_lens`. So the prefix (the first `prefix_lens[i]` keys of row
+    `i`'s pages) may be read before or after the write: a ragged kernel
+    attends over the step's own keys and values and over the paged prefix,
+    then writes; a paged one writes, then reads every key through the
+    pages. That holds for extend, mixed and decode forwards and for a
+    verify window (its prefix ends before the decode token); on hybrid
+    pools, window cells below the prefix are an earlier forward's or the
+    anchors' copies' (`hybrid_inputs`), made before any layer runs.
+    `check_forward` checks it for a record about to run.
+
     Args:
         batch: the record whose forward runs (`Idle` gives zero rows).
         table: the request-to-token table `batch` was built against (`pools.table`).

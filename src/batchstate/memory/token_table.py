@@ -31,8 +31,10 @@ class TokenTable:
     transition has succeeded, and only at cells that the records and pools
     handed in treat as unused (free slots, positions past a row's length),
     but for one kind of write: a row's cells of whole pages the prefix cache
-    holds already move onto the cache's pages, which hold the same KV
-    (docs/design.md, "Where device memory is written").
+    holds already move onto the cache's pages, which hold the KV of the
+    same tokens; below the row's start, only onto KV an earlier forward
+    wrote (docs/design.md, "Where device memory is written" and "The
+    forward's contract").
     """
 
     _cells: npt.NDArray[np.int32]  # the host side: read-only but while `write*` writes it

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple, final
 import attrs
 import numpy as np
 import numpy.typing as npt
-from immutables import Map
+from immutables import Map, MapMutation
 from returns.result import Failure, Result, Success
 
 from batchstate.base.errors import (
@@ -413,6 +413,23 @@ class _RowLocs(NamedTuple):
         cell = (self.first + positions - self.start).clip(min=self.first)
         ours = np.where(earlier, self.table_row[positions.clip(max=max(self.start - 1, 0))], 0)
         return np.where(earlier, ours, self.locs32[cell]).astype(np.int64)
+
+
+def _publishing_order(
+    rows: ExtendRows, prefixes: MapMutation[int, Tokens]
+) -> list[tuple[int, Tokens, int, int]]:
+    # Rows holding cells an earlier forward wrote past their cached prefix (continuing
+    # chunks: `start` past it) first, the most held first, so that a later row moving its
+    # cells below `start` onto a page published here finds an earlier forward's KV at those
+    # positions; then every other row (a new one starts at its prefix), in order.
+    every = list(zip(*rows, strict=True))
+    held = [row[2] > len(prefixes.get(row[0], ())) for row in every]
+    if not any(held):
+        return every
+    holding = sorted(
+        (row for row, holds in zip(every, held, strict=True) if holds), key=lambda row: -row[2]
+    )  # stable: equal starts keep their order
+    return holding + [row for row, holds in zip(every, held, strict=True) if not holds]
 
 
 def _read_cached(cache: PrefixCache, old: Tokens, prefix: Tokens) -> PrefixCache:
@@ -945,6 +962,14 @@ class Pools:
         earlier forward are appended. Without `retire` (`admit_prefilled`: no forward
         computes the pages, a KV transfer fills them through the table after
         this) such a row keeps its own pages private until release instead.
+
+        Rows that hold cells an earlier forward wrote past their cached prefix
+        (a continuing chunk's) publish first, the one holding the most first;
+        then the others, in order. So a row whose cells below its start move
+        onto the cache's pages finds there, at those positions, KV an earlier
+        forward wrote: no cell this forward reads as a prefix is one it writes,
+        whatever order a kernel reads and writes in (docs/design.md, "The
+        forward's contract").
         """
         if not self.cache.enabled:
             return self, cells
@@ -956,7 +981,7 @@ class Pools:
         locs32 = cells[2]
         retired: list[HostArray] = []
         extra: list[Cells] = []
-        for slot, tokens, start, first in zip(*rows, strict=True):
+        for slot, tokens, start, first in _publishing_order(rows, prefixes):
             full = len(tokens) // page_size * page_size
             old = prefixes.get(slot, ())
             if full <= len(old):

@@ -18,7 +18,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from batchstate.base.errors import ColumnError, RecordShapeError, StaleRecord
+from batchstate.base.errors import (
+    ColumnError,
+    KeepIndicesError,
+    RecordShapeError,
+    StaleRecord,
+    TokenIdError,
+)
 from batchstate.base.mirrored import (
     NO_INTS,
     DeviceOnly,
@@ -49,6 +55,7 @@ __all__ = [
     "check_device",
     "check_host",
     "expect_current",
+    "expect_token_ids",
     "pack_ints",
 ]
 
@@ -270,7 +277,13 @@ class Rows(Generic[C]):
         return len(self.reqs)
 
     def take(self, index: HostArray) -> Rows[C]:
-        """The rows at host positions `index` (strictly increasing), on both sides."""
+        """The rows at host positions `index` (strictly increasing), on both sides.
+
+        Raises:
+            KeepIndicesError: `index` is not a 1-D integer numpy array of strictly
+                increasing positions in `[0, num_reqs)` (nothing is taken).
+        """
+        _expect_positions(index, len(self.reqs))
         if index.shape[0] == len(self.reqs):
             return self  # strictly increasing and in range: every row, in order
         return self.gather(index)
@@ -401,11 +414,60 @@ def build_rows(  # noqa: PLR0917  # the attrs __init__ it stands in for is posit
 _ROW_SETTERS: Final = slot_setters(Rows, *(field.name for field in attrs.fields(Rows)))
 
 
+def _expect_positions(index: object, num_rows: int) -> None:
+    # `Rows.take`'s index: 1-D integer positions, strictly increasing, in range. Its one
+    # caller among the transitions (`split`) gathers indices `keep_indices` checked.
+    if not isinstance(index, np.ndarray) or index.dtype.kind not in "iu" or index.ndim != 1:
+        got = (
+            f"{index.dtype} {list(index.shape)}"
+            if isinstance(index, np.ndarray)
+            else type(index).__name__
+        )
+        raise KeepIndicesError(f"Rows.take: expected a 1-D integer numpy array, got {got}")
+    if not index.shape[0]:
+        return
+    if index.shape[0] > 1 and not (index[1:] > index[:-1]).all():
+        at = int((index[1:] <= index[:-1]).argmax())
+        kind = "a duplicate" if index[at + 1] == index[at] else "out of order"
+        raise KeepIndicesError(
+            f"Rows.take: positions must be strictly increasing: {kind} at position {at + 1}"
+            f" ({int(index[at])} then {int(index[at + 1])})"
+        )
+    if index[0] < 0:
+        raise KeepIndicesError(f"Rows.take: position {int(index[0])} is negative")
+    if index[-1] >= num_rows:
+        raise KeepIndicesError(
+            f"Rows.take: position {int(index[-1])} is out of range for {num_rows} rows"
+        )
+
+
 def _take_tuple(items: tuple[Req, ...], index: HostArray) -> tuple[Req, ...]:
     positions = index.tolist()
     if len(positions) <= _MAX_ONE_BY_ONE:
         return tuple(items[position] for position in positions)
     return tuple(operator.itemgetter(*positions)(items))
+
+
+def expect_token_ids(ids: HostArray, reqs: Sequence[Req], tokens: Sequence[int] = ()) -> None:
+    """Raise `TokenIdError` unless the ids a forward computes (`ids`, int64) are all >= 0.
+
+    `ids` are the prompt ids of `reqs` past what each holds, then the running
+    rows' input `tokens`, if any. One host reduction on the happy path; the
+    message names the first request (or running row) with a negative id.
+    """
+    if not ids.shape[0] or int(np.minimum.reduce(ids)) >= 0:
+        return
+    for req in reqs:
+        for position, token in enumerate(req.input_ids):
+            if token < 0:
+                raise TokenIdError(
+                    f"request {req.rid}: input id {token} at position {position} is negative:"
+                    " token ids are >= 0"
+                )
+    for row, token in enumerate(tokens):
+        if token < 0:
+            raise TokenIdError(f"running row {row}'s input token {token} is negative")
+    raise TokenIdError("an input id is negative: token ids are >= 0")  # not reached
 
 
 def expect_current(rows: Rows[C], pools: Pools) -> None:

@@ -1,4 +1,4 @@
-"""Admitting requests: the empty batch (`idle`), `extend` (prefill) and `prebuilt` batches.
+"""Admitting requests: the empty batch (`idle`), `extend` (prefill) and `admit_prefilled` batches.
 
 In this module, top to bottom: how many of the requests an admission was
 offered the pools would take, for its failure (`extend` and `admit_prefilled`
@@ -42,7 +42,7 @@ from batchstate.columns.rows import join_pending
 from batchstate.pools.pools import ExtendRows, Pools, expect_pools
 from batchstate.records.chunked import Chunked, columns_in_order
 from batchstate.records.phases import BatchAndPools, Extended, Filtered, Idle
-from batchstate.records.rows import Req, Rows, build_rows, pack_ints
+from batchstate.records.rows import Req, Rows, build_rows, expect_token_ids, pack_ints
 
 __all__ = ["ExtendError", "admit_prefilled", "extend", "extend_fits", "idle"]
 
@@ -177,6 +177,8 @@ def _place_fresh(
     locs, after = allocation
     locs32 = locs.astype(np.int32)
     total = sum(seq_lens)
+    ids = _token_ids(reqs, (0,) * len(reqs))
+    expect_token_ids(ids, reqs)  # nothing written, nothing committed yet
     rows, (input_ids, out_cache_loc, table_locs) = build_rows(
         batch.device,
         tuple(reqs),
@@ -185,7 +187,7 @@ def _place_fresh(
         total,
         longest,
         columns,
-        (_token_ids(reqs, (0,) * len(reqs)), locs, locs32),
+        (ids, locs, locs32),
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write_rows(slots.tolist(), seq_lens, Mirrored.trusted(frozen(locs32), table_locs))
@@ -264,6 +266,8 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         token_slots, positions, locs32 = prefix_cells(
             prefix_rows, pools.page_size, (token_slots, positions, locs32)
         )
+    ids = _token_ids(reqs, prefix_lens)
+    expect_token_ids(ids, reqs)  # nothing written, nothing committed yet
     # One host-to-device copy for every column, the table write and the forward.
     rows, (input_ids, out_cache_loc, *cells) = build_rows(
         batch.device,
@@ -278,7 +282,7 @@ def _place(  # noqa: PLR0917  # the admission's parts, in the order _admit has t
         sum(seq_lens),
         max(seq_lens),
         join_pending(columns_in_order(inputs, columns) or [columns]),
-        (_token_ids(reqs, prefix_lens), locs, token_slots, positions, locs32),
+        (ids, locs, token_slots, positions, locs32),
     )
     # NOTE: the table write comes last: a failure before it leaves the table as it was.
     after.table.write(

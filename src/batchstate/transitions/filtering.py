@@ -161,7 +161,7 @@ def _split(batch: Running[C], keep: Keep, transition: str) -> Split[C]:
     positions = left_index.tolist()
     gone = frozen(rows.ints.take(left_index, axis=1))  # the host columns of the rows that left
     if len(positions) > index.shape[0]:
-        stayed = rows.take(index)  # few kept: sum over them
+        stayed = rows.gather(index)  # few kept: sum over them (`keep_indices` checked them)
     else:
         stayed = rows.without(index, positions, gone[SEQ_LENS].tolist())
     reqs = rows.reqs

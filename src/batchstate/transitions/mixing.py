@@ -57,7 +57,14 @@ from batchstate.pools.pools import ExtendRows, Pools, expect_pools
 from batchstate.records.chunked import Chunked, columns_in_order
 from batchstate.records.mixed import Mixed, MixStep
 from batchstate.records.phases import Filtered, Idle
-from batchstate.records.rows import Req, Rows, build_rows, expect_current, pack_ints
+from batchstate.records.rows import (
+    Req,
+    Rows,
+    build_rows,
+    expect_current,
+    expect_token_ids,
+    pack_ints,
+)
 from batchstate.transitions.decoding import DecodeError, _too_long, grow
 from batchstate.transitions.sampled import Sampled
 
@@ -167,6 +174,8 @@ def _build(
         if on_device
         else np.concatenate((extend_ids, np.asarray(tokens, dtype=np.int64)))
     )
+    host_tokens = () if isinstance(tokens, Sampled) else tokens
+    expect_token_ids(input_ids, chunks.reqs, host_tokens)  # nothing written yet
     # The table's position cells are the forward's positions, uploaded once, unless cells
     # were added (cached prefixes read, earlier chunks' cells moved onto the cache's pages).
     shared = cells[1] is positions

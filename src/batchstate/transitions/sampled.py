@@ -103,17 +103,21 @@ def gather_sampled(sampled: Sampled, batch: Filtered[C]) -> Sampled:
 
     Raises:
         PhaseError: `batch` is not `Filtered`.
-        BatchConflict: a row of `batch` has no token in `sampled`.
+        BatchConflict: a row of `batch` has no token in `sampled`, or the
+            tokens live on another device than `batch`.
     """
     expect_instance(sampled, Sampled, "gather_sampled: sampled")
     if not isinstance(batch, Filtered):
         raise PhaseError(f"gather_sampled takes Filtered, got {type(batch).__name__}")
+    tokens = sampled.tokens.device
+    if tokens.device != batch.rows.device:  # before the in-order shortcut, which keeps them
+        raise BatchConflict(f"sampled tokens on {tokens.device}, the batch on {batch.rows.device}")
     wanted = batch.rows.rids
     if same(sampled.rids, wanted):
         return sampled
     index = _positions(sampled.rids, wanted)
     (device_index,) = upload((index,), batch.rows.device)
-    return Sampled.trusted(wanted, sampled.tokens.device.index_select(0, device_index))
+    return Sampled.trusted(wanted, tokens.index_select(0, device_index))
 
 
 def join_sampled(first: Sampled, second: Sampled) -> Sampled:
