@@ -16,6 +16,7 @@ from batchstate.engine import (
     DataParallelConfig,
     DataParallelRun,
     EngineConfig,
+    ModelConfig,
     SimulationConfig,
     WorkloadConfig,
     launch,
@@ -75,6 +76,20 @@ def test_a_rank_whose_requests_all_finish_keeps_stepping_idle() -> None:
     early = min(run.ranks, key=lambda rank: rank.busy_steps)
     assert early.outputs and 0 < early.busy_steps < run.steps
     assert early.idle_steps == run.steps - early.busy_steps
+
+
+def test_two_ranks_with_the_ragged_kernel_match_the_oracle() -> None:
+    """The ragged kernel on ranks (chunked, mixed, overlapped, prefix cache on): each rank's
+    forwards read their prefix before they write the step's KV, and the oracle stays exact."""
+    config = SimulationConfig(
+        workload=WorkloadConfig(num_requests=8, arrival="all", output_len=(2, 24), seed=5),
+        engine=EngineConfig(chunk_size=16, mixed=True, overlap=True),
+        model=ModelConfig(attention="ragged"),
+        num_kv_tokens=512,
+    )
+    run = launch(config, DataParallelConfig(2), show_progress=False)
+    _check_every_rank(run)
+    assert all(rank.outputs for rank in run.ranks)
 
 
 def test_more_ranks_than_requests_is_valid_and_the_extra_ranks_step_idle(
