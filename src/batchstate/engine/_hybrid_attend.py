@@ -32,6 +32,7 @@ import torch
 from batchstate import CachedCopies, ForwardInputs, HybridInputs, accepted_states
 from batchstate.engine._model import Attend, TinyModel
 from batchstate.engine._recurrence import recur
+from batchstate.engine._row_grid import RowGrid
 
 if TYPE_CHECKING:
     from batchstate.engine._kv_cache import KVCache
@@ -64,15 +65,9 @@ def hybrid_attend(  # noqa: PLR0917  # the forward's model, cache, inputs, and i
     query_at = torch.zeros(num_rows, max_q, dtype=torch.int64, device=device)
     query_at[row, col] = inputs.positions.device[:row_tokens].to(torch.int64)
 
-    def grid(x: torch.Tensor) -> torch.Tensor:  # [tokens, h, d] -> [rows, max_q, h, d]
-        out = x.new_zeros(num_rows, max_q, *x.shape[1:])
-        out[row, col] = x[:row_tokens]
-        return out
-
-    def flat(out: torch.Tensor, num_tokens: int) -> torch.Tensor:  # back to [tokens, h, d]
-        kept = out[row, col]
-        rowless = num_tokens - row_tokens
-        return torch.cat((kept, kept.new_zeros(rowless, *kept.shape[1:]))) if rowless else kept
+    # Tokens [tokens, h, d] <-> rows [rows, max_q, h, d].
+    layout = RowGrid(row, col, num_rows, max_q, row_tokens)
+    grid, flat = layout.grid, layout.flat
 
     window_attend = (
         _window(config.window, cache, hybrid, query_at, q_lens) if hybrid.windows else None

@@ -48,6 +48,7 @@ from batchstate.engine._feeder import Feeder
 from batchstate.engine._hybrid_attend import hybrid_attend
 from batchstate.engine._kv_cache import KVCache
 from batchstate.engine._model import Attend, FeedForward, TinyModel
+from batchstate.engine._row_grid import RowGrid
 
 __all__ = [
     "forward_idle",
@@ -227,15 +228,9 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
     locs = inputs.out_cache_loc.device
     scale = 1.0 / math.sqrt(model.config.head_dim)
 
-    def grid(x: torch.Tensor) -> torch.Tensor:  # [tokens, h, d] -> [rows, max_q, h, d]
-        out = x.new_zeros(num_rows, max_q, *x.shape[1:])
-        out[row, col] = x[:row_tokens]
-        return out
-
-    def flat(out: torch.Tensor, num_tokens: int) -> torch.Tensor:  # back to [tokens, h, d]
-        kept = out[row, col]
-        rowless = num_tokens - row_tokens
-        return torch.cat((kept, kept.new_zeros(rowless, *kept.shape[1:]))) if rowless else kept
+    # Tokens [tokens, h, d] <-> rows [rows, max_q, h, d].
+    layout = RowGrid(row, col, num_rows, max_q, row_tokens)
+    grid, flat = layout.grid, layout.flat
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         layer = model.config.ordinal(layer)  # its row among the full-attention layers
