@@ -24,6 +24,7 @@ import batchstate.cli
 import batchstate.engine
 import batchstate.mypy_plugin
 from batchstate.table import render_transitions
+from tests.base.test_public_face import NAMESPACES
 
 DOCS: Final = Path(__file__).resolve().parents[2] / "docs"
 README: Final = DOCS.parent / "README.md"
@@ -33,19 +34,8 @@ PUBLIC_MODULES: Final = (
     batchstate,
     *(
         importlib.import_module(f"batchstate.{namespace}")
-        for namespace in (
-            "base",
-            "columns",
-            "cache",
-            "memory",
-            "pools",
-            "records",
-            "transitions",
-            "speculative",
-            "forward",
-            "captured",
-            "checks",
-        )
+        for namespace in NAMESPACES
+        if namespace != "errors"  # after the audit, below
     ),
     batchstate.audit,  # before errors: DeviceReadError is documented with the audit
     batchstate.errors,
