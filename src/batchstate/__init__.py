@@ -22,8 +22,8 @@ exception, under `batchstate.errors.Error`), `batchstate.columns`,
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    # The core: what a scheduler uses every step.
-    # Names of the namespaces by concept, importable from here too (as before).
+    # Every name importable from here: the core (`__all__` below) and, for code written
+    # before the namespaces, their names too (`X as X`: an explicit re-export for mypy).
     from batchstate.base.errors import (
         AllocError as AllocError,
     )
