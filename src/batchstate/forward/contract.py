@@ -106,19 +106,14 @@ class _Rows:
     def __init__(self, slots: HostArray, rids: HostArray, prefix: HostArray, extend: HostArray):
         self.slots, self.rids = slots, rids
         self.prefix, self.extend = prefix.astype(np.int64), extend.astype(np.int64)
-        self.token_rows = np.repeat(np.arange(slots.shape[0]), self.extend)
-        first = np.cumsum(self.extend) - self.extend
-        within = np.arange(self.token_rows.shape[0]) - first[self.token_rows]
-        self.positions = self.prefix[self.token_rows] + within
+        self.token_rows, self.positions = _spans(self.prefix, self.extend)
 
     def name(self, row: int) -> str:
         return f"row {row} (request {int(self.rids[row])}, slot {int(self.slots[row])})"
 
     def prefix_cells(self) -> tuple[HostArray, HostArray]:
         # Each prefix cell's row and position, every row's `[0, prefix)` back to back.
-        cell_rows = np.repeat(np.arange(self.slots.shape[0]), self.prefix)
-        first = np.cumsum(self.prefix) - self.prefix
-        return cell_rows, np.arange(cell_rows.shape[0]) - first[cell_rows]
+        return _spans(np.zeros_like(self.prefix), self.prefix)
 
 
 def _expect_held(pools: Pools, slots: HostArray, seq: HostArray, rids: HostArray) -> None:
@@ -247,10 +242,7 @@ def _expect_hybrid(
     for window, kind in zip(hybrid.windows, pools.memory.windows, strict=True):
         written = window.out_cache_loc.host.astype(np.int64)
         starts = window.kv_starts.host.astype(np.int64)
-        counts = np.maximum(rows.prefix - starts, 0)
-        cell_rows = np.repeat(np.arange(rows.slots.shape[0]), counts)
-        first = np.cumsum(counts) - counts
-        positions = starts[cell_rows] + np.arange(cell_rows.shape[0]) - first[cell_rows]
+        cell_rows, positions = _spans(starts, np.maximum(rows.prefix - starts, 0))
         table = kind.table
         cells = (
             table[rows.slots[cell_rows], positions // page_size] * page_size + positions % page_size
@@ -262,10 +254,8 @@ def _expect_hybrid(
                 f" {int(positions[at])} at window location {int(cells[at])}, which this"
                 " forward's window layer writes"
             )
+    pages = [window.out_cache_loc.host.astype(np.int64) // page_size for window in hybrid.windows]
     for copies in hybrid.cached:
-        pages = [
-            window.out_cache_loc.host.astype(np.int64) // page_size for window in hybrid.windows
-        ]
         window_written = np.concatenate((*pages, copies.window_to.host, copies.publish_to.host))
         states_written = np.concatenate((copies.state_to.host, copies.checkpoint_states.host))
         for what, read, written in (
@@ -278,6 +268,15 @@ def _expect_hybrid(
                     f"check_forward: an anchor's {what} {int(read[at])} is copied into a"
                     " resuming row and written by the same forward"
                 )
+
+
+def _spans(starts: HostArray, lengths: HostArray) -> tuple[HostArray, HostArray]:
+    # Row `r`'s `[starts[r], starts[r] + lengths[r])`, every row's back to back: each
+    # element's row, and its value.
+    element_rows = np.repeat(np.arange(lengths.shape[0]), lengths)
+    first = np.cumsum(lengths) - lengths
+    within = np.arange(element_rows.shape[0]) - first[element_rows]
+    return element_rows, starts[element_rows] + within
 
 
 def _first_in(read: npt.NDArray[np.int64], written: npt.NDArray[np.int64]) -> int | None:
