@@ -23,7 +23,6 @@ contract (docs/design.md), which `check_forward` checks.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -242,7 +241,7 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
         return flat(torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values), q.shape[0])
 
     if model.config.attention == "ragged":
-        attend = _ragged(model, cache, inputs, key_locs, q_lens, kv_lens, grid, flat)
+        attend = _ragged(model, cache, inputs, key_locs, q_lens, kv_lens, layout)
     if model.config.is_hybrid:
         hybrid = hybrid_inputs(inputs, pools) if hybrid is None else hybrid
         attend = hybrid_attend(model, cache, inputs, hybrid, attend, checkpoints)
@@ -256,8 +255,7 @@ def _ragged(  # noqa: PLR0917  # the forward's layout, as `_forward` computed it
     key_locs: torch.Tensor,
     q_lens: torch.Tensor,
     kv_lens: torch.Tensor,
-    grid: Callable[[torch.Tensor], torch.Tensor],
-    flat: Callable[[torch.Tensor, int], torch.Tensor],
+    layout: RowGrid,
 ) -> Attend:
     # Ragged attention, as SGLang's FlashInfer path and FlashAttention's varlen path run an
     # extend: over the step's own keys and values (causal among a row's new tokens), and
@@ -275,6 +273,7 @@ def _ragged(  # noqa: PLR0917  # the forward's layout, as `_forward` computed it
     own = causal[None] & (query[None, None, :] < q_lens[:, None, None])  # [rows, q, new key]
     locs = inputs.out_cache_loc.device
     scale = 1.0 / math.sqrt(model.config.head_dim)
+    grid = layout.grid
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         layer = model.config.ordinal(layer)  # its row among the full-attention layers
@@ -289,7 +288,7 @@ def _ragged(  # noqa: PLR0917  # the forward's layout, as `_forward` computed it
         out = _merge(out_paged, lse_paged, out_step, lse_step)
         cache.k[layer, locs] = k  # the write, last
         cache.v[layer, locs] = v
-        return flat(out, q.shape[0])
+        return layout.flat(out, q.shape[0])
 
     return attend
 
