@@ -18,6 +18,7 @@ from typing import Final
 import attrs
 import pytest
 
+from batchstate.cli._replay import POOLS_FIELDS
 from batchstate.sglang.replica import ExtendItem, Replica
 from batchstate.sglang.trace import Operation, PoolsConfig, dumps
 
@@ -168,3 +169,8 @@ def test_the_trace_made_here_reads_as_json_lines(tmp_path: Path) -> None:
         "prepare_for_extend",
         "prepare_for_decode",
     ]
+
+
+def test_the_pools_line_check_names_the_trace_readers_fields() -> None:
+    """The check before torch loads keeps its own copy of the pools line's fields: the same."""
+    assert tuple(field.name for field in attrs.fields(PoolsConfig)) == POOLS_FIELDS
