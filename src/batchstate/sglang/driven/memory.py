@@ -1,0 +1,153 @@
+"""SGLang's memory objects as views of one batchstate `Pools` value.
+
+Drive mode keeps one `Pools` (request slots, KV pages, prefix cache, the
+request-to-token table) and hands SGLang's scheduler these three objects where it
+held its `ReqToTokenPool`, KV allocator and `RadixCache`. Each view holds only the
+owner of that `Pools` and reads the owner's newest value at every call, so there
+is no second copy of a count or a table to drift: the request-to-token table SGLang
+reads is the table's own device tensor, and free, evictable and protected tokens
+are the pools' host counters (no device read).
+
+What SGLang's admission reads goes through these: `PrefillAdder` builds SGLang's
+own `PrefillBudget` over the allocator view (`create_prefill_budget`), which reads
+`available_size()` and the cache view's `evictable_size()`; the scheduler's pool
+metrics read the same two and `protected_size()`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, final
+
+import torch
+
+from batchstate import Pools
+
+__all__ = ["HoldsPools", "KVAllocatorView", "RadixCacheView", "ReqToTokenView"]
+
+
+class HoldsPools(Protocol):
+    """Whatever owns the one `Pools` value: each transition's result replaces it."""
+
+    @property
+    def pools(self) -> Pools: ...
+
+
+@final
+class ReqToTokenView:
+    """SGLang's `ReqToTokenPool` as a view of `owner.pools`: the table and the free
+    request slots."""
+
+    def __init__(self, owner: HoldsPools) -> None:
+        self._owner = owner
+
+    @property
+    def req_to_token(self) -> torch.Tensor:
+        """`[size + 1, max_context_len]` int32, slot, position -> KV location: the pools'
+        table itself (row 0 is padding, as in SGLang)."""
+        return self._owner.pools.table.device
+
+    @property
+    def size(self) -> int:
+        """Request slots (SGLang's `size`: rows without the padding row)."""
+        return self._owner.pools.max_reqs
+
+    @property
+    def max_context_len(self) -> int:
+        return self._owner.pools.max_context_len
+
+    @property
+    def device(self) -> str:
+        return str(self._owner.pools.table.device.device)
+
+    def available_size(self) -> int:
+        """Free request slots."""
+        return self._owner.pools.num_free_slots
+
+
+@final
+class KVAllocatorView:
+    """SGLang's token (page size 1) or paged KV allocator as a view of `owner.pools`."""
+
+    def __init__(self, owner: HoldsPools) -> None:
+        self._owner = owner
+
+    @property
+    def size(self) -> int:
+        """KV tokens the allocator hands out (the padding page not counted)."""
+        pools = self._owner.pools
+        return pools.num_pages * pools.page_size
+
+    @property
+    def page_size(self) -> int:
+        return self._owner.pools.page_size
+
+    def available_size(self) -> int:
+        """Tokens in free pages, as SGLang counts its free and to-be-released pages;
+        eviction's are the cache view's `evictable_size()`."""
+        return self._owner.pools.num_free_tokens
+
+    def create_prefill_budget(
+        self, tree_cache: RadixCacheView, *, num_mixed_decode_tokens: int = 0
+    ) -> object:
+        """SGLang's own `PrefillBudget` over this view and `tree_cache` (what
+        `PrefillAdder` admits against)."""
+        from batchstate.sglang._stubs import install_stubs
+
+        install_stubs()
+        from sglang.srt.mem_cache.prefill_budget import PrefillBudget
+
+        budget: object = PrefillBudget(
+            self, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens
+        )
+        return budget
+
+    def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
+        """KV tokens a request needs beyond its prefill: none (no per-request workspace)."""
+        del has_req_pool_slot, prefill_tokens
+        return 0
+
+
+@final
+class RadixCacheView:
+    """SGLang's `RadixCache` counters as a view of `owner.pools`' prefix cache."""
+
+    def __init__(self, owner: HoldsPools) -> None:
+        self._owner = owner
+
+    @property
+    def page_size(self) -> int:
+        return self._owner.pools.page_size
+
+    @property
+    def disable(self) -> bool:
+        """Whether the cache is off (SGLang's `--disable-radix-cache`)."""
+        return not self._owner.pools.cache.enabled
+
+    def evictable_size(self) -> int:
+        """Cached tokens no live row reads: what allocation may evict."""
+        pools = self._owner.pools
+        return pools.cache.num_evictable * pools.page_size
+
+    def full_evictable_size(self) -> int:
+        """`evictable_size()`: one kind of memory, full attention."""
+        return self.evictable_size()
+
+    def protected_size(self) -> int:
+        """Cached tokens that live rows read (locked)."""
+        pools = self._owner.pools
+        return pools.cache.num_locked * pools.page_size
+
+    def total_size(self) -> int:
+        """Tokens the cache holds, shared prefixes counted once."""
+        return self._owner.pools.cache.num_tokens
+
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disable
+
+    def supports_mamba(self) -> bool:
+        """False: hybrid state pools are not driven."""
+        return False
+
+    def supports_swa(self) -> bool:
+        """False: sliding-window pools are not driven."""
+        return False

@@ -1,0 +1,120 @@
+"""SGLang's memory objects as views of one `Pools` value (`batchstate.sglang.driven.memory`),
+read by SGLang's own `PrefillAdder` beside the stock objects at every step of SGLang's real
+scheduler loop. Skipped when SGLang is not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from collections.abc import Iterator
+
+import pytest
+
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip(
+        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
+        allow_module_level=True,
+    )
+
+from batchstate.sglang import Shadow, cpu_topology
+from batchstate.sglang.driven.memory import KVAllocatorView, RadixCacheView, ReqToTokenView
+from batchstate.sglang.replica import ExtendItem, Replica
+from batchstate.sglang.scheduler_loop import SchedulerLoop
+
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
+    ),
+    pytest.mark.xdist_group("sglang"),
+]
+
+
+@pytest.fixture(params=[1, 16], ids=["page1", "page16"])
+def page_size(request: pytest.FixtureRequest) -> Iterator[int]:
+    with cpu_topology(
+        chunked_prefill_size=128,
+        page_size=request.param,
+        max_running_requests=16,
+        pp_max_micro_batch_size=16,
+    ):
+        yield request.param
+
+
+def test_a_view_reads_the_newest_pools_and_holds_no_copy() -> None:
+    replica = Replica(page_size=16, kv_tokens=256, rows=4, context=512)
+    table, allocator, cache = (
+        ReqToTokenView(replica),
+        KVAllocatorView(replica),
+        RadixCacheView(replica),
+    )
+    assert (table.size, allocator.size, table.available_size(), allocator.available_size()) == (
+        4,
+        256,
+        4,
+        256,
+    )
+    prompt = tuple(range(100, 140))  # two whole pages and 8 tokens
+    replica.extend("b0", [ExtendItem("r0", prompt, extend_len=40, prefix_len=0)])
+    # The same tensor the transitions write, not a copy of it.
+    assert table.req_to_token is replica.pools.table.device
+    assert tuple(table.req_to_token.shape) == (5, 512)
+    assert (table.available_size(), allocator.available_size()) == (3, 256 - 48)
+    assert (cache.protected_size(), cache.evictable_size(), cache.total_size()) == (32, 0, 32)
+    replica.release("r0", tokens=prompt)
+    assert (table.available_size(), allocator.available_size()) == (4, 256 - 32)
+    assert (cache.protected_size(), cache.evictable_size()) == (0, 32)
+
+
+def _loaded(page_size: int, seed: int) -> SchedulerLoop:
+    kv_tokens = 800 if page_size == 1 else 1024
+    loop = SchedulerLoop(page_size=page_size, kv_tokens=kv_tokens, rows=16, seed=seed)
+    rng = random.Random(seed)
+    shared = [rng.randrange(100, 30000) for _ in range(48)]
+    for _ in range(40):
+        head = shared[: rng.randrange(0, 48)]
+        tail = [rng.randrange(100, 30000) for _ in range(rng.randrange(4, 300))]
+        loop.submit(head + tail, rng.randrange(30, 100))
+    return loop
+
+
+def test_prefill_adder_over_the_views_sees_what_it_sees_over_sglangs_pools(
+    page_size: int,
+) -> None:
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    loop = _loaded(page_size, seed=3)
+    s = loop.scheduler
+    compared = steps = 0
+    with Shadow() as shadow:  # its Replica holds the one Pools the views read
+        while loop.busy and steps < 4000:
+            loop.step()
+            steps += 1
+            replica = shadow.replica
+            if replica is None or replica.unpublished:
+                continue  # a prefill's pages are published at different moments (policy)
+            table, allocator, cache = (
+                ReqToTokenView(replica),
+                KVAllocatorView(replica),
+                RadixCacheView(replica),
+            )
+            stock = s.req_to_token_pool, s.token_to_kv_pool_allocator, s.tree_cache
+            assert table.available_size() == stock[0].available_size()
+            assert table.req_to_token.shape == stock[0].req_to_token.shape
+            assert table.req_to_token.dtype == stock[0].req_to_token.dtype
+            assert (allocator.size, allocator.page_size) == (stock[1].size, stock[1].page_size)
+            assert cache.protected_size() == stock[2].protected_size()
+            assert (
+                allocator.available_size() + cache.evictable_size()
+                == stock[1].available_size() + stock[2].evictable_size()
+            )
+            ours, theirs = (
+                PrefillAdder(
+                    page_size, c, a, s.running_batch, s.new_token_ratio_tracker.current, 4096, 128
+                )
+                for c, a in ((cache, allocator), (stock[2], stock[1]))
+            )
+            assert ours.rem_total_tokens == theirs.rem_total_tokens
+            assert ours.cur_rem_tokens == theirs.cur_rem_tokens
+            compared += 1
+    assert shadow.divergences == [] and not loop.busy
+    assert compared >= steps * 0.9 and steps >= 400
