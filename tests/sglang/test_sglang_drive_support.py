@@ -76,3 +76,10 @@ def test_the_command_line_check_reads_sglangs_own_server_arguments(
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--enable-mixed-chunk True" in err
 
+
+def test_the_docs_list_every_refused_flag() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "sglang.md").read_text()
+    drive = page.split("### What drive runs, checked at start", 1)[1].split("\n### ", 1)[0]
+    assert [r.flag for r in REFUSED if f"`{r.flag}`" not in drive] == []
