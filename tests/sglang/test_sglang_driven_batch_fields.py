@@ -163,15 +163,17 @@ def page_size(request: pytest.FixtureRequest) -> Iterator[int]:
         yield request.param
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
 def test_every_decode_of_the_real_scheduler_carries_the_fields_stock_sglang_does(
-    page_size: int,
+    page_size: int, overlap: bool
 ) -> None:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
     from batchstate.sglang import Shadow
     from batchstate.sglang.scheduler_loop import SchedulerLoop
 
-    loop = SchedulerLoop(page_size=page_size, kv_tokens=800 if page_size == 1 else 1024, rows=16)
+    kv_tokens = 800 if page_size == 1 else 1024
+    loop = SchedulerLoop(page_size=page_size, kv_tokens=kv_tokens, rows=16, overlap=overlap)
     rng = random.Random(4)
     shared = [rng.randrange(100, 30000) for _ in range(48)]
     for _ in range(40):

@@ -65,9 +65,11 @@ def test_a_view_reads_the_newest_pools_and_holds_no_copy() -> None:
     assert (cache.protected_size(), cache.evictable_size()) == (0, 32)
 
 
-def _loaded(page_size: int, seed: int) -> SchedulerLoop:
+def _loaded(page_size: int, seed: int, *, overlap: bool = False) -> SchedulerLoop:
     kv_tokens = 800 if page_size == 1 else 1024
-    loop = SchedulerLoop(page_size=page_size, kv_tokens=kv_tokens, rows=16, seed=seed)
+    loop = SchedulerLoop(
+        page_size=page_size, kv_tokens=kv_tokens, rows=16, seed=seed, overlap=overlap
+    )
     rng = random.Random(seed)
     shared = [rng.randrange(100, 30000) for _ in range(48)]
     for _ in range(40):
@@ -77,12 +79,13 @@ def _loaded(page_size: int, seed: int) -> SchedulerLoop:
     return loop
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
 def test_prefill_adder_over_the_views_sees_what_it_sees_over_sglangs_pools(
-    page_size: int,
+    page_size: int, overlap: bool
 ) -> None:
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
-    loop = _loaded(page_size, seed=3)
+    loop = _loaded(page_size, seed=3, overlap=overlap)
     s = loop.scheduler
     compared = steps = 0
     with Shadow() as shadow:  # its Replica holds the one Pools the views read
@@ -117,4 +120,5 @@ def test_prefill_adder_over_the_views_sees_what_it_sees_over_sglangs_pools(
             assert ours.cur_rem_tokens == theirs.cur_rem_tokens
             compared += 1
     assert shadow.divergences == [] and not loop.busy
-    assert compared >= steps * 0.9 and steps >= 400
+    # 90 to 96% of the steps measured here; the rest await a checkpoint (overlap: more).
+    assert compared >= steps * 0.85 and steps >= 400
