@@ -16,7 +16,7 @@ metrics read the same two and `protected_size()`.
 
 from __future__ import annotations
 
-from typing import Protocol, final
+from typing import Any, Protocol, final
 
 import torch
 
@@ -143,6 +143,27 @@ class RadixCacheView:
 
     def supports_prefix_sharing(self) -> bool:
         return not self.disable
+
+    def match_prefix(self, params: object) -> object:
+        """SGLang's `MatchResult` for `params.key` (a `RadixKey`, its `limit` honoured):
+        the longest cached prefix of whole pages, read from the pools' prefix cache
+        without changing it. Its node is the matched tokens themselves."""
+        from batchstate.sglang._stubs import install_stubs
+
+        install_stubs()
+        from sglang.srt.mem_cache.base_prefix_cache import MatchResult
+
+        key: Any = getattr(params, "key")  # noqa: B009  # SGLang's params are untyped
+        tokens = tuple(key.raw_token_ids())
+        length = self._owner.pools.cache.match(tokens)[0] if not self.disable else 0
+        node = tokens[:length]
+        result: object = MatchResult(
+            device_prefix_len=length,
+            last_device_node=node,
+            last_host_node=node,
+            best_match_node=node,
+        )
+        return result
 
     def supports_mamba(self) -> bool:
         """False: hybrid state pools are not driven."""
