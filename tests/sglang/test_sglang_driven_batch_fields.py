@@ -93,6 +93,13 @@ def test_the_fields_are_the_records_on_every_transition() -> None:
     assert BatchFields(both).seq_lens_sum == fields.seq_lens_sum
 
 
+def test_anything_but_a_record_is_refused_by_name() -> None:
+    mixed, _ = _prefill(torch.device("cpu"))
+    for wrong in (None, mixed.rows, "b0"):
+        with pytest.raises(PhaseError, match="BatchFields: record must be"):
+            BatchFields(wrong)  # type: ignore[arg-type]
+
+
 def _patches() -> dict[str, Callable[[BatchFields], None]]:
     # The patches that reintroduce the bugs into stock SGLang (tests/sglang/test_sglang_shadow.py).
     return {

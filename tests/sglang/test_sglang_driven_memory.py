@@ -65,6 +65,18 @@ def test_a_view_reads_the_newest_pools_and_holds_no_copy() -> None:
     assert (cache.protected_size(), cache.evictable_size()) == (0, 32)
 
 
+def test_a_view_of_something_without_pools_or_a_match_without_a_key_is_refused() -> None:
+    from batchstate.errors import PoolsArgumentError
+    from batchstate.sglang import UnsupportedSGLang
+
+    for view in (ReqToTokenView, KVAllocatorView, RadixCacheView):
+        with pytest.raises(PoolsArgumentError, match=f"{view.__name__}: the owner must hold"):
+            view(object())  # type: ignore[arg-type]
+    cache = RadixCacheView(Replica(page_size=16, kv_tokens=256, rows=4, context=512))
+    with pytest.raises(UnsupportedSGLang, match="MatchPrefixParams has no attribute 'key'"):
+        cache.match_prefix(object())
+
+
 def _loaded(page_size: int, seed: int, *, overlap: bool = False) -> SchedulerLoop:
     kv_tokens = 800 if page_size == 1 else 1024
     loop = SchedulerLoop(

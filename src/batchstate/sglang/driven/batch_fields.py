@@ -27,9 +27,20 @@ Driven = Idle | Filtered | Decoding | Mixed
 
 @attrs.frozen
 class BatchFields:
-    """SGLang's batch fields, each computed from `record` on read; nothing to assign."""
+    """SGLang's batch fields, each computed from `record` on read; nothing to assign.
+
+    Raises `PhaseError` when `record` is not a record a driven batch holds.
+    """
 
     record: Driven
+
+    def __attrs_post_init__(self) -> None:
+        record: object = self.record  # for callers without mypy
+        if not isinstance(record, Idle | Filtered | Decoding | Mixed):
+            raise PhaseError(
+                "BatchFields: record must be Idle, Filtered, Decoding or Mixed, "
+                f"got {type(record).__name__}"
+            )
 
     @property
     def batch_size(self) -> int:

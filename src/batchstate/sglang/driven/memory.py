@@ -21,6 +21,8 @@ from typing import Any, Protocol, final
 import torch
 
 from batchstate import Pools
+from batchstate.errors import PoolsArgumentError
+from batchstate.sglang._fields import require
 
 __all__ = ["HoldsPools", "KVAllocatorView", "RadixCacheView", "ReqToTokenView"]
 
@@ -32,13 +34,23 @@ class HoldsPools(Protocol):
     def pools(self) -> Pools: ...
 
 
+def _held(owner: HoldsPools, view: str) -> HoldsPools:
+    # A view of something that holds no Pools would fail at SGLang's first read, far away.
+    held = getattr(owner, "pools", None)
+    if not isinstance(held, Pools):
+        raise PoolsArgumentError(
+            f"{view}: the owner must hold a Pools in `pools`, got {type(held).__name__}"
+        )
+    return owner
+
+
 @final
 class ReqToTokenView:
     """SGLang's `ReqToTokenPool` as a view of `owner.pools`: the table and the free
     request slots."""
 
     def __init__(self, owner: HoldsPools) -> None:
-        self._owner = owner
+        self._owner = _held(owner, type(self).__name__)
 
     @property
     def req_to_token(self) -> torch.Tensor:
@@ -69,7 +81,7 @@ class KVAllocatorView:
     """SGLang's token (page size 1) or paged KV allocator as a view of `owner.pools`."""
 
     def __init__(self, owner: HoldsPools) -> None:
-        self._owner = owner
+        self._owner = _held(owner, type(self).__name__)
 
     @property
     def size(self) -> int:
@@ -112,7 +124,7 @@ class RadixCacheView:
     """SGLang's `RadixCache` counters as a view of `owner.pools`' prefix cache."""
 
     def __init__(self, owner: HoldsPools) -> None:
-        self._owner = owner
+        self._owner = _held(owner, type(self).__name__)
 
     @property
     def page_size(self) -> int:
@@ -153,7 +165,9 @@ class RadixCacheView:
         install_stubs()
         from sglang.srt.mem_cache.base_prefix_cache import MatchResult
 
+        require(params, "MatchPrefixParams", ("key",))  # a clear error where SGLang's moved
         key: Any = getattr(params, "key")  # noqa: B009  # SGLang's params are untyped
+        require(key, "RadixKey", ("raw_token_ids",))
         tokens = tuple(key.raw_token_ids())
         length = self._owner.pools.cache.match(tokens)[0] if not self.disable else 0
         node = tokens[:length]
