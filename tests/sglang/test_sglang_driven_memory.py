@@ -8,6 +8,8 @@ import importlib.util
 import random
 from collections.abc import Iterator
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 if importlib.util.find_spec("sglang") is None:
@@ -16,6 +18,7 @@ if importlib.util.find_spec("sglang") is None:
         allow_module_level=True,
     )
 
+from batchstate import Pools
 from batchstate.sglang import Shadow, cpu_topology
 from batchstate.sglang.driven.memory import KVAllocatorView, RadixCacheView, ReqToTokenView
 from batchstate.sglang.replica import ExtendItem, Replica
@@ -75,6 +78,15 @@ def test_a_view_of_something_without_pools_or_a_match_without_a_key_is_refused()
     cache = RadixCacheView(Replica(page_size=16, kv_tokens=256, rows=4, context=512))
     with pytest.raises(UnsupportedSGLang, match="MatchPrefixParams has no attribute 'key'"):
         cache.match_prefix(object())
+
+
+def _cached_kv(pools: Pools, path: npt.NDArray[np.int64]) -> None:
+    # A cached prefix's locations: whole pages in order, each page cached, none free.
+    size = pools.page_size
+    assert (path % size == np.arange(len(path)) % size).all()
+    cached = {page for page, _ in pools.cache.entries().values()}
+    assert set((path // size).tolist()) <= cached
+    assert not set((path // size).tolist()) & set(pools.free_pages.tolist())
 
 
 def _loaded(page_size: int, seed: int, *, overlap: bool = False) -> SchedulerLoop:
@@ -155,6 +167,15 @@ def test_every_match_the_real_scheduler_makes_finds_the_same_prefix_in_the_view(
             if admitting and replica is not None and not replica.unpublished:
                 ours = RadixCacheView(replica).match_prefix(params)
                 assert ours.device_prefix_len == theirs.device_prefix_len  # type: ignore[attr-defined]
+                path = (
+                    RadixCacheView(replica)
+                    .path_device_indices(
+                        ours.last_device_node  # type: ignore[attr-defined]
+                    )
+                    .numpy()
+                )
+                assert len(path) == len(tree.path_device_indices(theirs.last_device_node))
+                _cached_kv(replica.pools, path)
                 lengths.append(theirs.device_prefix_len)
             return theirs
 

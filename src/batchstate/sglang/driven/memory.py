@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, final
 
+import numpy as np
 import torch
 
 from batchstate import Pools
@@ -178,6 +179,16 @@ class RadixCacheView:
             best_match_node=node,
         )
         return result
+
+    def path_device_indices(self, node: tuple[int, ...]) -> torch.Tensor:
+        """int64 KV locations of the cached prefix `node` (a match's node), on the
+        table's device: what SGLang's `prefix_device_indices` reads. Computed from the
+        cache's host pages (one upload, no device read); empty when not cached."""
+        pools = self._owner.pools
+        length, pages = pools.cache.match(node)
+        offsets = np.arange(pools.page_size, dtype=np.int64)
+        locations = (pages.astype(np.int64)[:, None] * pools.page_size + offsets).reshape(-1)
+        return torch.from_numpy(locations[:length].copy()).to(pools.table.device.device)
 
     def supports_mamba(self) -> bool:
         """False: hybrid state pools are not driven."""
