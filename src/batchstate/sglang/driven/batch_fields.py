@@ -44,6 +44,7 @@ class BatchFields:
 
     @property
     def batch_size(self) -> int:
+        """Rows (requests) in the batch."""
         return len(self.record.rows.reqs)
 
     @property

@@ -66,10 +66,12 @@ class ReqToTokenView:
 
     @property
     def max_context_len(self) -> int:
+        """Positions per row: the longest request the table holds."""
         return self._owner.pools.max_context_len
 
     @property
     def device(self) -> str:
+        """The table's device, as SGLang names one ("cpu", "cuda:0")."""
         return str(self._owner.pools.table.device.device)
 
     def available_size(self) -> int:
@@ -92,6 +94,7 @@ class KVAllocatorView:
 
     @property
     def page_size(self) -> int:
+        """Tokens per KV page."""
         return self._owner.pools.page_size
 
     def available_size(self) -> int:
@@ -129,6 +132,7 @@ class RadixCacheView:
 
     @property
     def page_size(self) -> int:
+        """Tokens per KV page: the cache matches whole pages."""
         return self._owner.pools.page_size
 
     @property
@@ -155,6 +159,7 @@ class RadixCacheView:
         return self._owner.pools.cache.num_tokens
 
     def supports_prefix_sharing(self) -> bool:
+        """Whether requests may read each other's cached prefixes: the cache is on."""
         return not self.disable
 
     def match_prefix(self, params: object) -> object:
