@@ -1,7 +1,7 @@
 """SGLang's batch fields read from one batchstate record (`batchstate.sglang.driven.batch_fields`):
-the record's own values on every transition, the source document's three bugs with no field
-to write them into, and the same fields as stock SGLang's at every decode of SGLang's real
-scheduler loop (that part skipped when SGLang is not installed)."""
+the record's own values on every transition, three bugs of SGLang's mutable batch with no
+field to write them into, and the same fields as stock SGLang's at every decode of SGLang's
+real scheduler loop (that part skipped when SGLang is not installed)."""
 
 from __future__ import annotations
 
