@@ -98,6 +98,17 @@ class PrefixCache:
         """
         return self.cached_prefix(tokens) if self.reuses else (0, NO_INTS)
 
+    def readers(self, tokens: Tokens, length: int) -> int:
+        """The fewest rows reading any page of the cached prefix `tokens[:length]` (whole
+        pages): 0 when some of it is not cached, or no row reads it. Reads only."""
+        if (
+            length <= 0
+            or length % self.page_size
+            or self.cached_prefix(tokens[:length])[0] < length
+        ):
+            return 0
+        return min(node.locks for _, node in descend(self.root, tokens, length, self.page_size))
+
     def cached_prefix(self, tokens: Sequence[int]) -> tuple[int, HostArray]:
         # The longest prefix of `tokens` whose full-attention pages the cache holds.
         ids = tuple(tokens)

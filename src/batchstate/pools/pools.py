@@ -945,6 +945,33 @@ class Pools:
         locked = self.next_version(cache=lock_matched(self.cache, token_lists, lengths))
         return locked.hold_anchors(token_lists, lengths)
 
+    def unlock_matched_prefixes(
+        self, token_lists: Sequence[Tokens], lengths: Sequence[int]
+    ) -> Pools:
+        """`lock_matched_prefixes` given back: one reader of each prompt's first
+        `lengths[i]` cached tokens leaves before taking a slot (an admission not run).
+
+        Raises `PoolsArgumentError`, and changes nothing, on hybrid pools (their
+        anchors' holds go back with a row's release) or when a prefix is not cached
+        and locked.
+        """
+        if self.memory.kinds.is_hybrid:
+            raise PoolsArgumentError(
+                "unlock_matched_prefixes: hybrid pools give anchors back with a row's release"
+            )
+        cache = self.cache
+        for tokens, length in zip(token_lists, lengths, strict=True):
+            if not length:
+                continue
+            prefix = tuple(tokens)
+            if cache.readers(prefix, length) < 1:
+                raise PoolsArgumentError(
+                    f"unlock_matched_prefixes: the first {length} tokens of a prompt are not "
+                    "a cached prefix that a row has locked"
+                )
+            cache = cache.unlock(prefix, length)
+        return self if cache is self.cache else self.next_version(cache=cache)
+
     def publish_computed(
         self,
         reading: Sequence[tuple[int, Tokens]],
