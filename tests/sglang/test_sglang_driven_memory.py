@@ -4,10 +4,14 @@ scheduler loop. Skipped when SGLang is not installed."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import random
+from array import array
 from collections.abc import Iterator
+from typing import Any
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -188,3 +192,48 @@ def test_every_match_the_real_scheduler_makes_finds_the_same_prefix_in_the_view(
     assert shadow.divergences == []
     # 62 to 77 matches per run, 37 to 74 of them hits: the shared system prompt.
     assert len(lengths) >= 50 and sum(n > 0 for n in lengths) >= 30
+
+
+@attrs.define
+class _Owner:
+    pools: Pools
+
+
+def test_a_lock_in_the_view_protects_what_sglangs_lock_protects(page_size: int) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    loop = _loaded(page_size, seed=6)
+    s, steps, locked = loop.scheduler, 0, 0
+    with Shadow() as shadow:
+        while loop.busy:
+            loop.step()
+            steps += 1
+            replica = shadow.replica
+            if steps % 5 or replica is None or replica.unpublished:
+                continue
+            # A branch of the shadow's pools: what a driven scheduler would hold, without
+            # touching the shadow's own.
+            view, tree = RadixCacheView(_Owner(copy.deepcopy(replica.pools))), s.tree_cache
+
+            def sizes(view: RadixCacheView = view, tree: object = tree) -> None:
+                stock: Any = tree
+                assert view.protected_size() == stock.protected_size()
+                assert view.evictable_size() == stock.evictable_size()
+
+            sizes()
+            held = []
+            for req in list(s.waiting_queue)[:4]:  # what PrefillAdder would admit next
+                tokens = [*req.origin_input_ids, *req.output_ids]
+                params = MatchPrefixParams(key=RadixKey(array("q", tokens), limit=len(tokens) - 1))
+                theirs, ours = tree.match_prefix(params), view.match_prefix(params)
+                assert ours.device_prefix_len == theirs.device_prefix_len  # type: ignore[attr-defined]
+                held.append((tree.lock(theirs.last_device_node), view.lock(ours.last_device_node)))  # type: ignore[attr-defined]
+                locked += bool(theirs.device_prefix_len)
+                sizes()
+            for stock_lock, view_lock in reversed(held):
+                tree.unlock(stock_lock)
+                view.unlock(view_lock)
+                sizes()
+    assert shadow.divergences == [] and not loop.busy
+    assert locked >= 20  # prefixes were locked, not only empty matches

@@ -11,7 +11,10 @@ are the pools' host counters (no device read).
 What SGLang's admission reads goes through these: `PrefillAdder` builds SGLang's
 own `PrefillBudget` over the allocator view (`create_prefill_budget`), which reads
 `available_size()` and the cache view's `evictable_size()`; the scheduler's pool
-metrics read the same two and `protected_size()`.
+metrics read the same two and `protected_size()`. The cache view also matches a
+request's prefix (`match_prefix`, reading only) and locks and unlocks it in the one
+`Pools` (`lock`, `unlock`), as admission does; inserting and evicting are not views
+yet.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ __all__ = ["HoldsPools", "KVAllocatorView", "RadixCacheView", "ReqToTokenView"]
 
 
 class HoldsPools(Protocol):
-    """Whatever owns the one `Pools` value: each transition's result replaces it."""
+    """Whatever owns the one `Pools` value: each transition's result replaces it (and
+    the cache view's `lock` and `unlock` do)."""
 
-    @property
-    def pools(self) -> Pools: ...
+    pools: Pools
 
 
 def _held(owner: HoldsPools, view: str) -> HoldsPools:
@@ -184,6 +187,24 @@ class RadixCacheView:
             best_match_node=node,
         )
         return result
+
+    def lock(self, node: tuple[int, ...]) -> tuple[int, ...]:
+        """One more reader of the cached prefix `node` (a match's node), in the one
+        `Pools`: its pages stop being evictable, as SGLang's lock makes them. Returns
+        the lock `unlock` takes."""
+        if node:
+            owner = self._owner
+            owner.pools = owner.pools.lock_matched_prefixes([node], [len(node)]).commit()
+        return node
+
+    def unlock(self, lock: tuple[int, ...] | None) -> None:
+        """Give back a `lock` (None: nothing, as SGLang's).
+
+        Raises `PoolsArgumentError` (nothing changes) when it holds no lock.
+        """
+        if lock:
+            owner = self._owner
+            owner.pools = owner.pools.unlock_matched_prefixes([lock], [len(lock)]).commit()
 
     def path_device_indices(self, node: tuple[int, ...]) -> torch.Tensor:
         """int64 KV locations of the cached prefix `node` (a match's node), on the
