@@ -194,3 +194,20 @@ def test_a_batch_whose_fields_moved_is_refused_by_name(
     ):
         driver.step()
     assert shadow.operations == []  # nothing was replayed
+
+
+def test_a_mirror_listing_the_right_rows_in_another_order_is_named(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    def permute(batch: Any) -> None:
+        if len(batch.reqs) >= 2:  # the host mirror reversed, the device rows left as they are
+            batch.req_pool_indices_cpu = torch.flip(batch.req_pool_indices_cpu, [0])
+
+    _patch(monkeypatch, "filter_batch", permute)
+    divergence = _first(_loaded(1, 420))
+    assert _where(divergence) == ("filter_batch", "req_pool_indices_cpu order")
+    rid = divergence.mismatch.request
+    assert rid.startswith("r") and divergence.mismatch.batchstate == f"{rid}'s row"
+    assert divergence.mismatch.sglang != divergence.mismatch.batchstate

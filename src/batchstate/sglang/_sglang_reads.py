@@ -18,6 +18,20 @@ def mirror_rows(batch: Any, live: list[Any]) -> int:
     return -1 if mirror is None else len(mirror) - (len(batch.reqs) - len(live))
 
 
+def mirror_order(batch: Any, live: list[Any]) -> tuple[str, ...]:
+    """For each of `live`, in the batch's order: whose row `req_pool_indices_cpu` lists at
+    its position (the rid, or `row N` when no live request holds row N); () when the
+    mirror is missing or has another length (`mirror_rows` names that)."""
+    mirror = batch.req_pool_indices_cpu
+    if not batch.reqs or mirror is None or len(mirror) != len(batch.reqs):
+        return ()
+    rows = mirror.tolist()
+    owner = {r.kv.req_pool_idx: r.rid for r in live}
+    position = {id(r): i for i, r in enumerate(batch.reqs)}
+    listed = (int(rows[position[id(r)]]) for r in live)
+    return tuple(owner.get(row, f"row {row}") for row in listed)
+
+
 def sglang_state(batch: Any, live: list[Any], extend: bool, chunks: list[Any]) -> State:
     """What SGLang holds for `batch` (its `live` requests, and its `chunks`, requests between
     chunks) and its pools: host values only."""

@@ -27,6 +27,7 @@ from batchstate.errors import Error
 from batchstate.sglang._fields import require_shadowed
 from batchstate.sglang._sglang_reads import (
     evicted_by_sglang,
+    mirror_order,
     mirror_rows,
     pool_state,
     sglang_state,
@@ -243,6 +244,7 @@ class Shadow:
             items=items,
             kept=tuple(r.rid for r in live),
             mirror_rows=mirror_rows(batch, live),
+            mirror_order=mirror_order(batch, live),
             seq_lens_sum=batch.seq_lens_sum if batch.reqs else None,
         )
         self._check(replica, op)

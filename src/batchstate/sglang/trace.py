@@ -62,6 +62,7 @@ class Operation:
     mirror_rows: int = 0
     seq_lens_sum: int | None = None
     evicted: tuple[Eviction, ...] = ()
+    mirror_order: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -121,10 +122,23 @@ def _differ(op: Operation, field: str, sglang: object, ours: object, rid: str = 
     return Mismatch(op.step, op.op, field, str(sglang), str(ours), rid)
 
 
-def _rows(op: Operation, mine: State) -> Mismatch | None:
+def _mirror(op: Operation, mine: State) -> Mismatch | None:
     theirs = op.state
     if op.mirror_rows != len(theirs.rids):
         return _differ(op, "req_pool_indices_cpu rows", op.mirror_rows, len(mine.rids))
+    # Row i of every per-row tensor (the device's req_pool_indices included) is reqs[i]'s:
+    # a mirror that lists the right rows in another order points row i at another request.
+    for listed, rid in zip(op.mirror_order, theirs.rids, strict=False):
+        if listed != rid:
+            return _differ(op, "req_pool_indices_cpu order", f"{listed}'s row", f"{rid}'s row", rid)
+    return None
+
+
+def _rows(op: Operation, mine: State) -> Mismatch | None:
+    theirs = op.state
+    mirror = _mirror(op, mine)
+    if mirror is not None:
+        return mirror
     # Row order is policy (retract_decode keeps SGLang's retraction order, batchstate's
     # filter keeps positions increasing): rows are compared by request.
     if sorted(theirs.rids) != sorted(mine.rids):
@@ -233,4 +247,6 @@ def _operation(raw: dict[str, Any]) -> Operation:
         mirror_rows=int(raw["mirror_rows"]),
         seq_lens_sum=None if raw["seq_lens_sum"] is None else int(raw["seq_lens_sum"]),
         evicted=tuple(Eviction(_ints(e["tokens"]), int(e["keep"])) for e in raw["evicted"]),
+        # Traces written before the order was recorded replay without that check.
+        mirror_order=tuple(map(str, raw.get("mirror_order", ()))),
     )
