@@ -189,18 +189,21 @@ def test_a_slot_freed_while_its_row_still_reads_it_is_named(
     assert divergence.violation.request == "r0"
 
 
-def test_a_lock_never_released_is_named_at_the_next_call(
+def test_a_lock_never_released_is_named_at_the_release(
     topology: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     original = RadixCache.unlock
     monkeypatch.setattr(RadixCache, "unlock", lambda cache, lock, *a, **k: None)
-    divergence = _first_divergence(_loaded(1, 420))
+    driver = _loaded(1, 420)
+    divergence = _first_divergence(driver)
     monkeypatch.setattr(RadixCache, "unlock", original)
     assert divergence.violation.check == "lock leaked"
     assert divergence.violation.field == "tree_cache.protected_size()"
-    assert divergence.operation == "filter_batch"  # the first call after the release
+    assert divergence.operation == "release_kv_cache"
+    released = divergence.violation.request  # the request whose release kept its lock
+    assert released.startswith("r") and "," not in released
 
 
 def test_pages_allocated_twice_to_two_rows_are_named(

@@ -8,6 +8,7 @@ cost per step. It never writes to SGLang's objects.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -128,8 +129,9 @@ def _prefix_locations(req: Any) -> list[int]:
     return [loc for part in reversed(parts) for loc in part]
 
 
-def _locked_tokens(live: Sequence[Any]) -> int:
-    """Tokens on the tree paths the live requests hold locked (their matched nodes')."""
+def locked_tokens(live: Sequence[Any]) -> int:
+    """Tokens on the tree paths the `live` requests (SGLang `Req`s) hold locked: each node
+    from a request's matched node up to the root, counted once however many share it."""
     seen: set[int] = set()
     tokens = 0
     for req in live:
@@ -155,6 +157,41 @@ def _free_mask(allocator: Any) -> torch.Tensor:
     return mask
 
 
+def _request_rows(pool: Any, live: Sequence[Any]) -> Iterable[Violation]:
+    """Each row of `req_to_token_pool` is held by one live request or on the free list once."""
+    free = Counter(int(r) for r in pool.free_slots)
+    for row, times in sorted(free.items()):
+        if times > 1:
+            yield Violation(
+                "row given back twice",
+                "req_to_token_pool.free_slots",
+                f"row {row} once",
+                f"row {row} {times} times",
+            )
+    holders: dict[int, str] = {}
+    for req in live:
+        row = req.kv.req_pool_idx
+        if row is None:
+            continue
+        if row in holders:
+            yield Violation(
+                "row shared",
+                "req.kv.req_pool_idx",
+                f"row {row} held by {holders[row]} alone",
+                f"row {row} held by {holders[row]}, {req.rid}",
+                f"{holders[row]}, {req.rid}",
+            )
+        holders.setdefault(row, req.rid)
+        if row in free:
+            yield Violation(
+                "row freed while held",
+                "req_to_token_pool.free_slots",
+                f"row {row} held by {req.rid}",
+                f"row {row} on the free list",
+                req.rid,
+            )
+
+
 def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
     allocator, tree = batch.token_to_kv_pool_allocator, batch.tree_cache
     table = batch.req_to_token_pool.req_to_token
@@ -162,6 +199,7 @@ def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
     page = int(allocator.page_size)
     owned: dict[int, str] = {}
     uncached = 0
+    yield from _request_rows(batch.req_to_token_pool, live)
     for req in live:
         if req.kv.req_pool_idx is None:
             continue
@@ -198,7 +236,7 @@ def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
                 )
                 break
             owned[loc] = req.rid
-    locked = _locked_tokens(live)
+    locked = locked_tokens(live)
     if int(tree.protected_size()) != locked:
         yield Violation(
             "lock leaked",

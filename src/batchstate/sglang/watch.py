@@ -1,17 +1,22 @@
 """`Watch`: audit a live SGLang scheduler after every batch lifecycle call, naming the
 first call that breaks an invariant, with a compact trace of every call so far.
 
-It wraps `ScheduleBatch`'s lifecycle methods on the class, from outside (SGLang's
-source is not edited), and restores them on `detach`. The wrappers only read: they
-call the original method with the same arguments and return its result unchanged.
+It wraps `ScheduleBatch`'s lifecycle methods on the class and the cache calls
+`release_kv_cache` and `checkpoint_kv_cache` in every SGLang module that holds them,
+from outside (SGLang's source is not edited), and restores them on `detach`. The
+wrappers only read: they call the original with the same arguments and return its
+result unchanged. After each call it updates the `Holdings` of the requests the call
+touched and checks the pools' balances there, so a pool-level finding names the call
+that made it and those requests.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +25,7 @@ import attrs
 from batchstate.errors import Error
 from batchstate.sglang._stubs import install_stubs
 from batchstate.sglang.audit import AuditReport, Violation, audit
+from batchstate.sglang.holdings import Holdings
 
 LIFECYCLE = (
     "prepare_for_extend",
@@ -29,6 +35,11 @@ LIFECYCLE = (
     "retract_decode",
 )
 """The `ScheduleBatch` methods a `Watch` checks after."""
+CACHE_CALLS = ("release_kv_cache", "checkpoint_kv_cache")
+"""The functions of `sglang.srt.mem_cache.common` a `Watch` checks after: they change what
+a request holds outside any batch call (its row, its KV, its lock)."""
+_BALANCES = frozenset({"lock leaked", "conservation"})  # audit's checks the holdings also make
+_TOUCHING = ("prepare_for_extend", "prepare_for_decode")  # batch calls that change holdings
 
 _log = logging.getLogger("batchstate.sglang")
 
@@ -79,13 +90,16 @@ class Watch:
         self.trace_path = None if trace_path is None else Path(trace_path)
         self.trace: list[TraceStep] = []
         self.divergences: list[Divergence] = []
+        self.holdings = Holdings()
         self._batches: dict[int, weakref.ref[Any]] = {}
         self._originals: dict[str, Callable[..., object]] = {}
+        self._restore: list[Callable[[], None]] = []
 
     def attach(self) -> Watch:
         """Wrap the lifecycle methods of SGLang's `ScheduleBatch` class."""
         install_stubs()
         from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.mem_cache import common
 
         if self._originals:
             return self
@@ -93,6 +107,15 @@ class Watch:
             original = getattr(ScheduleBatch, name)
             self._originals[name] = original
             setattr(ScheduleBatch, name, self._wrap(name, original))
+        for name in CACHE_CALLS:
+            original = getattr(common, name)
+            wrapped = self._wrap_cache_call(name, original)
+            # SGLang's modules import these by name: replace every copy loaded so far;
+            # a module loaded later imports the wrapper from `common`.
+            for module in list(sys.modules.values()):
+                if module.__name__.startswith("sglang") and getattr(module, name, None) is original:
+                    setattr(module, name, wrapped)
+                    self._restore.append(_setter(module, name, original))
         return self
 
     def detach(self) -> None:
@@ -102,6 +125,8 @@ class Watch:
         for name, original in self._originals.items():
             setattr(ScheduleBatch, name, original)
         self._originals.clear()
+        while self._restore:
+            self._restore.pop()()
         if self.trace_path is not None:
             self.write_trace(self.trace_path)
 
@@ -127,6 +152,47 @@ class Watch:
         checked.__doc__ = original.__doc__
         return checked
 
+    def _wrap_cache_call(self, name: str, original: Callable[..., object]) -> Callable[..., object]:
+        watch = self
+
+        def checked(req: Any, tree_cache: Any, *args: object, **kwargs: object) -> object:
+            if not watch._originals:  # imported while attached, called after detach
+                return original(req, tree_cache, *args, **kwargs)
+            row = req.kv.req_pool_idx
+            free_before = len(tree_cache.req_to_token_pool.free_slots)
+            result = original(req, tree_cache, *args, **kwargs)
+            watch._after_cache_call(name, req, tree_cache, row, free_before)
+            return result
+
+        checked.__name__ = name
+        checked.__doc__ = original.__doc__
+        return checked
+
+    def _after_cache_call(
+        self, operation: str, req: Any, tree: Any, row: int | None, free_before: int
+    ) -> None:
+        page = int(tree.token_to_kv_pool_allocator.page_size)
+        found = self.holdings.update([req], page)
+        if operation == "release_kv_cache" and row is not None:
+            found += self.holdings.returned(
+                tree.req_to_token_pool, free_before, {int(row): req.rid}
+            )
+        found += self.holdings.balance(tree, [req.rid])
+        rows = () if row is None else (int(row),)
+        self._record(
+            operation,
+            TraceStep(
+                len(self.trace),
+                operation,
+                (req.rid,),
+                rows,
+                (),
+                *_counts(tree),
+                tuple(map(str, found)),
+            ),
+            found,
+        )
+
     def _live_requests(self, batch: Any) -> list[Any]:
         self._batches[id(batch)] = weakref.ref(batch)
         live: list[Any] = []
@@ -143,18 +209,49 @@ class Watch:
         return live
 
     def _after(self, operation: str, batch: Any) -> None:
+        found: list[Violation] = []
+        touched: Sequence[Any] = batch.reqs if operation in _TOUCHING else ()
+        if not self.trace:  # attached while requests were live: learn what the batches hold
+            touched = [*batch.reqs, *self._live_requests(batch)]
+        if getattr(batch, "tree_cache", None) is not None:
+            page = int(batch.token_to_kv_pool_allocator.page_size)
+            found += self.holdings.update(touched, page)
         report = audit(batch, also_live=self._live_requests(batch))
-        self.trace.append(_snapshot(len(self.trace), operation, batch, report))
-        if report.ok:
+        # audit's pool-wide balances count every live batch's rows anew; the holdings'
+        # name the requests this call touched and report each difference once.
+        found += [v for v in report.violations if v.check not in _BALANCES]
+        if getattr(batch, "tree_cache", None) is not None:
+            found += self.holdings.balance(batch.tree_cache, [r.rid for r in touched])
+        named = {v.check for v in found}
+        found += [v for v in report.violations if v.check in _BALANCES - named]
+        step = _snapshot(len(self.trace), operation, batch, AuditReport(tuple(found)))
+        self._record(operation, step, found)
+
+    def _record(self, operation: str, step: TraceStep, found: Sequence[Violation]) -> None:
+        self.trace.append(step)
+        if not found:
             return
-        first = report.violations[0]
+        first = found[0]
         if self.trace_path is not None and not self.divergences:
             self.write_trace(self.trace_path)
-        divergence = Divergence(len(self.trace) - 1, operation, first, self.trace_path)
+        divergence = Divergence(step.step, operation, first, self.trace_path)
         self.divergences.append(divergence)
         if self.on_divergence == "raise":
             raise divergence
         _log.error("%s", divergence)
+
+
+def _setter(owner: object, name: str, value: object) -> Callable[[], None]:
+    return lambda: setattr(owner, name, value)
+
+
+def _counts(tree: Any) -> tuple[int, int, int]:
+    """Free, evictable and protected tokens."""
+    return (
+        int(tree.token_to_kv_pool_allocator.available_size()),
+        int(tree.evictable_size()),
+        int(tree.protected_size()),
+    )
 
 
 def _snapshot(step: int, operation: str, batch: Any, report: AuditReport) -> TraceStep:
