@@ -270,3 +270,105 @@ def test_a_chunk_written_over_its_previous_chunk_is_named(
         "prepare_for_extend",
         "prefix row",
     )
+
+
+def _free_row_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reintroduce a double free: `ReqToTokenPool.free` gives the row back twice."""
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    original = ReqToTokenPool.free
+
+    def twice(pool: Any, req: Any) -> None:
+        row = req.kv.req_pool_idx
+        original(pool, req)
+        pool.free_rows([row])
+
+    monkeypatch.setattr(ReqToTokenPool, "free", twice)
+
+
+def _share_one_row(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Reintroduce a double allocation: the second request a call admits gets the first's
+    row (its own row goes back to the free list). Returns the rids given one row."""
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    original = ReqToTokenPool.alloc
+
+    def shared(pool: Any, reqs: list[Any]) -> Any:
+        new = [r for r in reqs if not r.kv.holds_kv]
+        rows = original(pool, reqs)
+        if rows is not None and len(new) >= 2:
+            pool.free_rows([new[1].kv.req_pool_idx])
+            new[1].kv.req_pool_idx = new[0].kv.req_pool_idx
+            rows = [r.kv.req_pool_idx for r in reqs]
+            given.extend([new[0].rid, new[1].rid])
+        return rows
+
+    given: list[str] = []
+    monkeypatch.setattr(ReqToTokenPool, "alloc", shared)
+    return given
+
+
+def _leak_on_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reintroduce a leak: a row's KV given back short of its last slot."""
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    original = RadixCache.free_kv_row
+
+    def short(tree: Any, kv: Any, ranges: list[tuple[int, int]]) -> None:
+        start, end = ranges[-1]
+        kept = ranges[:-1] if end - start <= 1 else [*ranges[:-1], (start, end - 1)]
+        original(tree, kv, kept)
+
+    monkeypatch.setattr(RadixCache, "free_kv_row", short)
+
+
+def test_a_row_given_back_twice_is_named_at_the_release(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _free_row_twice(monkeypatch)
+    divergence = _first_divergence(_loaded(1, 420))
+    violation = divergence.violation
+    assert (divergence.operation, violation.check) == ("release_kv_cache", "row given back twice")
+    assert violation.field == "req_to_token_pool.free_slots"
+    assert violation.request.startswith("r") and violation.actual.endswith("freed 2 times")
+
+
+def test_one_row_given_to_two_requests_is_named_at_the_extend(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given = _share_one_row(monkeypatch)
+    divergence = _first_divergence(_loaded(1, 420))
+    violation = divergence.violation
+    assert (divergence.operation, violation.check) == ("prepare_for_extend", "row shared")
+    assert violation.field == "req.kv.req_pool_idx"
+    assert violation.request == ", ".join(given[:2])
+
+
+def test_kv_leaked_by_a_release_is_named_at_the_release(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _leak_on_release(monkeypatch)
+    divergence = _first_divergence(_loaded(1, 420))
+    violation = divergence.violation
+    assert (divergence.operation, violation.check) == ("release_kv_cache", "conservation")
+    assert violation.field == "available + evictable + protected + rows' own KV"
+    assert violation.request.startswith("r") and "," not in violation.request
+    assert violation.actual.endswith(f"= {420 - 1}")  # one slot short of the allocator's size
+
+
+def test_a_chunk_allocated_twice_is_named_at_its_extend(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunked: list[str] = []
+
+    def again(batch: Any) -> None:
+        req = batch.chunked_req
+        if req is not None and req in batch.reqs:  # the chunk's pages taken a second time
+            chunked.append(req.rid)
+            batch.token_to_kv_pool_allocator.alloc(req.extend_len)
+
+    _patch(monkeypatch, "prepare_for_extend", again)
+    divergence = _first_divergence(_loaded(16, 640))
+    violation = divergence.violation
+    assert (divergence.operation, violation.check) == ("prepare_for_extend", "conservation")
+    assert chunked[0] in violation.request.split(", ")  # the extend's rows, the chunk's among them
