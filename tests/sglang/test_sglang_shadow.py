@@ -19,7 +19,14 @@ if importlib.util.find_spec("sglang") is None:
 
 from batchstate.cli import main
 from batchstate.sglang import Shadow, ShadowDivergence, cpu_topology, replay
-from tests.sglang.test_sglang import _loaded, _patch, _run
+from tests.sglang.test_sglang import (
+    _free_row_twice,
+    _leak_on_release,
+    _loaded,
+    _patch,
+    _run,
+    _share_one_row,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings(
@@ -131,7 +138,8 @@ def test_a_lock_never_released_is_named_at_the_release(
     monkeypatch.setattr(RadixCache, "unlock", lambda cache, lock, *a, **k: None)
     divergence = _first(_loaded(1, 420))
     assert _where(divergence) == ("release_kv_cache", "protected_tokens")
-    assert divergence.mismatch.request == ""
+    released = divergence.mismatch.request  # the request whose release kept its lock
+    assert released.startswith("r") and "," not in released
 
 
 def test_a_chunk_allocated_twice_is_named(topology: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,3 +219,33 @@ def test_a_mirror_listing_the_right_rows_in_another_order_is_named(
     rid = divergence.mismatch.request
     assert rid.startswith("r") and divergence.mismatch.batchstate == f"{rid}'s row"
     assert divergence.mismatch.sglang != divergence.mismatch.batchstate
+
+
+def test_a_row_given_back_twice_is_named_at_the_release(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _free_row_twice(monkeypatch)
+    divergence = _first(_loaded(1, 420))
+    assert _where(divergence) == ("release_kv_cache", "free_slots")
+    assert int(divergence.mismatch.sglang) == int(divergence.mismatch.batchstate) + 1
+    assert divergence.mismatch.request.startswith("r")
+
+
+def test_one_row_given_to_two_requests_is_named_at_the_extend(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given = _share_one_row(monkeypatch)
+    divergence = _first(_loaded(1, 420))
+    assert _where(divergence) == ("prepare_for_extend", "free_slots")
+    assert int(divergence.mismatch.sglang) == int(divergence.mismatch.batchstate) + 1
+    assert set(given[:2]) <= set(divergence.mismatch.request.split(", "))
+
+
+def test_kv_leaked_by_a_release_is_named_at_the_release(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _leak_on_release(monkeypatch)
+    divergence = _first(_loaded(1, 420))
+    assert _where(divergence) == ("release_kv_cache", "free_tokens + evictable_tokens")
+    assert int(divergence.mismatch.sglang) == int(divergence.mismatch.batchstate) - 1
+    assert divergence.mismatch.request.startswith("r") and "," not in divergence.mismatch.request

@@ -107,15 +107,32 @@ def compare(op: Operation, mine: State, *, pools: bool = True) -> Mismatch | Non
     """The first difference between SGLang's recorded state and batchstate's, or None.
 
     Rows are compared after `ScheduleBatch` calls (per request: rid, tokens in
-    the KV cache, tokens read from the prefix cache); pool counts when `pools`
+    the KV cache, tokens read from the prefix cache, the mirror's order); free request
+    rows after every call; token counts when `pools`
     (the caller's: no extended request is still waiting for its checkpoint, since
     batchstate publishes a prefill's pages in the extend and SGLang when result
     processing checkpoints each request; under overlap that is a turn later).
     """
     found = _rows(op, mine) if op.op in ROW_OPS else None
+    # Rows are taken and given back at the same calls on both sides, published or not.
+    if found is None and op.state.free_slots != mine.free_slots:
+        found = _differ(op, "free_slots", op.state.free_slots, mine.free_slots, touched(op))
     if found is None and pools:
         found = _pools(op, mine)
     return found
+
+
+def touched(op: Operation) -> str:
+    """The requests whose holdings `op` changed, as a pool-level mismatch names them: the
+    released or checkpointed request, an extend's requests, a decode's rows ('' for a
+    filter or merge, which moves rows between batches and allocates nothing)."""
+    if op.rid:
+        return op.rid
+    if op.op == "prepare_for_extend":
+        return ", ".join(item.rid for item in op.items)
+    if op.op == "prepare_for_decode":
+        return ", ".join(op.state.rids)
+    return ""
 
 
 def _differ(op: Operation, field: str, sglang: object, ours: object, rid: str = "") -> Mismatch:
@@ -165,7 +182,6 @@ def _pools(op: Operation, mine: State) -> Mismatch | None:
     # batchstate evicts the exact shortage where SGLang's estimate adds a page per request
     # (policy): free and evictable tokens are compared as their sum.
     counts = (
-        ("free_slots", theirs.free_slots, mine.free_slots),
         ("protected_tokens", theirs.protected_tokens, mine.protected_tokens),
         (
             "free_tokens + evictable_tokens",
@@ -175,7 +191,7 @@ def _pools(op: Operation, mine: State) -> Mismatch | None:
     )
     for name, sglang, ours in counts:
         if sglang != ours:
-            return _differ(op, name, sglang, ours)
+            return _differ(op, name, sglang, ours, touched(op))
     return None
 
 
