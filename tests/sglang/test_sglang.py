@@ -272,8 +272,9 @@ def test_a_chunk_written_over_its_previous_chunk_is_named(
     )
 
 
-def _free_row_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reintroduce a double free: `ReqToTokenPool.free` gives the row back twice."""
+def _free_row_twice(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Reintroduce a double free: `ReqToTokenPool.free` gives the row back twice. Returns
+    the rids whose row it freed twice, in order."""
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
     original = ReqToTokenPool.free
@@ -282,8 +283,11 @@ def _free_row_twice(monkeypatch: pytest.MonkeyPatch) -> None:
         row = req.kv.req_pool_idx
         original(pool, req)
         pool.free_rows([row])
+        freed.append(req.rid)
 
+    freed: list[str] = []
     monkeypatch.setattr(ReqToTokenPool, "free", twice)
+    return freed
 
 
 def _share_one_row(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -308,29 +312,35 @@ def _share_one_row(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return given
 
 
-def _leak_on_release(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reintroduce a leak: a row's KV given back short of its last slot."""
+def _leak_on_release(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Reintroduce a leak: a row's KV given back short of its last page, where it gives
+    back more than one. Returns the rows it leaked from, in order."""
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     original = RadixCache.free_kv_row
 
     def short(tree: Any, kv: Any, ranges: list[tuple[int, int]]) -> None:
         start, end = ranges[-1]
-        kept = ranges[:-1] if end - start <= 1 else [*ranges[:-1], (start, end - 1)]
-        original(tree, kv, kept)
+        page = int(tree.page_size)
+        if end - start > page:
+            ranges = [*ranges[:-1], (start, end - page)]
+            leaked.append(int(kv.req_pool_idx))
+        original(tree, kv, ranges)
 
+    leaked: list[int] = []
     monkeypatch.setattr(RadixCache, "free_kv_row", short)
+    return leaked
 
 
 def test_a_row_given_back_twice_is_named_at_the_release(
     topology: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _free_row_twice(monkeypatch)
+    freed = _free_row_twice(monkeypatch)
     divergence = _first_divergence(_loaded(1, 420))
     violation = divergence.violation
     assert (divergence.operation, violation.check) == ("release_kv_cache", "row given back twice")
     assert violation.field == "req_to_token_pool.free_slots"
-    assert violation.request.startswith("r") and violation.actual.endswith("freed 2 times")
+    assert violation.request == freed[0] and violation.actual.endswith("freed 2 times")
 
 
 def test_one_row_given_to_two_requests_is_named_at_the_extend(
@@ -347,12 +357,14 @@ def test_one_row_given_to_two_requests_is_named_at_the_extend(
 def test_kv_leaked_by_a_release_is_named_at_the_release(
     topology: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _leak_on_release(monkeypatch)
-    divergence = _first_divergence(_loaded(1, 420))
-    violation = divergence.violation
+    leaked = _leak_on_release(monkeypatch)
+    with Watch() as watch, pytest.raises(Divergence) as raised:
+        _run(_loaded(1, 420))
+    divergence, violation = raised.value, raised.value.violation
     assert (divergence.operation, violation.check) == ("release_kv_cache", "conservation")
     assert violation.field == "available + evictable + protected + rows' own KV"
-    assert violation.request.startswith("r") and "," not in violation.request
+    assert watch.trace[-1].rows == (leaked[0],)  # the release that leaked first
+    assert violation.request == watch.trace[-1].rids[0]
     assert violation.actual.endswith(f"= {420 - 1}")  # one slot short of the allocator's size
 
 

@@ -84,6 +84,10 @@ class Holdings:
             self._own += holding.own
         return found
 
+    def live(self) -> list[Any]:
+        """The live requests (SGLang `Req`s), in the order they were first seen."""
+        return list(self._reqs.values())
+
     def _forget(self, rid: str) -> None:
         old = self.held.pop(rid, None)
         self._reqs.pop(rid, None)
@@ -161,7 +165,7 @@ class Holdings:
                     who,
                 )
             )
-        locked = locked_tokens(list(self._reqs.values()))
+        locked = locked_tokens(self.live())
         if protected - locked != self._lock_drift:
             self._lock_drift = protected - locked
             found.append(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -38,7 +37,7 @@ LIFECYCLE = (
 CACHE_CALLS = ("release_kv_cache", "checkpoint_kv_cache")
 """The functions of `sglang.srt.mem_cache.common` a `Watch` checks after: they change what
 a request holds outside any batch call (its row, its KV, its lock)."""
-_BALANCES = frozenset({"lock leaked", "conservation"})  # audit's checks the holdings also make
+_BALANCES = frozenset({"lock leaked", "conservation"})  # audit's checks the holdings make
 _TOUCHING = ("prepare_for_extend", "prepare_for_decode")  # batch calls that change holdings
 
 _log = logging.getLogger("batchstate.sglang")
@@ -91,9 +90,8 @@ class Watch:
         self.trace: list[TraceStep] = []
         self.divergences: list[Divergence] = []
         self.holdings = Holdings()
-        self._batches: dict[int, weakref.ref[Any]] = {}
         self._originals: dict[str, Callable[..., object]] = {}
-        self._restore: list[Callable[[], None]] = []
+        self._cache_calls: dict[str, tuple[Callable[..., object], Callable[..., object]]] = {}
 
     def attach(self) -> Watch:
         """Wrap the lifecycle methods of SGLang's `ScheduleBatch` class."""
@@ -109,13 +107,9 @@ class Watch:
             setattr(ScheduleBatch, name, self._wrap(name, original))
         for name in CACHE_CALLS:
             original = getattr(common, name)
-            wrapped = self._wrap_cache_call(name, original)
             # SGLang's modules import these by name: replace every copy loaded so far;
             # a module loaded later imports the wrapper from `common`.
-            for module in list(sys.modules.values()):
-                if module.__name__.startswith("sglang") and getattr(module, name, None) is original:
-                    setattr(module, name, wrapped)
-                    self._restore.append(_setter(module, name, original))
+            _swap(name, original, self._wrap_cache_call(name, original))
         return self
 
     def detach(self) -> None:
@@ -125,8 +119,10 @@ class Watch:
         for name, original in self._originals.items():
             setattr(ScheduleBatch, name, original)
         self._originals.clear()
-        while self._restore:
-            self._restore.pop()()
+        # Modules loaded while attached hold the wrapper too: every copy goes back.
+        for name, (original, wrapped) in self._cache_calls.items():
+            _swap(name, wrapped, original)
+        self._cache_calls.clear()
         if self.trace_path is not None:
             self.write_trace(self.trace_path)
 
@@ -156,7 +152,7 @@ class Watch:
         watch = self
 
         def checked(req: Any, tree_cache: Any, *args: object, **kwargs: object) -> object:
-            if not watch._originals:  # imported while attached, called after detach
+            if not watch._originals:  # a copy someone kept past detach: SGLang alone
                 return original(req, tree_cache, *args, **kwargs)
             row = req.kv.req_pool_idx
             free_before = len(tree_cache.req_to_token_pool.free_slots)
@@ -166,6 +162,7 @@ class Watch:
 
         checked.__name__ = name
         checked.__doc__ = original.__doc__
+        self._cache_calls[name] = (original, checked)
         return checked
 
     def _after_cache_call(
@@ -193,37 +190,23 @@ class Watch:
             found,
         )
 
-    def _live_requests(self, batch: Any) -> list[Any]:
-        self._batches[id(batch)] = weakref.ref(batch)
-        live: list[Any] = []
-        for key, ref in list(self._batches.items()):
-            other = ref()
-            if other is None:
-                del self._batches[key]
-            elif other is not batch:
-                live += [r for r in other.reqs if r.kv.req_pool_idx is not None]
-            # A chunked request between chunks is in no batch's reqs, only here.
-            chunked = getattr(other, "chunked_req", None)
-            if chunked is not None and chunked.kv.req_pool_idx is not None:
-                live.append(chunked)
-        return live
-
     def _after(self, operation: str, batch: Any) -> None:
+        if getattr(batch, "req_to_token_pool", None) is None:  # the scheduler's empty placeholder
+            return
         found: list[Violation] = []
         touched: Sequence[Any] = batch.reqs if operation in _TOUCHING else ()
-        if not self.trace:  # attached while requests were live: learn what the batches hold
-            touched = [*batch.reqs, *self._live_requests(batch)]
-        if getattr(batch, "tree_cache", None) is not None:
-            page = int(batch.token_to_kv_pool_allocator.page_size)
-            found += self.holdings.update(touched, page)
-        report = audit(batch, also_live=self._live_requests(batch))
-        # audit's pool-wide balances count every live batch's rows anew; the holdings'
-        # name the requests this call touched and report each difference once.
+        if not self.trace:  # attached while requests were live: learn what this batch holds
+            chunked = getattr(batch, "chunked_req", None)
+            touched = [*batch.reqs, *([] if chunked is None else [chunked])]
+        page = int(batch.token_to_kv_pool_allocator.page_size)
+        found += self.holdings.update(touched, page)
+        # Every request holding a row until its release, in a batch or not (a chunked
+        # request between chunks; under overlap, a finishing one its batch dropped first).
+        report = audit(batch, also_live=self.holdings.live())
+        # The pool-wide balances are the holdings': at the call that broke them, naming the
+        # requests it touched, each difference once.
         found += [v for v in report.violations if v.check not in _BALANCES]
-        if getattr(batch, "tree_cache", None) is not None:
-            found += self.holdings.balance(batch.tree_cache, [r.rid for r in touched])
-        named = {v.check for v in found}
-        found += [v for v in report.violations if v.check in _BALANCES - named]
+        found += self.holdings.balance(batch.tree_cache, [r.rid for r in touched])
         step = _snapshot(len(self.trace), operation, batch, AuditReport(tuple(found)))
         self._record(operation, step, found)
 
@@ -241,8 +224,11 @@ class Watch:
         _log.error("%s", divergence)
 
 
-def _setter(owner: object, name: str, value: object) -> Callable[[], None]:
-    return lambda: setattr(owner, name, value)
+def _swap(name: str, old: object, new: object) -> None:
+    """Point every loaded SGLang module's `name` that is `old` at `new`."""
+    for module in list(sys.modules.values()):
+        if module.__name__.startswith("sglang") and getattr(module, name, None) is old:
+            setattr(module, name, new)
 
 
 def _counts(tree: Any) -> tuple[int, int, int]:
