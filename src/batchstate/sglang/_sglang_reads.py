@@ -20,14 +20,20 @@ def mirror_rows(batch: Any, live: list[Any]) -> int:
 
 def mirror_order(batch: Any, live: list[Any]) -> tuple[str, ...]:
     """For each of `live`, in the batch's order: whose row `req_pool_indices_cpu` lists at
-    its position (the rid, or `row N` when no live request holds row N); () when the
-    mirror is missing or has another length (`mirror_rows` names that)."""
+    its position (the rid, or `row N` when no live request holds row N). () when the
+    mirror lists each live request's own row, and when it is missing or has another
+    length (`mirror_rows` names that)."""
     mirror = batch.req_pool_indices_cpu
     if not batch.reqs or mirror is None or len(mirror) != len(batch.reqs):
         return ()
     rows = mirror.tolist()
-    owner = {r.kv.req_pool_idx: r.rid for r in live}
+    # The common case, in one pass: every row where it belongs.
+    if len(live) == len(rows) and rows == [r.kv.req_pool_idx for r in live]:
+        return ()
     position = {id(r): i for i, r in enumerate(batch.reqs)}
+    if all(rows[position[id(r)]] == r.kv.req_pool_idx for r in live):
+        return ()
+    owner = {r.kv.req_pool_idx: r.rid for r in live}
     listed = (int(rows[position[id(r)]]) for r in live)
     return tuple(owner.get(row, f"row {row}") for row in listed)
 

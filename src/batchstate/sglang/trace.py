@@ -47,7 +47,9 @@ class Operation:
     `batch` / `other` label the batches (`other`: `merge_batch`'s argument);
     `items` the requests of an extend; `kept` the rids a filter or retraction
     kept; `rid` and `tokens` a released request and the tokens whose whole pages
-    SGLang's tree keeps for it; `seq_lens_sum` SGLang's, when set.
+    SGLang's tree keeps for it; `seq_lens_sum` SGLang's, when set; `mirror_order`, for
+    each live row in the batch's order, whose row `req_pool_indices_cpu` lists there,
+    recorded only when some row is not its own (`_sglang_reads.mirror_order`).
     """
 
     step: int
@@ -263,6 +265,6 @@ def _operation(raw: dict[str, Any]) -> Operation:
         mirror_rows=int(raw["mirror_rows"]),
         seq_lens_sum=None if raw["seq_lens_sum"] is None else int(raw["seq_lens_sum"]),
         evicted=tuple(Eviction(_ints(e["tokens"]), int(e["keep"])) for e in raw["evicted"]),
-        # Traces written before the order was recorded replay without that check.
+        # Absent from traces whose mirror listed every row as its own.
         mirror_order=tuple(map(str, raw.get("mirror_order", ()))),
     )
