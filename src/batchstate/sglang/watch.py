@@ -72,7 +72,8 @@ class TraceStep:
 
 
 class Watch:
-    """Checks every SGLang batch lifecycle call while attached (`with Watch(): ...`).
+    """Checks every SGLang batch lifecycle call and cache call while attached
+    (`with Watch(): ...`); `holdings` is what each live request holds.
 
     `on_divergence="raise"` raises `Divergence` at the first broken invariant;
     `"log"` logs it (logger `batchstate.sglang`) and goes on. `trace_path`, when set,
@@ -94,7 +95,8 @@ class Watch:
         self._cache_calls: dict[str, tuple[Callable[..., object], Callable[..., object]]] = {}
 
     def attach(self) -> Watch:
-        """Wrap the lifecycle methods of SGLang's `ScheduleBatch` class."""
+        """Wrap the lifecycle methods of SGLang's `ScheduleBatch` class and the cache calls
+        (`CACHE_CALLS`) in every loaded SGLang module that holds them (idempotent)."""
         install_stubs()
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.mem_cache import common
