@@ -19,6 +19,8 @@ import attrs
 from batchstate.columns.sampling_params import SamplingParams
 from batchstate.engine import (
     HYBRID_LAYERS,
+    Architecture,
+    AttentionKernel,
     DataParallelConfig,
     EngineConfig,
     Fault,
@@ -87,6 +89,8 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
         speculative=args.speculative,
     )
     model = ModelConfig(attention=args.attention)
+    if args.model in {"llama", "qwen3"}:
+        model = hf_model_config(args.model, args.attention)
     if args.model == "hybrid":
         kinds, window = HYBRID_LAYERS, model.window if args.window is None else args.window
         model = ModelConfig(
@@ -110,6 +114,15 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
         prefix_cache=args.prefix_cache,
         cuda_graph_sizes=tuple(args.cuda_graph_sizes or ()),
     )
+
+
+def hf_model_config(architecture: Architecture, attention: AttentionKernel) -> ModelConfig:
+    """`--model llama` and `qwen3`: two layers of four query heads sharing two K/V heads.
+
+    float32, as such models are run (the tiny model's float64 hides rounding; here the
+    oracle allows near-ties, see `engine/_oracle.py`).
+    """
+    return ModelConfig(architecture=architecture, dtype="float32", kv_groups=2, attention=attention)
 
 
 def _fixed_sampling(args: argparse.Namespace) -> SamplingParams:

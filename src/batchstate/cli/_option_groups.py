@@ -26,7 +26,7 @@ Add: TypeAlias = Callable[..., argparse.Action]  # an argument group's add_argum
 ARRIVALS: Final = ("all", "uniform", "poisson", "burst")
 SAMPLING_MIXES: Final = ("greedy", "mixed", "fixed")
 DEVICES: Final = ("cpu", "meta", "cuda")
-MODELS: Final = ("full", "hybrid")
+MODELS: Final = ("full", "hybrid", "llama", "qwen3")
 ATTENTION_KERNELS: Final = ("paged", "ragged")
 
 
@@ -143,7 +143,10 @@ def add_engine_options(add: Add) -> None:
         help="full: every layer attends over all earlier tokens; hybrid: a sliding-window"
         " layer (its own window pages, given back as rows grow), a recurrent-state layer (a"
         " state slot per request) and a full-attention layer. With the prefix cache, rows"
-        " resume from cached window tails and states",
+        " resume from cached window tails and states. llama, qwen3: Hugging Face"
+        " transformers' architecture (Qwen3: RMSNorm on each head's queries and keys), small"
+        " and seeded, grouped-query attention over the engine's paged cache, checked against"
+        " transformers' generate (needs the hf extra: pip install 'batchstate[hf]')",
     )
     add(
         "--attention",

@@ -4,11 +4,13 @@ The engine (`Engine`) admits, extends, merges, decodes, retracts, filters
 and releases through `batchstate`, in the same stages every step; a
 scheduler policy (`SchedulerPolicy`, by default `FirstComeFirstServed`)
 decides who goes first and whom decode retracts. A tiny transformer
-(`TinyModel`) reads and writes a paged KV cache through the batch's
-metadata and samples each row with its own parameters (its `Sampling`
-columns); the oracle
+(`TinyModel`), or with the `hf` extra a Hugging Face transformers
+architecture (`build_model`, `ModelConfig.architecture`), reads and
+writes a paged KV cache through the batch's metadata and samples each row
+with its own parameters (its `Sampling` columns); the oracle
 (`check_oracle`) compares every request's tokens with the same model run
-alone on a contiguous cache. `simulate` wires them from one config; the
+alone on a contiguous cache (a transformers model's with transformers'
+own `generate`). `simulate` wires them from one config; the
 `batchstate simulate` command is its front end. See docs/engine.md.
 
 `launch` runs the same engine on data-parallel ranks over torch.distributed
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from batchstate.engine._admission import Budget, choose, reserve
+    from batchstate.engine._build_model import MissingExtra, build_model
     from batchstate.engine._config import EngineConfig, EngineError
     from batchstate.engine._data_parallel import DataParallelRun, RankRun
     from batchstate.engine._dp_config import (
@@ -35,15 +38,19 @@ if TYPE_CHECKING:
     from batchstate.engine._engine import Engine
     from batchstate.engine._feeder import Feeder
     from batchstate.engine._kv_cache import KVCache, make_kv_cache
+    from batchstate.engine._language_model import LanguageModel
     from batchstate.engine._launch import RankFailed, launch, run_launched
     from batchstate.engine._model import Attend, TinyModel, make_model
     from batchstate.engine._model_config import (
+        ARCHITECTURES,
         ATTENTION_KERNELS,
+        HF_INSTALL,
         HYBRID_LAYERS,
+        Architecture,
         AttentionKernel,
         ModelConfig,
     )
-    from batchstate.engine._oracle import OracleResult, check_oracle, generate_alone
+    from batchstate.engine._oracle import NEAR_TIE, OracleResult, check_oracle, generate_alone
     from batchstate.engine._paged import sample_decode, sample_extend
     from batchstate.engine._plot import check_plot_path, plot_run
     from batchstate.engine._policy import FirstComeFirstServed, SchedulerPolicy
@@ -68,13 +75,17 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "ARCHITECTURES",
     "ARRIVALS",
     "ATTENTION_KERNELS",
     "DEVICES",
     "END_TOKEN",
+    "HF_INSTALL",
     "HYBRID_LAYERS",
+    "NEAR_TIE",
     "SAMPLING_MIXES",
     "Acceptance",
+    "Architecture",
     "Arrival",
     "Attend",
     "AttentionKernel",
@@ -89,6 +100,8 @@ __all__ = [
     "FirstComeFirstServed",
     "InjectedFault",
     "KVCache",
+    "LanguageModel",
+    "MissingExtra",
     "ModelConfig",
     "ModelTokens",
     "OracleResult",
@@ -108,6 +121,7 @@ __all__ = [
     "Trace",
     "UnreadAcceptance",
     "WorkloadConfig",
+    "build_model",
     "check_oracle",
     "check_plot_path",
     "choose",

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from batchstate import GREEDY, Sampling, SamplingParams
-from batchstate.engine._model import TinyModel
+from batchstate.engine._language_model import LanguageModel
 from batchstate.engine._recurrence import recur
 
 __all__ = ["AloneRun", "Prefilled", "prefill_alone"]
@@ -31,7 +31,7 @@ class AloneRun:
     NOTE: mutable; it keeps every layer's K/V of the tokens computed so far.
     """
 
-    def __init__(self, model: TinyModel, sampling: SamplingParams = GREEDY) -> None:
+    def __init__(self, model: LanguageModel, sampling: SamplingParams = GREEDY) -> None:
         config = model.config
         self.model = model
         self.length = 0  # tokens computed so far: the next token's position
@@ -92,6 +92,9 @@ class AloneRun:
         self._keys[layer].append(k)
         self._values[layer].append(v)
         all_k, all_v = torch.cat(self._keys[layer]), torch.cat(self._values[layer])
+        if config.kv_groups > 1:  # grouped-query: each K/V head serves `kv_groups` query heads
+            all_k = all_k.repeat_interleave(config.kv_groups, dim=1)
+            all_v = all_v.repeat_interleave(config.kv_groups, dim=1)
         num_queries, num_keys = q.shape[0], all_k.shape[0]
         scores = torch.einsum("qhd,khd->hqk", q, all_k) * self._scale
         # Causal: query i sits at position num_keys - num_queries + i.
@@ -114,7 +117,7 @@ class Prefilled(NamedTuple):
 
 
 def prefill_alone(
-    model: TinyModel, prompt: Sequence[int], sampling: SamplingParams = GREEDY
+    model: LanguageModel, prompt: Sequence[int], sampling: SamplingParams = GREEDY
 ) -> Prefilled:
     """What a prefill server hands over: the token after `prompt`, its K and V, and its states.
 

@@ -17,11 +17,12 @@ from typing import final
 
 import attrs
 
+from batchstate.engine._build_model import build_model
 from batchstate.engine._dp_config import DataParallelConfig
 from batchstate.engine._engine import Engine
 from batchstate.engine._feeder import Feeder
 from batchstate.engine._kv_cache import make_kv_cache
-from batchstate.engine._model import TinyModel, make_model
+from batchstate.engine._language_model import LanguageModel
 from batchstate.engine._oracle import OracleResult, check_oracle
 from batchstate.engine._rank_tokens import RankStatus, RankTokens
 from batchstate.engine._ranks import RankGroup, StepShape
@@ -101,7 +102,7 @@ def run_rank(
     specs = make_workload(config.workload)
     device = group.device
     pools = config.make_pools(device)
-    model = make_model(config.model, device)
+    model = build_model(config.model, device)
     warm_up(device, model)
     fault = dp.fault if dp.fault is not None and dp.fault.rank == group.rank else None
     feeder = Feeder(config.cuda_graph_sizes)
@@ -195,7 +196,7 @@ def _oracle(
     config: SimulationConfig,
     specs: Sequence[RequestSpec],
     ranks: tuple[RankRun, ...],
-    model: TinyModel,
+    model: LanguageModel,
     report: Progress,
 ) -> tuple[OracleResult | None, float | None]:
     if not config.oracle:

@@ -30,7 +30,8 @@ import numpy.typing as npt
 import torch
 
 from batchstate import CachedCopies, ForwardInputs, HybridInputs, accepted_states
-from batchstate.engine._model import Attend, TinyModel
+from batchstate.engine._language_model import LanguageModel
+from batchstate.engine._model import Attend
 from batchstate.engine._recurrence import recur
 from batchstate.engine._row_grid import RowGrid
 
@@ -41,7 +42,7 @@ __all__ = ["hybrid_attend", "keep_accepted", "verify_checkpoints"]
 
 
 def hybrid_attend(  # noqa: PLR0917  # the forward's model, cache, inputs, and its full layers
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     inputs: ForwardInputs,
     hybrid: HybridInputs,
@@ -188,7 +189,7 @@ def _checkpoint_rows(
     return steps, slots
 
 
-def verify_checkpoints(model: TinyModel, inputs: ForwardInputs) -> torch.Tensor | None:
+def verify_checkpoints(model: LanguageModel, inputs: ForwardInputs) -> torch.Tensor | None:
     """A verify forward's checkpoints: a state per query token, and a sink; None: no state layer."""
     config = model.config
     if not config.count("state"):

@@ -14,7 +14,7 @@ import attrs
 import torch
 
 from batchstate import Pools
-from batchstate.engine._model import TinyModel
+from batchstate.engine._language_model import LanguageModel
 
 __all__ = ["KVCache", "make_kv_cache"]
 
@@ -29,14 +29,14 @@ class KVCache:
     A full-attention model's window and state tensors hold no layer.
     """
 
-    k: torch.Tensor  # [full layers, kv_cache_size, num_heads, head_dim]
+    k: torch.Tensor  # [full layers, kv_cache_size, num_kv_heads, head_dim]
     v: torch.Tensor  # the same
     window_k: torch.Tensor  # [window layers, window token slots + padding page, heads, head_dim]
     window_v: torch.Tensor  # the same
     states: torch.Tensor  # [state layers, num_states + 1, heads, head_dim, head_dim]
 
 
-def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
+def make_kv_cache(model: LanguageModel, pools: Pools) -> KVCache:
     """A zeroed cache for every layer kind of `model`, sized by `pools`, on the model's device.
 
     Raises:
@@ -44,6 +44,7 @@ def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
     """
     config = model.config
     heads = (config.num_heads, config.head_dim)
+    kv_heads = (config.num_kv_heads, config.head_dim)  # grouped-query: K/V heads only
     windows, states = pools.memory.windows, pools.memory.states
     if (bool(config.count("window")), bool(config.count("state"))) != (
         bool(windows),
@@ -57,8 +58,8 @@ def make_kv_cache(model: TinyModel, pools: Pools) -> KVCache:
     window_slots = (windows[0].num_pages + 1) * pools.page_size if windows else 0
     num_states = states[0].kind.num_states + 1 if states else 0
     return KVCache(
-        zeros(config.count("full"), pools.kv_cache_size, *heads),
-        zeros(config.count("full"), pools.kv_cache_size, *heads),
+        zeros(config.count("full"), pools.kv_cache_size, *kv_heads),
+        zeros(config.count("full"), pools.kv_cache_size, *kv_heads),
         zeros(config.count("window"), window_slots, *heads),
         zeros(config.count("window"), window_slots, *heads),
         zeros(config.count("state"), num_states, *heads, config.head_dim),

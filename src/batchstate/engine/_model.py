@@ -140,6 +140,12 @@ class TinyModel:
             return self.greedy(hidden)
         return sample_logits(hidden @ self.unembed, sampling, positions)
 
+    def first_layers(self, num_layers: int) -> TinyModel:
+        """The model cut to its first `num_layers` layers, with its embeddings and unembedding."""
+        kinds = self.config.layer_kinds[:num_layers]
+        config = attrs.evolve(self.config, num_layers=num_layers, layer_kinds=kinds)
+        return attrs.evolve(self, config=config, layers=self.layers[:num_layers])
+
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.to(self.config.torch_dtype)[:, None] * self.inv_freq[None, :]
         return angles.cos()[:, None, :], angles.sin()[:, None, :]
@@ -152,6 +158,8 @@ def make_model(config: ModelConfig, device: torch.device | str = "cpu") -> TinyM
     >>> model.embed.shape, len(model.layers)
     (torch.Size([16, 8]), 2)
     """
+    if config.architecture != "tiny" or config.kv_groups != 1:
+        raise ValueError(f"{config} is not the tiny model's (architecture 'tiny', kv_groups 1)")
     if config.d_model % config.num_heads or config.head_dim % 2:
         raise ValueError(f"d_model={config.d_model} must split into heads of even size")
     if config.layer_kinds and len(config.layer_kinds) != config.num_layers:

@@ -10,8 +10,11 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "ARCHITECTURES",
     "ATTENTION_KERNELS",
+    "HF_INSTALL",
     "HYBRID_LAYERS",
+    "Architecture",
     "AttentionKernel",
     "DtypeName",
     "LayerKind",
@@ -19,6 +22,13 @@ __all__ = [
 ]
 
 DtypeName = Literal["float64", "float32", "bfloat16", "float16"]
+Architecture = Literal["tiny", "llama", "qwen3"]
+"""Whose layers the model runs: the engine's own tiny transformer (`engine/_model.py`), or a
+Hugging Face transformers architecture (`engine/_hf_model.py`, the `hf` extra): Llama, or
+Qwen3 (Llama's layout with RMSNorm on each head's queries and keys)."""
+ARCHITECTURES: Final[tuple[Architecture, ...]] = ("tiny", "llama", "qwen3")
+HF_INSTALL: Final = "pip install 'batchstate[hf]'"
+"""What installs transformers, which the architectures other than `tiny` run."""
 LayerKind = Literal["full", "window", "state"]
 """What a layer keeps: full-attention KV, sliding-window KV, or a recurrent state."""
 AttentionKernel = Literal["paged", "ragged"]
@@ -56,6 +66,9 @@ class ModelConfig:
     window: int = 32  # positions a "window" layer reads, itself included
     # The full-attention layers' kernel: the order of their KV write and reads.
     attention: AttentionKernel = "paged"
+    architecture: Architecture = "tiny"
+    # Query heads per K/V head (grouped-query attention); the cache keeps K/V heads only.
+    kv_groups: int = 1
 
     def kind(self, layer: int) -> LayerKind:
         """What layer `layer` keeps."""
@@ -79,6 +92,11 @@ class ModelConfig:
     def state_size(self) -> int:
         """Elements of one request's recurrent state, over all its state layers."""
         return self.count("state") * self.num_heads * self.head_dim * self.head_dim
+
+    @property
+    def num_kv_heads(self) -> int:
+        """K/V heads per layer: what the cache keeps per token."""
+        return self.num_heads // self.kv_groups
 
     @property
     def head_dim(self) -> int:

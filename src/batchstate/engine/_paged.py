@@ -46,7 +46,8 @@ from batchstate import (
 from batchstate.engine._feeder import Feeder
 from batchstate.engine._hybrid_attend import hybrid_attend
 from batchstate.engine._kv_cache import KVCache
-from batchstate.engine._model import Attend, FeedForward, TinyModel
+from batchstate.engine._language_model import LanguageModel
+from batchstate.engine._model import Attend, FeedForward
 from batchstate.engine._row_grid import RowGrid
 
 __all__ = [
@@ -58,7 +59,7 @@ __all__ = [
 
 
 def sample_extend(
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     batch: Extended[Any],
     pools: Pools,
@@ -70,7 +71,7 @@ def sample_extend(
 
     Writes K/V of every extend token at `batch.out_cache_loc` (mutates `cache`).
     Rows sample with their `Sampling` columns when the batch carries them,
-    greedily otherwise. `feed_forward` runs the MLPs (None: `TinyModel.mlp`);
+    greedily otherwise. `feed_forward` runs the MLPs (None: the model's `mlp`);
     `feeder` builds the forward's inputs (and pads them; None: unpadded).
 
     Returns:
@@ -82,7 +83,7 @@ def sample_extend(
 
 
 def sample_decode(  # the forward's own inputs, then the model's
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     batch: Decoding[Any],
     pools: Pools,
@@ -99,7 +100,7 @@ def sample_decode(  # the forward's own inputs, then the model's
     Args:
         pools: the pools whose table `batch` was decoded against.
         input_ids: device int64 `[num_reqs]`, each row's last sampled token.
-        feed_forward: runs the MLPs (None: `TinyModel.mlp`).
+        feed_forward: runs the MLPs (None: the model's `mlp`).
         feeder: builds the forward's inputs, and pads them (None: unpadded).
 
     Returns:
@@ -111,7 +112,7 @@ def sample_decode(  # the forward's own inputs, then the model's
 
 
 def sample_mixed(  # as above
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     batch: Mixed[Sampling],
     pools: Pools,
@@ -124,7 +125,7 @@ def sample_mixed(  # as above
 
     `sampling`: the batch's own `Sampling` columns, or None when every row
     is greedy (the argmax path). `feed_forward` runs the MLPs (None:
-    `TinyModel.mlp`); `feeder` builds the inputs and pads them (None: unpadded).
+    the model's `mlp`); `feeder` builds the inputs and pads them (None: unpadded).
 
     Input ids and KV locations come from the record, so the decode rows'
     tokens may still be device-only. Writes K/V at `batch.out_cache_loc`
@@ -155,7 +156,7 @@ def _inputs(
 
 
 def _run(  # noqa: PLR0917  # the forward, then who feeds it
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     inputs: ForwardInputs | Padded,
     pools: Pools,
@@ -184,7 +185,7 @@ def _run(  # noqa: PLR0917  # the forward, then who feeds it
 
 
 def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and tokens
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     inputs: ForwardInputs,
     pools: Pools,
@@ -226,6 +227,7 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
     visible &= key[None, None, :] < kv_lens[:, None, None]
     locs = inputs.out_cache_loc.device
     scale = 1.0 / math.sqrt(model.config.head_dim)
+    groups = model.config.kv_groups
 
     # Tokens [tokens, h, d] <-> rows [rows, max_q, h, d].
     layout = RowGrid(row, col, num_rows, max_q, row_tokens)
@@ -235,7 +237,8 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
         layer = model.config.ordinal(layer)  # its row among the full-attention layers
         cache.k[layer, locs] = k
         cache.v[layer, locs] = v
-        keys, values = cache.k[layer, key_locs], cache.v[layer, key_locs]  # [b, keys, h, d]
+        keys, values = cache.k[layer, key_locs], cache.v[layer, key_locs]  # [b, keys, kv h, d]
+        keys, values = _query_heads(keys, groups), _query_heads(values, groups)
         scores = torch.einsum("bqhd,bkhd->bhqk", grid(q), keys) * scale
         scores = scores.masked_fill(~visible[:, None], -torch.inf)
         return flat(torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values), q.shape[0])
@@ -249,7 +252,7 @@ def _forward(  # noqa: PLR0917  # the forward's model, cache, inputs, pools and 
 
 
 def _ragged(  # noqa: PLR0917  # the forward's layout, as `_forward` computed it
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     inputs: ForwardInputs,
     key_locs: torch.Tensor,
@@ -273,24 +276,33 @@ def _ragged(  # noqa: PLR0917  # the forward's layout, as `_forward` computed it
     own = causal[None] & (query[None, None, :] < q_lens[:, None, None])  # [rows, q, new key]
     locs = inputs.out_cache_loc.device
     scale = 1.0 / math.sqrt(model.config.head_dim)
+    groups = model.config.kv_groups
     grid = layout.grid
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         layer = model.config.ordinal(layer)  # its row among the full-attention layers
         queries = grid(q)
         old_k, old_v = cache.k[layer, prefix_locs], cache.v[layer, prefix_locs]  # before the write
+        old_k, old_v = _query_heads(old_k, groups), _query_heads(old_v, groups)
         paged = torch.einsum("bqhd,bkhd->bhqk", queries, old_k) * scale
         paged = paged.masked_fill(~seen[:, None, None, :], -torch.inf)
-        step = torch.einsum("bqhd,bkhd->bhqk", queries, grid(k)) * scale
+        new_k, new_v = _query_heads(grid(k), groups), _query_heads(grid(v), groups)
+        step = torch.einsum("bqhd,bkhd->bhqk", queries, new_k) * scale
         step = step.masked_fill(~own[:, None], -torch.inf)
         out_paged, lse_paged = _partial(paged, old_v)
-        out_step, lse_step = _partial(step, grid(v))
+        out_step, lse_step = _partial(step, new_v)
         out = _merge(out_paged, lse_paged, out_step, lse_step)
         cache.k[layer, locs] = k  # the write, last
         cache.v[layer, locs] = v
         return layout.flat(out, q.shape[0])
 
     return attend
+
+
+def _query_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    # Grouped-query attention: K/V head j serves query heads j * groups to (j + 1) * groups - 1,
+    # so each is repeated in place along the head axis (dim 2 of `[rows, keys, heads, d]`).
+    return x if groups == 1 else x.repeat_interleave(groups, dim=2)
 
 
 def _partial(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -310,7 +322,7 @@ def _merge(
 
 
 def forward_idle(
-    model: TinyModel,
+    model: LanguageModel,
     batch: Idle[Any] | Filtered[Any],
     feed_forward: FeedForward | None = None,
     padding: int = 0,

@@ -25,7 +25,7 @@ from batchstate import (
 )
 from batchstate.engine._feeder import Feeder
 from batchstate.engine._kv_cache import KVCache
-from batchstate.engine._model import TinyModel
+from batchstate.engine._language_model import LanguageModel
 from batchstate.engine._paged import forward_idle
 from batchstate.engine._ranks import Fault, Phase, RankGroup, StepShape
 from batchstate.engine._sources import ModelTokens
@@ -56,7 +56,7 @@ class RankTokens:
 
     def __init__(  # the rank's model, cache and group, and what it may do
         self,
-        model: TinyModel,
+        model: LanguageModel,
         cache: KVCache,
         group: RankGroup,
         fault: Fault | None = None,

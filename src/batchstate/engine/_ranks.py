@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from batchstate.engine._dp_config import BACKENDS, Fault, InjectedFault
 from batchstate.engine._engine import EngineError
-from batchstate.engine._model import TinyModel
+from batchstate.engine._language_model import LanguageModel
 from batchstate.errors import Error
 
 __all__ = [
@@ -129,7 +129,7 @@ class RankGroup:
         self.padded_to = min(fits) if sizes and largest and fits else 0
         return self.padded_to
 
-    def shared_mlp(self, model: TinyModel, layer: int, x: torch.Tensor) -> torch.Tensor:
+    def shared_mlp(self, model: LanguageModel, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Layer `layer`'s MLP over every rank's tokens; this rank's rows of the result.
 
         Gathers `x` from every rank (padded to the longest, sizes from the

@@ -46,7 +46,9 @@ class Summary:
     oracle_s: float | None  # None: the oracle did not run
     prefix_cache: bool = False
     # The step's modes as configured (`run_modes`); the counts say what they did.
-    model: str = "full"  # "hybrid": some layer keeps window pages or a recurrent state
+    # "hybrid": some layer keeps window pages or a recurrent state; "llama", "qwen3": a
+    # transformers architecture (the `--model` option's value, in every case)
+    model: str = "full"
     chunk_size: int = 0  # prompt tokens per step; 0: whole prompts
     mixed: bool = False  # prompt chunks run beside the decode rows, in one forward
     overlap: bool = False  # sampled tokens stay on the device; finishes checked a step late
@@ -155,8 +157,10 @@ def summarize(run: Simulation) -> Summary:
 def run_modes(config: SimulationConfig) -> dict[str, Any]:
     """The step's modes a summary reports, as `config` set them: model, chunks, mixed, overlap."""
     engine = config.engine
+    model = config.model
+    tiny = "hybrid" if model.is_hybrid else "full"
     return {
-        "model": "hybrid" if config.model.is_hybrid else "full",
+        "model": tiny if model.architecture == "tiny" else model.architecture,
         "chunk_size": engine.chunk_size,
         "mixed": engine.mixed,
         "overlap": engine.overlap,

@@ -10,11 +10,12 @@ import attrs
 import torch
 
 from batchstate import Pools, make_pools
+from batchstate.engine._build_model import build_model
 from batchstate.engine._config import EngineConfig
 from batchstate.engine._engine import Engine
 from batchstate.engine._feeder import Feeder
 from batchstate.engine._kv_cache import make_kv_cache
-from batchstate.engine._model import TinyModel, make_model
+from batchstate.engine._language_model import LanguageModel
 from batchstate.engine._oracle import OracleResult, check_oracle
 from batchstate.engine._reads import read_counter
 from batchstate.engine._simulation_config import DEVICES, SimulationConfig
@@ -115,7 +116,7 @@ def simulate(config: SimulationConfig, progress: ProgressCallback | None = None)
         fed = feeder if config.cuda_graph_sizes else None
         source = RandomTokens(config.workload.vocab_size, config.workload.seed, fed)
     else:
-        model = make_model(config.model, device)
+        model = build_model(config.model, device)
         source = ModelTokens(model, make_kv_cache(model, pools), feeder=feeder)
     warm_up(device, model)
     counter = read_counter()
@@ -159,7 +160,7 @@ def _quiet(phase: str, done: int, total: int) -> None:
     """The progress of a caller that asked for none."""
 
 
-def warm_up(device: torch.device, model: TinyModel | None) -> None:
+def warm_up(device: torch.device, model: LanguageModel | None) -> None:
     """Pay for a device's first-use costs before a timed run, on throwaway pools."""
     # The first ops on a device load lazy machinery (on meta, torch's fake
     # tensors and sympy: about a second; on cpu, the model's first forward):

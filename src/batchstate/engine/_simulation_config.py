@@ -6,6 +6,7 @@ before it loads torch and the engine, so that a usage error is immediate.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, final
@@ -14,7 +15,12 @@ import attrs
 
 from batchstate.captured.sizes import PaddingError, check_sizes
 from batchstate.engine._config import EngineConfig
-from batchstate.engine._model_config import ATTENTION_KERNELS, ModelConfig
+from batchstate.engine._model_config import (
+    ARCHITECTURES,
+    ATTENTION_KERNELS,
+    HF_INSTALL,
+    ModelConfig,
+)
 from batchstate.engine._workload import WorkloadConfig
 
 if TYPE_CHECKING:
@@ -205,6 +211,29 @@ class SimulationConfig:
             )
         if self.workload.vocab_size != self.model.vocab_size:
             raise ValueError("the workload and the model must share a vocabulary size")
+        self._check_architecture()
+
+    def _check_architecture(self) -> None:
+        model = self.model
+        if model.architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"unknown architecture {model.architecture!r}: choose one of"
+                f" {', '.join(ARCHITECTURES)}"
+            )
+        if model.kv_groups < 1 or model.num_heads % model.kv_groups:
+            raise ValueError(f"{model.num_heads} heads do not split into {model.kv_groups} groups")
+        if model.architecture == "tiny":
+            if model.kv_groups != 1:
+                raise ValueError("the tiny model has one K/V head per query head (kv_groups 1)")
+            return
+        if model.is_hybrid:
+            raise ValueError(f"--model {model.architecture} has full-attention layers only")
+        # The one check that looks for the optional extra (without importing it).
+        if self.device != "meta" and importlib.util.find_spec("transformers") is None:
+            raise ValueError(
+                f"--model {model.architecture} runs Hugging Face transformers, which is not"
+                f" installed: {HF_INSTALL}"
+            )
 
     def _check_hybrid(self) -> None:
         # What hybrid pools refuse, or what the engine cannot yet do for them, as usage errors.

@@ -30,7 +30,8 @@ from batchstate import (
 from batchstate.engine._alone import prefill_alone
 from batchstate.engine._feeder import Feeder
 from batchstate.engine._kv_cache import KVCache
-from batchstate.engine._model import FeedForward, TinyModel
+from batchstate.engine._language_model import LanguageModel
+from batchstate.engine._model import FeedForward
 from batchstate.engine._paged import (
     forward_idle,
     sample_decode,
@@ -139,10 +140,10 @@ class ModelTokens:
 
     def __init__(
         self,
-        model: TinyModel,
+        model: LanguageModel,
         cache: KVCache,
         feed_forward: FeedForward | None = None,
-        drafter: TinyModel | None = None,
+        drafter: LanguageModel | None = None,
         feeder: Feeder | None = None,
     ) -> None:
         self.model = model

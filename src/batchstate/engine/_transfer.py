@@ -20,14 +20,14 @@ import torch
 from batchstate import Filtered, Pools, transfer_targets
 from batchstate.engine._alone import Prefilled
 from batchstate.engine._kv_cache import KVCache
-from batchstate.engine._model import TinyModel
+from batchstate.engine._language_model import LanguageModel
 from batchstate.forward.transfer import spans
 
 __all__ = ["write_prefilled"]
 
 
 def write_prefilled(
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     batch: Filtered[Any],
     pools: Pools,

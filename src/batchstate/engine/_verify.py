@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -27,7 +26,8 @@ from batchstate import Pools, Sampling, Verifying, forward_inputs, hybrid_inputs
 from batchstate.engine._alone import AloneRun
 from batchstate.engine._hybrid_attend import keep_accepted, verify_checkpoints
 from batchstate.engine._kv_cache import KVCache
-from batchstate.engine._model import FeedForward, TinyModel
+from batchstate.engine._language_model import LanguageModel
+from batchstate.engine._model import FeedForward
 from batchstate.engine._paged import _forward
 
 __all__ = [
@@ -59,14 +59,12 @@ class UnreadAcceptance(NamedTuple):
     proposed: list[list[int]]  # per row, its decode token then its drafts, as the host sent them
 
 
-def draft_model(target: TinyModel, num_layers: int = 1) -> TinyModel:
+def draft_model(target: LanguageModel, num_layers: int = 1) -> LanguageModel:
     """The target's first `num_layers` layers, with its embeddings and unembedding."""
-    kinds = target.config.layer_kinds[:num_layers]
-    config = attrs.evolve(target.config, num_layers=num_layers, layer_kinds=kinds)
-    return attrs.evolve(target, config=config, layers=target.layers[:num_layers])
+    return target.first_layers(num_layers)
 
 
-def propose(model: TinyModel, history: Sequence[int], count: int) -> list[int]:
+def propose(model: LanguageModel, history: Sequence[int], count: int) -> list[int]:
     """`count` greedy draft tokens after `history`, the request alone over its own cache."""
     if not count:
         return []
@@ -78,7 +76,7 @@ def propose(model: TinyModel, history: Sequence[int], count: int) -> list[int]:
 
 
 def sample_verify(  # noqa: PLR0917  # the window, its forward's inputs, and how rows sample
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     window: Verifying[Sampling],
     pools: Pools,
@@ -127,7 +125,7 @@ def sample_verify(  # noqa: PLR0917  # the window, its forward's inputs, and how
 
 
 def sample_verify_unread(  # noqa: PLR0917  # as sample_verify
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     window: Verifying[Sampling],
     pools: Pools,
@@ -164,7 +162,7 @@ def sample_verify_unread(  # noqa: PLR0917  # as sample_verify
 
 
 def _sample_window(  # noqa: PLR0917  # as sample_verify
-    model: TinyModel,
+    model: LanguageModel,
     cache: KVCache,
     window: Verifying[Sampling],
     pools: Pools,
