@@ -73,3 +73,19 @@ def test_ci_installs_into_a_deployment_and_checks_its_torch_after() -> None:
     check = lines[at + 1]
     assert "torch.__version__" in check and '"2.14.1"' in check and "sys.exit(" in check
     assert any(line.startswith("pytest ") and "tests/sglang" in line for line in lines[at:])
+
+
+def test_ci_runs_docs_engine_real_model_command_after_the_readme_suite() -> None:
+    """docs/engine.md's real-model install runs verbatim in the newcomer's environment, after
+    the README's suite (which must pass without transformers), and the real-model tests
+    follow it."""
+    install = _commands(
+        _section(ROOT / "docs" / "engine.md", "## Real models: transformers' Llama and Qwen3"), "sh"
+    )[0]
+    first = install.splitlines()[0]
+    assert "'.[dev,hf]'" in first
+    lines = _ci_lines()
+    readme_tests = _commands(_section(ROOT / "README.md", "## Set up"), "sh")[1]
+    at = lines.index(first)
+    assert lines.index(readme_tests) < at
+    assert any(line.startswith("pytest ") and "test_hf_model.py" in line for line in lines[at:])

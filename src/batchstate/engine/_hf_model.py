@@ -149,7 +149,7 @@ class HfModel:
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax token of each hidden state (torch's argmax: a tie goes to the lowest id,
         as in `generate`'s greedy search)."""
-        return self._logits(hidden).argmax(dim=-1)
+        return self.logits(hidden).argmax(dim=-1)
 
     def sample(
         self, hidden: torch.Tensor, sampling: Sampling | None, positions: npt.NDArray[np.int64]
@@ -158,7 +158,7 @@ class HfModel:
         `engine/_sampler.py`); greedy rows get exactly `greedy`'s token."""
         if sampling is None:
             return self.greedy(hidden)
-        return sample_logits(self._logits(hidden), sampling, positions)
+        return sample_logits(self.logits(hidden), sampling, positions)
 
     def first_layers(self, num_layers: int) -> HfModel:
         """The same model running its first `num_layers` decoder layers (a draft model)."""
@@ -196,7 +196,8 @@ class HfModel:
         tokens = tuple(int(token) for token in out.sequences[0, len(prompt) :].tolist())
         return tokens, [step[0] for step in out.logits]
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`lm_head` over hidden states: `[rows, vocab_size]`."""
         logits: torch.Tensor = self._lm.lm_head(hidden)
         return logits
 
