@@ -43,14 +43,14 @@ def measure(model: ModelConfig, requests: int) -> str:
     name = model.architecture if model.architecture != "tiny" else "tiny (float64)"
     return (
         f"| {name}, d_model {model.d_model}, {model.num_layers} layers, vocab {model.vocab_size}"
-        f" | {requests} | {len(trace)} | {generated / run.wall_s:.0f}"
+        f" | {requests} | {len(trace)} | {generated} | {generated / run.wall_s:.0f}"
         f" | {1e3 * step_s / len(kept):.2f} | {100 * booked / step_s:.0f}%"
         f" | {100 - 100 * booked / step_s:.0f}% | {run.oracle_s:.1f} s |"
     )
 
 
 def main() -> None:
-    """Print one Markdown row per model, the machine first."""
+    """Print one Markdown row per model, the machine (and its load) first."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
     args = parser.parse_args()
@@ -60,10 +60,10 @@ def main() -> None:
         f" load average {os.getloadavg()[0]:.1f}"
     )
     print(
-        "| model | requests | steps | tokens/s | ms per step | bookkeeping | rest (forward)"
-        " | oracle |"
+        "| model | requests | steps | generated | tokens/s | ms per step | bookkeeping"
+        " | rest (forward) | oracle |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in (TINY, SMALL, LARGER):
         print(measure(model, args.requests))
 

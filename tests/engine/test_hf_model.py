@@ -190,6 +190,56 @@ def test_kernels_padding_prebuilt_and_sampling_run_the_real_models_token_for_tok
         assert any(spec.sampling.temperature > 0 for spec in run.specs)
 
 
+# Qwen3 with a sliding-window first layer (transformers' layer_types) through the engine's
+# window pages: a window of 8, shorter than most requests, and window token slots few
+# enough (the mode matrix's hybrid sizes) that window pressure retracts too.
+SLIDING: Final = attrs.evolve(QWEN3, layer_kinds=("window", "full"), window=8)
+WINDOW_TOKENS: Final = {1: 80, 16: 96}
+SlidingCell = tuple[Mode, int, tuple[int, ...], float]
+SLIDING_CELLS: Final[list[SlidingCell]] = [
+    ((False, 0, False, False, 0), 16, (), 0.0),
+    ((False, 8, True, True, 2), 16, (), 0.0),
+    ((True, 8, True, True, 2), 1, (), 0.0),  # rows resume from the cache's window tails
+    ((True, 0, False, True, 0), 16, (), 0.0),
+    ((False, 8, False, False, 2), 1, GRAPH_SIZES, 0.5),  # padded, prebuilt window tails
+]
+
+
+def _sliding_name(cell: SlidingCell) -> str:
+    mode, page_size, sizes, prebuilt = cell
+    extras = ("-graphs" if sizes else "") + ("-prebuilt" if prebuilt else "")
+    return f"{_name(mode)}-page{page_size}{extras}"
+
+
+def _sliding_config(cell: SlidingCell) -> SimulationConfig:
+    mode, page_size, sizes, prebuilt = cell
+    config = _config(SLIDING, mode, page_size)
+    return attrs.evolve(
+        config,
+        workload=attrs.evolve(WORKLOAD, prebuilt=prebuilt),
+        num_window_tokens=WINDOW_TOKENS[page_size],
+        cuda_graph_sizes=sizes,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", SLIDING_CELLS, ids=_sliding_name)
+def test_qwen3_with_a_sliding_window_layer_runs_token_for_token(cell: SlidingCell) -> None:
+    run = simulate(_sliding_config(cell))
+    _assert_exact(run, cell[0])
+    if cell[2]:
+        assert run.feeder is not None and run.feeder.padded_forwards > 0
+
+
+def test_a_window_one_longer_fails_the_sliding_window_oracle() -> None:
+    """The window matters: generate with a window of 9 disagrees with the engine's 8."""
+    run = simulate(attrs.evolve(_sliding_config(SLIDING_CELLS[0]), oracle=False))
+    wider = build_model(attrs.evolve(SLIDING, window=9))
+    requests = {spec.rid: (run.prompts[spec.rid], spec.max_new_tokens) for spec in run.specs}
+    result = check_oracle(wider, requests, run.outputs, 0)
+    assert result.num_mismatched > 0, result
+
+
 @pytest.mark.slow
 def test_the_real_model_cells_retract() -> None:
     """The pool is small enough that decode retracts requests, re-prefilled exactly."""

@@ -90,8 +90,12 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
     )
     model = ModelConfig(attention=args.attention)
     if args.model in {"llama", "qwen3"}:
-        model = hf_model_config(args.model, args.attention)
-    if args.model == "hybrid":
+        model = hf_model_config(args.model, args.attention, args.window)
+        if args.window is None and args.window_tokens is not None:
+            raise ValueError(
+                f"--window-tokens sizes a window layer: --model {args.model} has one with --window"
+            )
+    elif args.model == "hybrid":
         kinds, window = HYBRID_LAYERS, model.window if args.window is None else args.window
         model = ModelConfig(
             num_layers=len(kinds), layer_kinds=kinds, window=window, attention=args.attention
@@ -116,13 +120,21 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
     )
 
 
-def hf_model_config(architecture: Architecture, attention: AttentionKernel) -> ModelConfig:
+def hf_model_config(
+    architecture: Architecture, attention: AttentionKernel, window: int | None
+) -> ModelConfig:
     """`--model llama` and `qwen3`: two layers of four query heads sharing two K/V heads.
 
     float32, as such models are run (the tiny model's float64 hides rounding; here the
-    oracle allows near-ties, see `engine/_oracle.py`).
+    oracle allows near-ties, see `engine/_oracle.py`). With `--window N`, the first layer
+    attends over its last N positions (Qwen3's sliding-window layer, in window pages).
     """
-    return ModelConfig(architecture=architecture, dtype="float32", kv_groups=2, attention=attention)
+    model = ModelConfig(
+        architecture=architecture, dtype="float32", kv_groups=2, attention=attention
+    )
+    if window is None:
+        return model
+    return attrs.evolve(model, layer_kinds=("window", "full"), window=window)
 
 
 def _fixed_sampling(args: argparse.Namespace) -> SamplingParams:

@@ -162,14 +162,16 @@ def add_engine_options(add: Add) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="--model hybrid: positions a window layer reads, itself included (default: 32)",
+        help="--model hybrid: positions a window layer reads, itself included (default: 32);"
+        " --model qwen3: make its first layer a sliding-window layer of N positions",
     )
     add(
         "--window-tokens",
         type=int,
         default=None,
         metavar="N",
-        help="--model hybrid: window token slots, whole pages (default: one window, plus a"
+        help="--model hybrid, or qwen3 with --window: window token slots, whole pages"
+        " (default: one window, plus a"
         " page, per request slot, twice that with the prefix cache for its window tails)",
     )
     add("--max-running", type=int, default=32, metavar="N", help="requests running at once")

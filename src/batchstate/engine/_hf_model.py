@@ -1,19 +1,21 @@
 """A Hugging Face transformers architecture, its attention the engine's: the `hf` extra.
 
-The model is transformers' own `LlamaForCausalLM` or `Qwen3ForCausalLM`,
-built from a small config with weights drawn from `ModelConfig.seed` (no
-download). Its embedding, norms, rotary embedding, attention module
-(projections, Qwen3's per-head q/k norms, `apply_rotary_pos_emb`, the output
-projection), MLPs and `lm_head` run as transformers wrote them; only the
-attention core is the engine's: an attention function registered with
-transformers' `AttentionInterface` hands each layer's rotated queries, keys
-and values to the engine's `Attend` (the paged or ragged kernel over the
-engine's KV cache, or a request's own contiguous cache). The decoder
-layer's residual order is restated here (two lines) so that a data-parallel
-rank can run its share of the MLP between the norm and the residual add.
+The model is transformers' own `LlamaForCausalLM` or `Qwen3ForCausalLM`
+(with sliding-window layers where `ModelConfig.layer_kinds` says "window",
+run through the engine's window pages), built from a small config with
+weights drawn from `ModelConfig.seed` (no download). Its embedding, norms,
+rotary embedding, attention module (projections, Qwen3's per-head q/k
+norms, `apply_rotary_pos_emb`, the output projection), MLPs and `lm_head`
+run as transformers wrote them; only the attention core is the engine's:
+an attention function registered with transformers' `AttentionInterface`
+hands each layer's rotated queries, keys and values to the engine's
+`Attend` (the paged or ragged kernel over the engine's KV cache, or a
+request's own contiguous cache). The decoder layer's residual order is
+restated here (two lines) so that a data-parallel rank can run its share
+of the MLP between the norm and the residual add.
 
 The oracle is a second copy of the same weights with transformers' default
-attention (`sdpa`), run by `transformers.generate` (`hf_generate`).
+attention (`sdpa`), run by `transformers.generate` (`HfModel.generate`).
 
 This is the one module that touches transformers, which is partly typed:
 its objects are held as `Any` here and nowhere else.
@@ -202,6 +204,20 @@ class HfModel:
         return logits
 
 
+def _layer_types(config: ModelConfig) -> dict[str, Any]:
+    # Qwen3's sliding-window layers: transformers masks each query to keys q - window + 1 to
+    # q (masking_utils' sliding window), the engine's window layer to its last `window`
+    # positions, itself included: the same keys.
+    if not config.count("window"):
+        return {}
+    kinds = {"window": "sliding_attention", "full": "full_attention"}
+    return {
+        "use_sliding_window": True,
+        "sliding_window": config.window,
+        "layer_types": [kinds[config.kind(layer)] for layer in range(config.num_layers)],
+    }
+
+
 @final
 class _EngineDraw:
     # A transformers logits processor: every token but the engine sampler's gets -inf.
@@ -229,6 +245,10 @@ def make_hf_model(config: ModelConfig, device: torch.device | str = "cpu") -> Hf
         raise ValueError("the tiny model is make_model's, not a transformers architecture")
     if config.d_model % config.num_heads or config.num_heads % config.kv_groups:
         raise ValueError(f"{config}: heads must split d_model, and K/V groups the heads")
+    if config.count("state"):
+        raise ValueError("a transformers model here has full and sliding-window layers only")
+    if config.count("window") and config.architecture != "qwen3":
+        raise ValueError("sliding-window layers are Qwen3's (its layer_types)")
     _register()
     classes: dict[str, tuple[Any, Any]] = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
@@ -247,6 +267,7 @@ def make_hf_model(config: ModelConfig, device: torch.device | str = "cpu") -> Hf
         initializer_range=_INIT_STD,
         tie_word_embeddings=False,
         rms_norm_eps=1e-6,
+        **_layer_types(config),
     )
     # Drawn on the CPU from the config's seed, leaving torch's global RNG as it was.
     with torch.random.fork_rng(devices=[]):

@@ -71,7 +71,9 @@ def hybrid_attend(  # noqa: PLR0917  # the forward's model, cache, inputs, and i
     grid, flat = layout.grid, layout.flat
 
     window_attend = (
-        _window(config.window, cache, hybrid, query_at, q_lens) if hybrid.windows else None
+        _window(config.window, config.kv_groups, cache, hybrid, query_at, q_lens)
+        if hybrid.windows
+        else None
     )
 
     copies = hybrid.cached[0] if hybrid.cached else None
@@ -113,8 +115,9 @@ def hybrid_attend(  # noqa: PLR0917  # the forward's model, cache, inputs, and i
     return attend
 
 
-def _window(
+def _window(  # noqa: PLR0917  # the window, its K/V groups, and the forward's layout
     window: int,
+    groups: int,
     cache: KVCache,
     hybrid: HybridInputs,
     query_at: torch.Tensor,
@@ -166,6 +169,8 @@ def _window(
         if copies is not None:
             copy(layer, copies.publish_from.device, copies.publish_to.device)
         keys, values = cache.window_k[layer, key_locs], cache.window_v[layer, key_locs]
+        if groups > 1:  # grouped-query: K/V head j serves query heads j * groups and on
+            keys, values = keys.repeat_interleave(groups, 2), values.repeat_interleave(groups, 2)
         scores = torch.einsum("bqhd,bkhd->bhqk", queries, keys) * scale
         scores = scores.masked_fill(~visible[:, None], -torch.inf)
         return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), values)

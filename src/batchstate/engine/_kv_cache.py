@@ -31,7 +31,7 @@ class KVCache:
 
     k: torch.Tensor  # [full layers, kv_cache_size, num_kv_heads, head_dim]
     v: torch.Tensor  # the same
-    window_k: torch.Tensor  # [window layers, window token slots + padding page, heads, head_dim]
+    window_k: torch.Tensor  # [window layers, window token slots + padding page, kv heads, head_dim]
     window_v: torch.Tensor  # the same
     states: torch.Tensor  # [state layers, num_states + 1, heads, head_dim, head_dim]
 
@@ -60,7 +60,7 @@ def make_kv_cache(model: LanguageModel, pools: Pools) -> KVCache:
     return KVCache(
         zeros(config.count("full"), pools.kv_cache_size, *kv_heads),
         zeros(config.count("full"), pools.kv_cache_size, *kv_heads),
-        zeros(config.count("window"), window_slots, *heads),
-        zeros(config.count("window"), window_slots, *heads),
+        zeros(config.count("window"), window_slots, *kv_heads),
+        zeros(config.count("window"), window_slots, *kv_heads),
         zeros(config.count("state"), num_states, *heads, config.head_dim),
     )

@@ -226,8 +226,10 @@ class SimulationConfig:
             if model.kv_groups != 1:
                 raise ValueError("the tiny model has one K/V head per query head (kv_groups 1)")
             return
-        if model.is_hybrid:
-            raise ValueError(f"--model {model.architecture} has full-attention layers only")
+        if model.count("state"):
+            raise ValueError(f"--model {model.architecture} has no recurrent-state layer")
+        if model.count("window") and model.architecture != "qwen3":
+            raise ValueError("--window: sliding-window layers are Qwen3's (its layer_types)")
         # The one check that looks for the optional extra (without importing it).
         if self.device != "meta" and importlib.util.find_spec("transformers") is None:
             raise ValueError(
