@@ -200,7 +200,7 @@ SLIDING_CELLS: Final[list[SlidingCell]] = [
     ((False, 0, False, False, 0), 16, (), 0.0),
     ((False, 8, True, True, 2), 16, (), 0.0),
     ((True, 8, True, True, 2), 1, (), 0.0),  # rows resume from the cache's window tails
-    ((True, 0, False, True, 0), 16, (), 0.0),
+    ((True, 8, False, True, 0), 16, (), 0.0),
     ((False, 8, False, False, 2), 1, GRAPH_SIZES, 0.5),  # padded, prebuilt window tails
 ]
 
