@@ -15,6 +15,7 @@ Skipped, saying why, where transformers is not installed (the `hf` extra).
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 from typing import Final
 
@@ -383,3 +384,26 @@ def test_meta_runs_the_bookkeeping_of_a_real_model_config_without_reading_the_de
     assert run.oracle is None
     assert run.trace.device_reads == 0
     assert np.all(np.asarray(run.trace.forward_sizes()) > 0)
+
+
+def test_the_command_line_runs_qwen3_with_a_sliding_window_layer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["simulate", "--model", "qwen3", "--window", "8", "--requests", "4", "--json"]
+    assert main([*argv, "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["model"] == "qwen3" and summary["oracle_passed"] is True
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--model", "llama", "--window", "8"], "sliding-window layers are Qwen3's"),
+        (["--model", "qwen3", "--window-tokens", "64"], "give --window too"),
+    ],
+)
+def test_window_options_a_model_cannot_take_are_usage_errors(
+    options: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", *options, "--requests", "2", "--no-progress"]) == 2
+    assert message in capsys.readouterr().err

@@ -92,9 +92,7 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
     if args.model in {"llama", "qwen3"}:
         model = hf_model_config(args.model, args.attention, args.window)
         if args.window is None and args.window_tokens is not None:
-            raise ValueError(
-                f"--window-tokens sizes a window layer: --model {args.model} has one with --window"
-            )
+            raise ValueError("--window-tokens sizes a sliding-window layer: give --window too")
     elif args.model == "hybrid":
         kinds, window = HYBRID_LAYERS, model.window if args.window is None else args.window
         model = ModelConfig(
