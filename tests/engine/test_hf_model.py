@@ -232,6 +232,7 @@ def test_qwen3_with_a_sliding_window_layer_runs_token_for_token(cell: SlidingCel
         assert run.feeder is not None and run.feeder.padded_forwards > 0
 
 
+@pytest.mark.slow
 def test_a_window_one_longer_fails_the_sliding_window_oracle() -> None:
     """The window matters: generate with a window of 9 disagrees with the engine's 8."""
     run = simulate(attrs.evolve(_sliding_config(SLIDING_CELLS[0]), oracle=False))
