@@ -28,7 +28,7 @@ from batchstate.engine._alone import AloneRun
 from batchstate.engine._hf_model import HfModel
 from batchstate.engine._language_model import LanguageModel
 
-__all__ = ["NEAR_TIE", "OracleResult", "check_oracle", "generate_alone"]
+__all__ = ["NEAR_TIE", "OracleResult", "check_oracle", "generate_alone", "near_tie"]
 
 NEAR_TIE: Final = 1e-4
 """The largest logit gap a float32 transformers model's greedy choice may lose to rounding.
