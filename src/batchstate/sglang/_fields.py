@@ -7,6 +7,7 @@ name and the releases this package was built against, never with an
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from batchstate.errors import Error
@@ -83,9 +84,15 @@ def require_batch(batch: Any) -> None:
         require(req.kv, "Req.kv", KV_FIELDS)
 
 
-def require_shadowed(batch: Any) -> None:
-    """`require_batch`, and what a `Shadow` reads besides."""
-    require_batch(batch)
+def require_shadowed(batch: Any, reqs: Iterable[Any] | None = None) -> None:
+    """`require_batch`, and what a `Shadow` reads besides; of the requests, only `reqs`
+    when given (a shadow checks each request once, at the extend that brings it in:
+    no other call adds a request to a batch)."""
+    require(batch, "ScheduleBatch", BATCH_FIELDS)
+    require(batch.req_to_token_pool, "ReqToTokenPool", REQ_POOL_FIELDS)
+    require(batch.token_to_kv_pool_allocator, "KV allocator", ALLOCATOR_FIELDS)
+    require(batch.tree_cache, "tree cache", TREE_FIELDS)
     require(batch, "ScheduleBatch", SHADOW_BATCH_FIELDS)
-    for req in batch.reqs:
-        require(req, "Req", SHADOW_REQ_FIELDS)
+    for req in batch.reqs if reqs is None else reqs:
+        require(req, "Req", REQ_FIELDS + SHADOW_REQ_FIELDS)
+        require(req.kv, "Req.kv", KV_FIELDS)

@@ -38,15 +38,21 @@ def mirror_order(batch: Any, live: list[Any]) -> tuple[str, ...]:
     return tuple(owner.get(row, f"row {row}") for row in listed)
 
 
-def sglang_state(batch: Any, live: list[Any], extend: bool, chunks: list[Any]) -> State:
-    """What SGLang holds for `batch` (its `live` requests, and its `chunks`, requests between
-    chunks) and its pools: host values only."""
-    index = {id(r): i for i, r in enumerate(batch.reqs)}
-    lens = batch.seq_lens_cpu.tolist() if batch.reqs and batch.seq_lens_cpu is not None else []
-    seq_lens = tuple(int(lens[index[id(r)]]) if index[id(r)] < len(lens) else -1 for r in live)
-    prefix = tuple(int(r.prefix_len) if extend else 0 for r in live)
+def sglang_state(
+    batch: Any, live: list[Any], extend: bool, chunks: list[Any], rids: tuple[str, ...]
+) -> State:
+    """What SGLang holds for `batch` (its `live` requests, whose rids are `rids`, and its
+    `chunks`, requests between chunks) and its pools: host values only."""
+    reqs = batch.reqs
+    lens = batch.seq_lens_cpu.tolist() if reqs and batch.seq_lens_cpu is not None else []
+    if len(live) == len(reqs) == len(lens):  # every row live: the mirror is the lengths
+        seq_lens = tuple(lens)
+    else:
+        index = {id(r): i for i, r in enumerate(reqs)}
+        seq_lens = tuple(int(lens[index[id(r)]]) if index[id(r)] < len(lens) else -1 for r in live)
+    prefix = tuple(int(r.prefix_len) for r in live) if extend else (0,) * len(live)
     held = tuple(sorted((r.rid, int(r.extend_end)) for r in chunks))
-    return pool_state(batch.tree_cache, tuple(r.rid for r in live), seq_lens, prefix, held)
+    return pool_state(batch.tree_cache, rids, seq_lens, prefix, held)
 
 
 def pool_state(

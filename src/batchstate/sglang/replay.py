@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 
 from batchstate.sglang.replica import Replica, State
-from batchstate.sglang.trace import Mismatch, apply, compare, read
+from batchstate.sglang.trace import ROW_OPS, Mismatch, apply, check, read
 
 
 @attrs.frozen
@@ -39,16 +39,18 @@ def replay(path: Path) -> Replayed:
         rows=config.rows,
         context=config.context,
     )
-    count = 0
+    count = since = 0  # since: the first step after the last full check that passed
     for op in operations:
         count += 1
         try:
             apply(replica, op)
         except Exception as error:  # batchstate refused the call: the divergence
-            return Replayed(
-                count, Mismatch(op.step, op.op, "refused", "done", repr(error), op.rid), None
-            )
-        mismatch = compare(op, replica.state(op.batch), pools=not replica.unpublished)
+            refused = Mismatch(op.step, op.op, "refused", "done", repr(error), op.rid, since)
+            return Replayed(count, refused, None)
+        published = not replica.unpublished
+        mismatch = check(op, replica, pools=published)
         if mismatch is not None:
-            return Replayed(count, mismatch, replica.state(op.batch))
+            return Replayed(count, attrs.evolve(mismatch, since=since), replica.state(op.batch))
+        if op.full and published and op.op in ROW_OPS:
+            since = op.step + 1
     return Replayed(count, None, None)

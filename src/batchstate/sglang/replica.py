@@ -102,10 +102,11 @@ class Replica:
         # with result processing): pool counts differ by policy until it does.
         self.unpublished: set[str] = set()
         self.capped = 0  # new requests admitted while a prefill was in flight (see `_caps`)
+        self._idle = idle(self.device)  # records are frozen: one empty batch serves every call
 
     def record(self, label: str) -> Record:
         """The record of batch `label` (an empty one when unseen)."""
-        return self.records.get(label, idle(self.device))
+        return self.records.get(label, self._idle)
 
     def _id(self, rid: str) -> int:
         number = self._ids.get(rid)
@@ -123,7 +124,7 @@ class Replica:
         budget = sum(i.extend_len for i in items)
         caps = self._caps(items) if self.unpublished else {}
         self.unpublished.update(i.rid for i in items)
-        step = mix(idle(self.device), admit, max(budget, 1), self.pools, read_at_most=caps)
+        step = mix(self._idle, admit, max(budget, 1), self.pools, read_at_most=caps)
         if isinstance(step, Failure):
             raise ReplicaError(f"prepare_for_extend: batchstate refused: {step.failure()}")
         mixed, self.pools = step.unwrap()
@@ -168,8 +169,12 @@ class Replica:
         record = self.record(label)
         if isinstance(record, Idle):
             return
-        wanted = {self._id(rid) for rid in kept}
-        for number in record.rows.rids.tolist():
+        ids = self._ids
+        numbers = record.rows.rids.tolist()
+        if numbers == [ids.get(rid, -1) for rid in kept]:
+            return  # every row stays, in order: the record is already what a filter would give
+        wanted = {ids.get(rid, -1) for rid in kept}
+        for number in numbers:
             if number in wanted:
                 continue
             # A row SGLang dropped before releasing it (overlap: a request whose last token
@@ -182,7 +187,7 @@ class Replica:
 
     def merge(self, label: str, other: str) -> None:
         """`merge_batch`: `other`'s rows after `label`'s (`other`'s record is consumed)."""
-        incoming = self.records.pop(other, idle(self.device))
+        incoming = self.records.pop(other, self._idle)
         if isinstance(incoming, Idle):
             return
         if isinstance(incoming, Decoding):
@@ -196,11 +201,11 @@ class Replica:
         if rid in self.held:
             chunk = self.held.pop(rid)
             tokens = _covering(tokens, chunk.req)
-            result = release(chunk, idle(self.device), self.pools, [tokens])
+            result = release(chunk, self._idle, self.pools, [tokens])
         elif rid in self.left:
             left = self.left.pop(rid)
             tokens = _covering(tokens, left.reqs[0])
-            result = release(left, idle(self.device), self.pools, [tokens])
+            result = release(left, self._idle, self.pools, [tokens])
         else:
             label, record, row = self._find(rid)
             keep = [i for i in range(len(record.rows.rids)) if i != row]
@@ -236,20 +241,51 @@ class Replica:
 
     def state(self, label: str) -> State:
         """What batchstate holds for batch `label` and its pools."""
-        record, pools = self.record(label), self.pools
+        record = self.record(label)
         numbers = () if isinstance(record, Idle) else tuple(record.rows.rids.tolist())
         rids = tuple(self._rid(n) for n in numbers)
         lens = () if isinstance(record, Idle) else tuple(record.rows.seq_lens.host.tolist())
-        return State(
+        return attrs.evolve(
+            self.pools_state(),
             rids=rids,
             seq_lens=lens,
             prefix_lens=tuple(self.prefix.get(rid, 0) for rid in rids),
+        )
+
+    def pools_state(self) -> State:
+        """The pools' counts and the held chunks, with no rows (`state` without a batch)."""
+        pools = self.pools
+        return State(
+            rids=(),
+            seq_lens=(),
+            prefix_lens=(),
             held=tuple((rid, chunk.cached) for rid, chunk in sorted(self.held.items())),
             free_slots=pools.num_free_slots,
             free_tokens=pools.num_free_tokens,
             evictable_tokens=pools.cache.num_evictable * pools.page_size,
             protected_tokens=pools.cache.num_locked * pools.page_size,
         )
+
+    def num_rows(self, label: str) -> int:
+        """How many rows batchstate holds for batch `label`."""
+        record = self.record(label)
+        return 0 if isinstance(record, Idle) else len(record.rows.rids)
+
+    def seq_lens_sum(self, label: str) -> int:
+        """The tokens in the KV cache over batch `label`'s rows."""
+        record = self.record(label)
+        return 0 if isinstance(record, Idle) else record.rows.seq_lens_sum
+
+    def same_rows(self, label: str, rids: Sequence[str], seq_lens: Sequence[int]) -> bool:
+        """Whether batch `label` holds exactly these requests, in this order, with these
+        tokens in the KV cache: one list comparison each, the common case's whole check."""
+        record = self.record(label)
+        if isinstance(record, Idle):
+            return not rids and not seq_lens
+        numbers = [self._ids.get(rid, -1) for rid in rids]
+        rows = record.rows
+        same: bool = rows.rids.tolist() == numbers and rows.seq_lens.host.tolist() == list(seq_lens)
+        return same
 
 
 def _covering(tokens: Sequence[int], req: Req) -> Sequence[int]:

@@ -9,6 +9,12 @@ arguments and returns its result unchanged, then records what SGLang holds
 (`sglang_state`, host mirrors and pool counters only), replays the call on a
 `Replica` and compares the two. The first difference raises `ShadowDivergence`
 (or is logged) and writes the trace of every call so far.
+
+With `full_check_every=N` every call is still replayed and its counts compared
+(rows, their total, the mirror's order, free request rows, pool counts), but the
+rows request by request only at every Nth batch call (and at every extend); a
+difference is then named at the first check that sees it, with the range of calls
+since the last full check that passed.
 """
 
 from __future__ import annotations
@@ -34,7 +40,15 @@ from batchstate.sglang._sglang_reads import (
 )
 from batchstate.sglang._stubs import install_stubs
 from batchstate.sglang.replica import ExtendItem, Replica
-from batchstate.sglang.trace import Mismatch, Operation, PoolsConfig, apply, compare, dumps
+from batchstate.sglang.trace import (
+    ROW_OPS,
+    Mismatch,
+    Operation,
+    PoolsConfig,
+    apply,
+    check,
+    dumps,
+)
 
 _log = logging.getLogger("batchstate.sglang")
 BATCH_CALLS = (
@@ -65,6 +79,14 @@ class Shadow:
     `"log"` logs each (logger `batchstate.sglang`) and goes on. `trace_path`, when
     set, receives the trace (JSON lines, `batchstate replay` reads it) at the first
     divergence and on `detach`.
+
+    `full_check_every=N` (default 1: every call) compares the rows request by request
+    (rids, tokens in the KV cache) after every Nth `ScheduleBatch` call and after every
+    `prepare_for_extend`; every other call is still replayed, and its row count,
+    `seq_lens_sum`, the mirror's order, held chunks, free request rows and pool counts
+    compared. A difference only a full
+    check sees is named at the next one, `mismatch.since` to `mismatch.step` being the
+    calls it arose in.
     """
 
     def __init__(
@@ -72,8 +94,12 @@ class Shadow:
         *,
         on_divergence: Literal["raise", "log"] = "raise",
         trace_path: str | Path | None = None,
+        full_check_every: int = 1,
     ) -> None:
+        if full_check_every < 1:
+            raise ValueError(f"full_check_every must be at least 1, not {full_check_every}")
         self.on_divergence = on_divergence
+        self.full_check_every = full_check_every
         self.trace_path = None if trace_path is None else Path(trace_path)
         self.config: PoolsConfig | None = None
         self.replica: Replica | None = None
@@ -84,6 +110,8 @@ class Shadow:
         self._batches = 0
         self._tree: Any = None
         self._evicted = False  # SGLang's tree evicted since the last call was replayed
+        self._batch_calls = 0  # ScheduleBatch calls replayed: every Nth is compared in full
+        self._since = 0  # the first call after the last full check that passed
 
     def attach(self) -> Shadow:
         """Wrap SGLang's lifecycle calls (idempotent)."""
@@ -93,6 +121,9 @@ class Shadow:
 
         if self._restore:
             return self
+        if self._tree is not None:  # attached again after a detach: follow its tree's evictions
+            kind = type(self._tree)
+            self._replace(kind, "evict", self._wrap_evict(kind.evict))
         # The scheduler's modules import the cache calls by name: load them first, so
         # that their names are the ones replaced.
         importlib.import_module("sglang.srt.managers.scheduler")
@@ -218,12 +249,17 @@ class Shadow:
     def _after(self, name: str, batch: Any, other: Any) -> None:
         if getattr(batch, "req_to_token_pool", None) is None:  # an empty placeholder batch
             return
-        require_shadowed(batch)  # a clear error where SGLang's fields moved
+        extend = name == "prepare_for_extend"
+        known = self._labels.get(id(batch))
+        if extend or known is None or known[0]() is not batch:
+            # A clear error where SGLang's fields moved: each batch at its first call, each
+            # request at the extend that brings it in (no other call adds one to a batch).
+            require_shadowed(batch, batch.reqs if extend else ())
         replica = self._replica(batch)
         live = [r for r in batch.reqs if r.kv.req_pool_idx is not None]
         items: tuple[ExtendItem, ...] = ()
         chunks: list[Any] = []
-        if name == "prepare_for_extend":
+        if extend:
             items = tuple(
                 ExtendItem(
                     r.rid,
@@ -235,17 +271,25 @@ class Shadow:
             )
             chunks = [r for r in live if r is batch.chunked_req]
             live = [r for r in live if r is not batch.chunked_req]
+        full = extend or self._batch_calls % self.full_check_every == 0
+        self._batch_calls += 1
+        kept = tuple(r.rid for r in live)
+        if full:
+            state = sglang_state(batch, live, extend, chunks, kept)
+        else:  # counts only: the rows' rids are `kept`, their total `seq_lens_sum`
+            state = pool_state(batch.tree_cache, (), (), (), ())
         op = Operation(
             step=len(self.operations),
             op=name,
             batch=self._label(batch),
-            state=sglang_state(batch, live, name == "prepare_for_extend", chunks),
+            state=state,
             other="" if other is None else self._label(other),
             items=items,
-            kept=tuple(r.rid for r in live),
+            kept=kept,
             mirror_rows=mirror_rows(batch, live),
             mirror_order=mirror_order(batch, live),
             seq_lens_sum=batch.seq_lens_sum if batch.reqs else None,
+            full=full,
         )
         self._check(replica, op)
 
@@ -270,10 +314,14 @@ class Shadow:
                 op.step, op.op, "refused", "done", repr(error), op.rid
             )
         else:
-            mismatch = compare(op, replica.state(op.batch), pools=not replica.unpublished)
+            published = not replica.unpublished
+            mismatch = check(op, replica, pools=published)
+            if mismatch is None and op.full and published and op.op in ROW_OPS:
+                self._since = op.step + 1
         self.operations.append(op)
         if mismatch is None:
             return
+        mismatch = attrs.evolve(mismatch, since=self._since)
         if self.trace_path is not None and not self.divergences:
             self.write_trace(self.trace_path)
         divergence = ShadowDivergence(mismatch, self.trace_path)

@@ -3,9 +3,10 @@
 The first line names the pools (`{"op": "pools", ...}`); each later line is an
 `Operation`: the call, the batch it concerns, what batchstate needs to replay
 it (rids, token ids, tokens computed) and the SGLang `State` recorded after it.
-`apply` replays one operation on a `Replica`; `compare` names the first field
-where the recorded state and batchstate's differ. Both the live `Shadow` and
-`batchstate replay` use them, so a trace replays exactly as it was checked.
+`apply` replays one operation on a `Replica`; `check` (and `compare`, which it
+falls back to) names the first field where the recorded state and batchstate's
+differ. Both the live `Shadow` and `batchstate replay` use them, so a trace
+replays exactly as it was checked.
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ class Operation:
     kept; `rid` and `tokens` a released request and the tokens whose whole pages
     SGLang's tree keeps for it; `seq_lens_sum` SGLang's, when set; `mirror_order`, for
     each live row in the batch's order, whose row `req_pool_indices_cpu` lists there,
-    recorded only when some row is not its own (`_sglang_reads.mirror_order`).
+    recorded only when some row is not its own (`_sglang_reads.mirror_order`). `full`:
+    the rows were recorded and are compared request by request; when False (a sampled
+    shadow between its full checks) `state` holds no rows and only their counts (and the
+    mirror's order, against `kept`) are compared.
     """
 
     step: int
@@ -65,11 +69,18 @@ class Operation:
     seq_lens_sum: int | None = None
     evicted: tuple[Eviction, ...] = ()
     mirror_order: tuple[str, ...] = ()
+    full: bool = True
 
 
 @attrs.frozen
 class Mismatch:
-    """The first field where SGLang and batchstate differ after an operation."""
+    """The first field where SGLang and batchstate differ after an operation.
+
+    `since`: the first step after the last full check that passed (rows request by
+    request and pool counts), so the difference arose in steps `since` to `step`; -1
+    when not known. With every call fully checked it is `step`, or earlier where the
+    pool counts waited for a checkpoint (see `compare`) or a release came between.
+    """
 
     step: int
     op: str
@@ -77,12 +88,16 @@ class Mismatch:
     sglang: str
     batchstate: str
     request: str = ""
+    since: int = -1
 
     def __str__(self) -> str:
         who = f", request {self.request}" if self.request else ""
+        where = ""
+        if 0 <= self.since < self.step:
+            where = f" (arose in steps {self.since} to {self.step}: the last full check passed)"
         return (
             f"step {self.step}, after {self.op}{who}: {self.field} is {self.sglang} in SGLang, "
-            f"{self.batchstate} in batchstate"
+            f"{self.batchstate} in batchstate{where}"
         )
 
 
@@ -105,20 +120,54 @@ def apply(replica: Replica, op: Operation) -> None:
         replica.checkpoint(op.rid)
 
 
+def check(op: Operation, replica: Replica, *, pools: bool = True) -> Mismatch | None:
+    """`compare(op, replica.state(op.batch), pools=pools)`, without building batchstate's
+    `State` where the answer needs none: when the replica holds SGLang's rows in SGLang's
+    order with SGLang's lengths (one list comparison each) and SGLang's mirror lists each
+    row as its own (no `mirror_order` recorded), and for an operation that is not `full`
+    (counts and the mirror's order only). Free request rows and pool counts are compared
+    as `compare` does. Any other case, a difference included, goes to `compare`, which
+    names it."""
+    counts = replica.pools_state()
+    if op.op not in ROW_OPS:
+        found = None
+    elif not op.full:
+        found = _counts(op, replica.num_rows(op.batch), replica.seq_lens_sum(op.batch))
+        found = found or _held(op, counts)
+    elif (
+        op.op != "prepare_for_extend"
+        and op.mirror_rows == len(op.state.rids)
+        and not op.mirror_order
+        and replica.same_rows(op.batch, op.state.rids, op.state.seq_lens)
+    ):
+        found = _totals(op, counts, replica.seq_lens_sum(op.batch))
+    else:
+        return compare(op, replica.state(op.batch), pools=pools)
+    if found is None:
+        found = _free_slots(op, counts)
+    if found is None and pools:
+        found = _pools(op, counts)
+    return found
+
+
 def compare(op: Operation, mine: State, *, pools: bool = True) -> Mismatch | None:
     """The first difference between SGLang's recorded state and batchstate's, or None.
 
     Rows are compared after `ScheduleBatch` calls (per request: rid, tokens in
-    the KV cache, tokens read from the prefix cache, the mirror's order); free request
-    rows after every call; token counts when `pools`
-    (the caller's: no extended request is still waiting for its checkpoint, since
-    batchstate publishes a prefill's pages in the extend and SGLang when result
-    processing checkpoints each request; under overlap that is a turn later).
+    the KV cache, tokens read from the prefix cache, the mirror's order; for an
+    operation that is not `full`, their number and total, and the mirror's order); free
+    request rows after every call; token counts when `pools` (the caller's: no extended
+    request is still waiting for its checkpoint, since batchstate publishes a prefill's
+    pages in the extend and SGLang when result processing checkpoints each request;
+    under overlap that is a turn later).
     """
-    found = _rows(op, mine) if op.op in ROW_OPS else None
-    # Rows are taken and given back at the same calls on both sides, published or not.
-    if found is None and op.state.free_slots != mine.free_slots:
-        found = _differ(op, "free_slots", op.state.free_slots, mine.free_slots, touched(op))
+    found = None
+    if op.op in ROW_OPS and op.full:
+        found = _rows(op, mine)
+    elif op.op in ROW_OPS:
+        found = _counts(op, len(mine.rids), sum(mine.seq_lens)) or _held(op, mine)
+    if found is None:
+        found = _free_slots(op, mine)
     if found is None and pools:
         found = _pools(op, mine)
     return found
@@ -132,8 +181,8 @@ def touched(op: Operation) -> str:
         return op.rid
     if op.op == "prepare_for_extend":
         return ", ".join(item.rid for item in op.items)
-    if op.op == "prepare_for_decode":
-        return ", ".join(op.state.rids)
+    if op.op == "prepare_for_decode":  # a sampled operation records its rows in `kept`
+        return ", ".join(op.state.rids or op.kept)
     return ""
 
 
@@ -145,9 +194,14 @@ def _mirror(op: Operation, mine: State) -> Mismatch | None:
     theirs = op.state
     if op.mirror_rows != len(theirs.rids):
         return _differ(op, "req_pool_indices_cpu rows", op.mirror_rows, len(mine.rids))
+    return _order(op, theirs.rids)
+
+
+def _order(op: Operation, rids: tuple[str, ...]) -> Mismatch | None:
     # Row i of every per-row tensor (the device's req_pool_indices included) is reqs[i]'s:
     # a mirror that lists the right rows in another order points row i at another request.
-    for listed, rid in zip(op.mirror_order, theirs.rids, strict=False):
+    # SGLang's alone (`rids`: its live rows'), so a sampled operation checks it too.
+    for listed, rid in zip(op.mirror_order, rids, strict=False):
         if listed != rid:
             return _differ(op, "req_pool_indices_cpu order", f"{listed}'s row", f"{rid}'s row", rid)
     return None
@@ -169,13 +223,45 @@ def _rows(op: Operation, mine: State) -> Mismatch | None:
         for rid, value in zip(theirs.rids, getattr(theirs, name), strict=True):
             if value != ours[rid]:
                 return _differ(op, name[:-1], value, ours[rid], rid)
-    held = dict(mine.held)
-    for rid, length in theirs.held:
-        if held.get(rid) != length:
-            return _differ(op, "held chunk tokens", length, held.get(rid), rid)
-    total = sum(mine.seq_lens) + sum(length for _, length in theirs.held)
+    return _totals(op, mine, sum(mine.seq_lens))
+
+
+def _counts(op: Operation, rows: int, seq_lens_sum: int) -> Mismatch | None:
+    # Between full checks: how many rows, not which (`kept` is SGLang's live rows' rids).
+    if op.mirror_rows != len(op.kept):
+        return _differ(op, "req_pool_indices_cpu rows", op.mirror_rows, rows)
+    order = _order(op, op.kept)
+    if order is not None:
+        return order
+    if len(op.kept) != rows:
+        return _differ(op, "row count", len(op.kept), rows)
+    total = seq_lens_sum + sum(length for _, length in op.state.held)
     if op.seq_lens_sum is not None and op.seq_lens_sum != total:
         return _differ(op, "seq_lens_sum", op.seq_lens_sum, total)
+    return None
+
+
+def _held(op: Operation, mine: State) -> Mismatch | None:
+    held = dict(mine.held)
+    for rid, length in op.state.held:
+        if held.get(rid) != length:
+            return _differ(op, "held chunk tokens", length, held.get(rid), rid)
+    return None
+
+
+def _totals(op: Operation, mine: State, seq_lens_sum: int) -> Mismatch | None:
+    # Rows already equal: the held chunks, and SGLang's running total when it keeps one.
+    found = _held(op, mine)
+    total = seq_lens_sum + sum(length for _, length in op.state.held)
+    if found is None and op.seq_lens_sum is not None and op.seq_lens_sum != total:
+        found = _differ(op, "seq_lens_sum", op.seq_lens_sum, total)
+    return found
+
+
+def _free_slots(op: Operation, mine: State) -> Mismatch | None:
+    # Rows are taken and given back at the same calls on both sides, published or not.
+    if op.state.free_slots != mine.free_slots:
+        return _differ(op, "free_slots", op.state.free_slots, mine.free_slots, touched(op))
     return None
 
 
@@ -267,4 +353,5 @@ def _operation(raw: dict[str, Any]) -> Operation:
         evicted=tuple(Eviction(_ints(e["tokens"]), int(e["keep"])) for e in raw["evicted"]),
         # Absent from traces whose mirror listed every row as its own.
         mirror_order=tuple(map(str, raw.get("mirror_order", ()))),
+        full=bool(raw.get("full", True)),  # traces written before sampling are all full
     )
