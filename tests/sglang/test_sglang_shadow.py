@@ -72,8 +72,8 @@ def test_the_shadow_never_changes_what_sglang_does(topology: None) -> None:
     assert len(shadow.operations) > 500 and shadow.divergences == []
 
 
-def _first(driver: Any) -> ShadowDivergence:
-    with Shadow() as shadow, pytest.raises(ShadowDivergence) as raised:
+def _first(driver: Any, every: int = 1) -> ShadowDivergence:
+    with Shadow(full_check_every=every) as shadow, pytest.raises(ShadowDivergence) as raised:
         _run(driver)
     assert shadow.divergences == [raised.value]
     return raised.value
@@ -204,8 +204,9 @@ def test_a_batch_whose_fields_moved_is_refused_by_name(
     assert shadow.operations == []  # nothing was replayed
 
 
+@pytest.mark.parametrize("every", [1, 16])
 def test_a_mirror_listing_the_right_rows_in_another_order_is_named(
-    topology: None, monkeypatch: pytest.MonkeyPatch
+    topology: None, monkeypatch: pytest.MonkeyPatch, every: int
 ) -> None:
     import torch
 
@@ -214,7 +215,7 @@ def test_a_mirror_listing_the_right_rows_in_another_order_is_named(
             batch.req_pool_indices_cpu = torch.flip(batch.req_pool_indices_cpu, [0])
 
     _patch(monkeypatch, "filter_batch", permute)
-    divergence = _first(_loaded(1, 420))
+    divergence = _first(_loaded(1, 420), every)  # sampled or not: SGLang's order, every call
     assert _where(divergence) == ("filter_batch", "req_pool_indices_cpu order")
     rid = divergence.mismatch.request
     assert rid.startswith("r") and divergence.mismatch.batchstate == f"{rid}'s row"
@@ -249,3 +250,127 @@ def test_kv_leaked_by_a_release_is_named_at_the_release(
     assert _where(divergence) == ("release_kv_cache", "free_tokens + evictable_tokens")
     assert int(divergence.mismatch.sglang) == int(divergence.mismatch.batchstate) - 1
     assert divergence.mismatch.request.startswith("r") and "," not in divergence.mismatch.request
+
+
+def _stale_mirror_row(monkeypatch: pytest.MonkeyPatch, shadow: Shadow, at: int) -> dict[str, Any]:
+    """Reintroduce a bug at the `at`-th decode: one row's `seq_lens_cpu` is not advanced (its
+    device length is), the row whose request has the most tokens left. Returns where it was
+    done: the step its call gets in the shadow, the batch and the request."""
+    done: dict[str, Any] = {}
+    decodes = 0
+
+    def stale(batch: Any) -> None:
+        nonlocal decodes
+        decodes += 1
+        if decodes != at:
+            return
+        left = [r.sampling_params.max_new_tokens - len(r.output_ids) for r in batch.reqs]
+        row = left.index(max(left))
+        batch.seq_lens_cpu[row] -= 1
+        done.update(step=len(shadow.operations), rid=batch.reqs[row].rid)
+
+    _patch(monkeypatch, "prepare_for_decode", stale)
+    return done
+
+
+@pytest.mark.parametrize("every", [1, 8])
+def test_a_stale_mirror_row_is_named_at_the_next_full_check(
+    topology: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, every: int
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    shadow = Shadow(full_check_every=every, trace_path=trace)
+    done = _stale_mirror_row(monkeypatch, shadow, at=30)
+    with shadow, pytest.raises(ShadowDivergence) as raised:
+        _run(_loaded(1, 2000, requests=12))
+    found = raised.value.mismatch
+    assert (found.field, found.request) == ("seq_len", done["rid"])
+    assert int(found.sglang) == int(found.batchstate) - 1
+    ops = shadow.operations
+    bug = ops[done["step"]]
+    assert bug.op == "prepare_for_decode"
+    if every == 1:  # every call compared in full: named at its own call
+        assert (found.step, found.since) == (bug.step, bug.step)
+        return
+    # Sampled: the buggy call compared counts only, which the bug leaves equal; the batch's
+    # next full check names it, with a range that holds the buggy call.
+    assert not bug.full
+    after = [op for op in ops[bug.step + 1 :] if op.batch == bug.batch and op.full]
+    assert found.step == after[0].step > bug.step
+    assert found.since <= bug.step < found.step
+    assert f"arose in steps {found.since} to {found.step}" in str(raised.value)
+    assert all(op.full for op in ops if op.op == "prepare_for_extend")
+    assert sum(op.full for op in ops if op.op == "prepare_for_decode") < len(ops) / every
+    done_replay = replay(trace)  # the sampled trace replays to the same finding
+    assert done_replay.mismatch == found
+
+
+def test_a_sampled_shadow_names_what_its_counts_see_at_its_call(
+    topology: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _patch(
+        monkeypatch,
+        "prepare_for_decode",
+        lambda b: b.token_to_kv_pool_allocator.free(b.out_cache_loc[:1]),
+    )
+    with Shadow(full_check_every=16) as shadow, pytest.raises(ShadowDivergence) as raised:
+        _run(_loaded(1, 420))
+    found = raised.value.mismatch
+    assert (found.op, found.field) == ("prepare_for_decode", "free_tokens + evictable_tokens")
+    # Named at the first decode, the buggy call, though it compared counts only.
+    first = next(op for op in shadow.operations if op.op == "prepare_for_decode")
+    assert found.step == first.step and not first.full
+    assert found.since <= found.step
+    assert found.request == ", ".join(first.kept)  # the decode's rows, though none recorded
+
+
+@pytest.mark.parametrize(
+    ("full", "field"),
+    [
+        (True, "req_pool_indices_cpu order"),
+        (False, "req_pool_indices_cpu order"),
+        (False, "free_slots"),
+    ],
+)
+def test_a_sampled_trace_checks_the_mirror_order_and_free_rows_at_every_call(
+    topology: None, tmp_path: Path, full: bool, field: str
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    with Shadow(trace_path=trace, full_check_every=4):
+        _run(_loaded(1, 420, requests=8))
+    lines = trace.read_text().splitlines()
+    step, op = next(
+        (n, raw)
+        for n, raw in enumerate(map(json.loads, lines[1:]))
+        if raw["op"] == "prepare_for_decode" and raw["full"] == full and len(raw["kept"]) >= 2
+    )
+    if field == "free_slots":
+        op["state"]["free_slots"] += 1
+    else:  # the rows' own, listed in reverse: recorded, so the check cannot take its fast path
+        op["mirror_order"] = op["kept"][::-1]
+    lines[step + 1] = json.dumps(op)
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("\n".join(lines) + "\n")
+    found = replay(tampered).mismatch
+    assert found is not None and (found.step, found.field) == (step, field)
+    if field == "free_slots":  # a pool-level mismatch names the decode's rows
+        assert found.request == ", ".join(op["kept"])
+    else:
+        assert found.request == op["kept"][0] and found.sglang == f"{op['kept'][-1]}'s row"
+
+
+def test_a_sampled_shadow_follows_hundreds_of_steps_and_replays(
+    topology: None, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    with Shadow(trace_path=trace, full_check_every=8) as shadow:
+        steps = _run(_loaded(16, 640))
+    assert shadow.divergences == [] and len(steps) >= 250
+    batch_ops = [op for op in shadow.operations if op.batch]
+    assert 0 < sum(op.full for op in batch_ops) < len(batch_ops) / 2
+    done = replay(trace)
+    assert (done.operations, done.mismatch) == (len(shadow.operations), None)
+
+
+def test_full_check_every_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Shadow(full_check_every=0)

@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 
 from batchstate.sglang.replica import Replica, State
-from batchstate.sglang.trace import ROW_OPS, Mismatch, apply, check, read
+from batchstate.sglang.trace import Checked, Mismatch, apply, check, read
 
 
 @attrs.frozen
@@ -39,18 +39,20 @@ def replay(path: Path) -> Replayed:
         rows=config.rows,
         context=config.context,
     )
-    count = since = 0  # since: the first step after the last full check that passed
+    count, checked = 0, Checked()
     for op in operations:
         count += 1
         try:
             apply(replica, op)
         except Exception as error:  # batchstate refused the call: the divergence
-            refused = Mismatch(op.step, op.op, "refused", "done", repr(error), op.rid, since)
+            refused = Mismatch(
+                op.step, op.op, "refused", "done", repr(error), op.rid, checked.since(op)
+            )
             return Replayed(count, refused, None)
         published = not replica.unpublished
         mismatch = check(op, replica, pools=published)
         if mismatch is not None:
-            return Replayed(count, attrs.evolve(mismatch, since=since), replica.state(op.batch))
-        if op.full and published and op.op in ROW_OPS:
-            since = op.step + 1
+            found = attrs.evolve(mismatch, since=checked.since(op))
+            return Replayed(count, found, replica.state(op.batch))
+        checked.passed(op, pools=published)
     return Replayed(count, None, None)

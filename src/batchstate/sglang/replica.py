@@ -98,6 +98,7 @@ class Replica:
         self.prefix: dict[str, int] = {}  # each row's cache hit at its last extend
         self._ids: dict[str, int] = {}  # SGLang's rid -> batchstate's, and back
         self._names: list[str] = []
+        self._names_of: dict[str, tuple[list[int], tuple[str, ...]]] = {}  # see `_row_names`
         # Requests extended whose pages SGLang has not published yet (its checkpoint comes
         # with result processing): pool counts differ by policy until it does.
         self.unpublished: set[str] = set()
@@ -169,12 +170,10 @@ class Replica:
         record = self.record(label)
         if isinstance(record, Idle):
             return
-        ids = self._ids
-        numbers = record.rows.rids.tolist()
-        if numbers == [ids.get(rid, -1) for rid in kept]:
+        if tuple(kept) == self._row_names(label, record):
             return  # every row stays, in order: the record is already what a filter would give
-        wanted = {ids.get(rid, -1) for rid in kept}
-        for number in numbers:
+        wanted = {self._ids.get(rid, -1) for rid in kept}
+        for number in record.rows.rids.tolist():
             if number in wanted:
                 continue
             # A row SGLang dropped before releasing it (overlap: a request whose last token
@@ -188,6 +187,7 @@ class Replica:
     def merge(self, label: str, other: str) -> None:
         """`merge_batch`: `other`'s rows after `label`'s (`other`'s record is consumed)."""
         incoming = self.records.pop(other, self._idle)
+        self._names_of.pop(other, None)
         if isinstance(incoming, Idle):
             return
         if isinstance(incoming, Decoding):
@@ -282,10 +282,22 @@ class Replica:
         record = self.record(label)
         if isinstance(record, Idle):
             return not rids and not seq_lens
-        numbers = [self._ids.get(rid, -1) for rid in rids]
-        rows = record.rows
-        same: bool = rows.rids.tolist() == numbers and rows.seq_lens.host.tolist() == list(seq_lens)
+        if tuple(rids) != self._row_names(label, record):
+            return False
+        same: bool = record.rows.seq_lens.host.tolist() == list(seq_lens)
         return same
+
+    def _row_names(self, label: str, record: Filtered | Decoding) -> tuple[str, ...]:
+        # SGLang's rids of the record's rows, in order. Decode and a filter that keeps every
+        # row leave the rids as they were: the names are looked up again only when they moved.
+        numbers = record.rows.rids.tolist()
+        known = self._names_of.get(label)
+        if known is not None and known[0] == numbers:
+            return known[1]
+        names = self._names
+        row_names = tuple([names[n] for n in numbers])
+        self._names_of[label] = (numbers, row_names)
+        return row_names
 
 
 def _covering(tokens: Sequence[int], req: Req) -> Sequence[int]:

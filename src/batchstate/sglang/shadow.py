@@ -41,7 +41,7 @@ from batchstate.sglang._sglang_reads import (
 from batchstate.sglang._stubs import install_stubs
 from batchstate.sglang.replica import ExtendItem, Replica
 from batchstate.sglang.trace import (
-    ROW_OPS,
+    Checked,
     Mismatch,
     Operation,
     PoolsConfig,
@@ -111,7 +111,7 @@ class Shadow:
         self._tree: Any = None
         self._evicted = False  # SGLang's tree evicted since the last call was replayed
         self._batch_calls = 0  # ScheduleBatch calls replayed: every Nth is compared in full
-        self._since = 0  # the first call after the last full check that passed
+        self.checked = Checked()  # where the two sides were last seen equal
 
     def attach(self) -> Shadow:
         """Wrap SGLang's lifecycle calls (idempotent)."""
@@ -273,7 +273,7 @@ class Shadow:
             live = [r for r in live if r is not batch.chunked_req]
         full = extend or self._batch_calls % self.full_check_every == 0
         self._batch_calls += 1
-        kept = tuple(r.rid for r in live)
+        kept = tuple([r.rid for r in live])
         if full:
             state = sglang_state(batch, live, extend, chunks, kept)
         else:  # counts only: the rows' rids are `kept`, their total `seq_lens_sum`
@@ -316,12 +316,12 @@ class Shadow:
         else:
             published = not replica.unpublished
             mismatch = check(op, replica, pools=published)
-            if mismatch is None and op.full and published and op.op in ROW_OPS:
-                self._since = op.step + 1
+            if mismatch is None:
+                self.checked.passed(op, pools=published)
         self.operations.append(op)
         if mismatch is None:
             return
-        mismatch = attrs.evolve(mismatch, since=self._since)
+        mismatch = attrs.evolve(mismatch, since=self.checked.since(op))
         if self.trace_path is not None and not self.divergences:
             self.write_trace(self.trace_path)
         divergence = ShadowDivergence(mismatch, self.trace_path)

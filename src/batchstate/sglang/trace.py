@@ -76,10 +76,11 @@ class Operation:
 class Mismatch:
     """The first field where SGLang and batchstate differ after an operation.
 
-    `since`: the first step after the last full check that passed (rows request by
-    request and pool counts), so the difference arose in steps `since` to `step`; -1
-    when not known. With every call fully checked it is `step`, or earlier where the
-    pool counts waited for a checkpoint (see `compare`) or a release came between.
+    `since`: the first step after the last check that saw the pool counts and this
+    batch's rows request by request equal (`Checked`), so the difference arose in
+    steps `since` to `step`; -1 when not known. With every call fully checked it is
+    `step`, or earlier where the pool counts waited for a checkpoint (see `compare`)
+    or another call (a release) came between.
     """
 
     step: int
@@ -99,6 +100,33 @@ class Mismatch:
             f"step {self.step}, after {self.op}{who}: {self.field} is {self.sglang} in SGLang, "
             f"{self.batchstate} in batchstate{where}"
         )
+
+
+@attrs.define
+class Checked:
+    """Where SGLang and batchstate were last seen equal: the first step after the last
+    passed comparison of the pool counts, and of each batch's rows request by request
+    (a merge carries the older of its two batches'). A difference found at a step arose
+    after these: `since` gives the first step of that range."""
+
+    pools: int = 0
+    rows: dict[str, int] = attrs.field(factory=dict)
+
+    def since(self, op: Operation) -> int:
+        """The first step of the range a difference found after `op` arose in."""
+        if op.op not in ROW_OPS:
+            return self.pools
+        return min(self.pools, self.rows.get(op.batch, self.pools))
+
+    def passed(self, op: Operation, *, pools: bool) -> None:
+        """`op` was checked and nothing differed (`pools`: its pool counts were compared)."""
+        if op.op == "merge_batch":  # the other batch's rows join this one's
+            other = self.rows.pop(op.other, self.pools)
+            self.rows[op.batch] = min(self.rows.get(op.batch, self.pools), other)
+        if op.op in ROW_OPS and op.full:
+            self.rows[op.batch] = op.step + 1
+        if pools:
+            self.pools = op.step + 1
 
 
 def apply(replica: Replica, op: Operation) -> None:
