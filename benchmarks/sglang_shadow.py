@@ -14,7 +14,7 @@ timed on the thread's CPU clock (`time.thread_time_ns`: time other processes
 take from this one is not counted), with the garbage collector off; a figure is
 the median over the timed steps, a ratio is the shadowed median over the bare.
 
-    python -m benchmarks.sglang_shadow [--steps 60] [--every 16] [--sizes 8 64 256]
+    python -m benchmarks.sglang_shadow [--steps 64] [--every 16] [--sizes 8 64 256]
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def measure(batch: int, steps: int, every: int, block: int = 8) -> Row:
 def main(argv: list[str] | None = None) -> None:
     """Print each batch size's per-step times and the ratios to SGLang's own step."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60, help="timed steps per configuration")
+    parser.add_argument("--steps", type=int, default=64, help="timed steps per configuration")
     parser.add_argument("--every", type=int, default=16, help="the sampled shadow's N")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(BATCHES))
     args = parser.parse_args(argv)

@@ -237,7 +237,8 @@ class Replica:
         is skipped), each down to the tokens SGLang keeps of it: what SGLang's eviction
         took, where it chose other leaves (its clock, its node boundaries) than batchstate's
         least-recently-used order would (policy, not bookkeeping)."""
-        self.pools = evict_leaves(self.pools, [(e.tokens, e.keep) for e in evictions])
+        if evictions:
+            self.pools = evict_leaves(self.pools, [(e.tokens, e.keep) for e in evictions])
 
     def state(self, label: str) -> State:
         """What batchstate holds for batch `label` and its pools."""
