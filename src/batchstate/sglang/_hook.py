@@ -74,7 +74,8 @@ def _attach() -> None:
     trace = Path(os.environ.get(ENV_TRACE_DIR, ".")) / name
     mode: Literal["raise", "log"] = "log" if os.environ.get(ENV_MODE) == "log" else "raise"
     kind = Shadow if shadow else Watch
-    attached = kind(on_divergence=mode, trace_path=trace).attach()
+    # A structure it cannot read never stops the scheduler: logged once, then detached.
+    attached = kind(on_divergence=mode, trace_path=trace, on_unsupported="detach").attach()
     atexit.register(attached.detach)
 
 

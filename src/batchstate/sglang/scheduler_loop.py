@@ -52,13 +52,15 @@ class SchedulerLoop:
 
     @property
     def busy(self) -> bool:
-        """Whether a request is waiting, held between chunks or running."""
+        """Whether a request is waiting, held between chunks, running, or in the last
+        batch (an extend batch is merged into the running batch only at the next turn)."""
         s = self.scheduler
         return (
             bool(s.waiting_queue)
             or bool(s.result_queue)
             or s.chunked_req is not None
             or not s.running_batch.is_empty()
+            or (s.last_batch is not None and not s.last_batch.is_empty())
         )
 
     def step(self) -> str:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import attrs
 
 from batchstate.errors import Error
+from batchstate.sglang._detach import Unsupported, detach_on_unsupported
 from batchstate.sglang._fields import require_shadowed
 from batchstate.sglang._sglang_reads import (
     evicted_by_sglang,
@@ -87,6 +88,10 @@ class Shadow:
     compared. A difference only a full
     check sees is named at the next one, `mismatch.since` to `mismatch.step` being the
     calls it arose in.
+
+    `on_unsupported="raise"` raises what it cannot read (`UnsupportedSGLang`, or any
+    other error of its own that is not a divergence); `"detach"` logs it once and
+    detaches, leaving SGLang to run on (the launcher's choice).
     """
 
     def __init__(
@@ -95,11 +100,13 @@ class Shadow:
         on_divergence: Literal["raise", "log"] = "raise",
         trace_path: str | Path | None = None,
         full_check_every: int = 1,
+        on_unsupported: Unsupported = "raise",
     ) -> None:
         if full_check_every < 1:
             raise ValueError(f"full_check_every must be at least 1, not {full_check_every}")
         self.on_divergence = on_divergence
         self.full_check_every = full_check_every
+        self.on_unsupported = on_unsupported
         self.trace_path = None if trace_path is None else Path(trace_path)
         self.config: PoolsConfig | None = None
         self.replica: Replica | None = None
@@ -146,16 +153,19 @@ class Shadow:
         def replayed(req: Any, tree_cache: Any, *args: object, **kwargs: object) -> object:
             result = original(req, tree_cache, *args, **kwargs)
             if shadow.replica is not None:
-                state = pool_state(tree_cache, (), (), (), ())
-                op = Operation(
-                    len(shadow.operations), "checkpoint_kv_cache", "", state, rid=req.rid
-                )
-                shadow._check(shadow.replica, op)
+                shadow._checkpointed(req, tree_cache)
             return result
 
         replayed.__name__ = original.__name__
         replayed.__doc__ = original.__doc__
         return replayed
+
+    def _checkpointed(self, req: Any, tree_cache: Any) -> None:
+        with detach_on_unsupported(self, self.on_unsupported, (ShadowDivergence,)):
+            assert self.replica is not None
+            state = pool_state(tree_cache, (), (), (), ())
+            op = Operation(len(self.operations), "checkpoint_kv_cache", "", state, rid=req.rid)
+            self._check(self.replica, op)
 
     def _replace(self, owner: object, name: str, value: object) -> None:
         original = getattr(owner, name)
@@ -210,7 +220,8 @@ class Shadow:
         def replayed(batch: Any, *args: object, **kwargs: object) -> object:
             result = original(batch, *args, **kwargs)
             other = args[0] if name == "merge_batch" and args else kwargs.get("other")
-            shadow._after(name, batch, other)
+            with detach_on_unsupported(shadow, shadow.on_unsupported, (ShadowDivergence,)):
+                shadow._after(name, batch, other)
             return result
 
         replayed.__name__ = name
@@ -239,7 +250,8 @@ class Shadow:
             held = req.kv.req_pool_idx is not None
             result = original(req, tree_cache, *args, **kwargs)
             if held and shadow.replica is not None:
-                shadow._after_release(req, tree_cache, tuple(tokens[:kept]))
+                with detach_on_unsupported(shadow, shadow.on_unsupported, (ShadowDivergence,)):
+                    shadow._after_release(req, tree_cache, tuple(tokens[:kept]))
             return result
 
         replayed.__name__ = original.__name__

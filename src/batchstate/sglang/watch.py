@@ -22,6 +22,7 @@ from typing import Any, Literal
 import attrs
 
 from batchstate.errors import Error
+from batchstate.sglang._detach import Unsupported, detach_on_unsupported
 from batchstate.sglang._stubs import install_stubs
 from batchstate.sglang.audit import AuditReport, Violation, audit
 from batchstate.sglang.holdings import Holdings
@@ -78,6 +79,9 @@ class Watch:
     `on_divergence="raise"` raises `Divergence` at the first broken invariant;
     `"log"` logs it (logger `batchstate.sglang`) and goes on. `trace_path`, when set,
     receives the trace (JSON lines) at the first divergence and on `detach`.
+    `on_unsupported="raise"` raises what it cannot read (`UnsupportedSGLang`, or any
+    other error of its own that is not a divergence); `"detach"` logs it once and
+    detaches, leaving SGLang to run on (the launcher's choice).
     """
 
     def __init__(
@@ -85,8 +89,10 @@ class Watch:
         *,
         on_divergence: Literal["raise", "log"] = "raise",
         trace_path: str | Path | None = None,
+        on_unsupported: Unsupported = "raise",
     ) -> None:
         self.on_divergence = on_divergence
+        self.on_unsupported = on_unsupported
         self.trace_path = None if trace_path is None else Path(trace_path)
         self.trace: list[TraceStep] = []
         self.divergences: list[Divergence] = []
@@ -143,7 +149,8 @@ class Watch:
 
         def checked(batch: Any, *args: object, **kwargs: object) -> object:
             result = original(batch, *args, **kwargs)
-            watch._after(name, batch)
+            with detach_on_unsupported(watch, watch.on_unsupported, (Divergence,)):
+                watch._after(name, batch)
             return result
 
         checked.__name__ = name
@@ -159,7 +166,8 @@ class Watch:
             row = req.kv.req_pool_idx
             free_before = len(tree_cache.req_to_token_pool.free_slots)
             result = original(req, tree_cache, *args, **kwargs)
-            watch._after_cache_call(name, req, tree_cache, row, free_before)
+            with detach_on_unsupported(watch, watch.on_unsupported, (Divergence,)):
+                watch._after_cache_call(name, req, tree_cache, row, free_before)
             return result
 
         checked.__name__ = name
