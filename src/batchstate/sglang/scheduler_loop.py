@@ -15,10 +15,34 @@ Requires an active `cpu_topology()` (whose arguments set the chunk and the limit
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from batchstate.sglang.drive import Driver
+from batchstate.sglang.fake_worker import FakeWorker
+
+
+class Outputs:
+    """Stands in for SGLang's output streamer (which sends to the detokenizer): keeps
+    each request's output ids as SGLang's result processing streamed them."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.finished: dict[str, str] = {}
+
+    def stream_output(self, reqs: list[Any], return_logprob: bool, *args: object) -> None:
+        """What SGLang streams after each batch's results: every request's outputs so far."""
+        for req in reqs:
+            self.tokens[req.rid] = list(req.output_ids)
+            if req.finished():
+                self.finished[req.rid] = type(req.finished_reason).__name__
+
+    def _stream_output_generation(self, reqs: list[Any], *args: object, **kw: object) -> None:
+        self.stream_output(reqs, False)
 
 
 class SchedulerLoop:
@@ -37,12 +61,10 @@ class SchedulerLoop:
         self.driver = Driver(
             page_size=page_size, kv_tokens=kv_tokens, rows=rows, context=context, seed=seed
         )
-        self.scheduler: Any = _scheduler(self.driver, page_size)
+        self.worker = FakeWorker()
+        self.outputs = Outputs()
         self.overlap = overlap  # event_loop_overlap's order: a batch's result one turn later
-        if overlap:
-            scheduler: Any = self.scheduler
-            scheduler.enable_overlap = True
-            scheduler.enable_skip_finishing_decode = True
+        self.scheduler: Any = _scheduler(self.driver, page_size, self.worker, overlap, self.outputs)
 
     def submit(self, prompt: list[int], max_new_tokens: int) -> None:
         """Queue one request in SGLang's waiting queue (greedy sampling)."""
@@ -64,8 +86,8 @@ class SchedulerLoop:
         )
 
     def step(self) -> str:
-        """One turn of SGLang's event loop (normal, or overlap); 'prefill', 'decode' or
-        'idle'."""
+        """One turn of SGLang's event loop (`event_loop_normal`, or under overlap
+        `event_loop_overlap`): 'prefill', 'decode' or 'idle'."""
         s = self.scheduler
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch
@@ -73,28 +95,53 @@ class SchedulerLoop:
         s.cur_batch_for_debug = batch
         if not self.overlap:
             if batch:
-                self.driver._forward(batch)  # process_batch_result's bookkeeping
-        else:  # event_loop_overlap: this batch launches before the last one's result
+                s.process_batch_result(batch, s.run_batch(batch))
+            else:
+                s._sched_idled = True
+        else:  # this batch launches before the last one's result is processed
             serial = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
             if serial:
                 self._process_last()
+            result = None
             if batch:
-                s.result_queue.append((batch.copy(), None))
+                result = s.run_batch(batch)
+                s._apply_war_barrier()
+                s.result_queue.append((batch.copy(), result))
+            else:
+                s._sched_idled = True
             if s.last_batch and not serial:
                 self._process_last()
+            s.launch_batch_sample_if_needed(result, batch)
         s.last_batch = batch
         if not batch:
             return "idle"
         return "prefill" if batch.forward_mode.is_extend() else "decode"
 
     def _process_last(self) -> None:
-        queue = self.scheduler.result_queue
-        if queue:
-            done, _ = queue.popleft()
-            self.driver._forward(done)  # process_batch_result's bookkeeping
+        done, result = self.scheduler.result_queue.popleft()
+        self.scheduler.process_batch_result(done, result)
 
 
-def _scheduler(driver: Driver, page_size: int) -> object:
+class _Inert:
+    """Stands in for a collaborator whose every call the CPU loop does without (metrics,
+    profiling, load reports): each method accepts anything and returns None."""
+
+    def __init__(self, **values: object) -> None:
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _nothing
+
+
+def _nothing(*args: object, **kwargs: object) -> None:
+    return None
+
+
+def _scheduler(
+    driver: Driver, page_size: int, worker: FakeWorker, overlap: bool, outputs: object
+) -> object:
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.runtime_context import get_disagg, get_schedule
@@ -117,7 +164,11 @@ def _scheduler(driver: Driver, page_size: int) -> object:
         ),
         "enable_lora": False,
         "enable_lora_overlap_loading": False,
-        "enable_overlap": False,
+        "enable_overlap": overlap,
+        "enable_overlap_mlx": False,
+        # event_loop_overlap sets it: a request finishing this decode leaves the batch
+        # before its result is processed.
+        "enable_skip_finishing_decode": overlap,
         "spec_algorithm": SpeculativeAlgorithm.NONE,
         "page_size": page_size,
         "enable_hierarchical_cache": False,
@@ -129,7 +180,12 @@ def _scheduler(driver: Driver, page_size: int) -> object:
         "attn_dp_enabled": False,
         "disaggregation_mode": DisaggregationMode(get_disagg().disaggregation_mode),
         # The model side: the driver's pools and radix cache, no model worker.
-        "model_config": driver.model_config,
+        "model_config": SimpleNamespace(
+            **vars(driver.model_config),
+            # What result processing reads of a model config: no reasoning markers.
+            self_opened_think_start_ids=None,
+            think_end_ids=None,
+        ),
         "req_to_token_pool": driver.req_to_token_pool,
         "token_to_kv_pool_allocator": driver.allocator,
         "tree_cache": driver.tree_cache,
@@ -137,9 +193,8 @@ def _scheduler(driver: Driver, page_size: int) -> object:
         "is_hybrid_ssm": False,
         "device": "cpu",
         "draft_worker": None,
-        "tp_worker": SimpleNamespace(
-            model_runner=SimpleNamespace(attn_backend=object(), prefill_aware_swa=False)
-        ),
+        "tp_worker": worker,
+        "model_worker": worker,
         # What the init_* steps that need a model would set: off, or inert.
         "chunked_req": None,
         "chunked_prefill_size": schedule.chunked_prefill_size,
@@ -158,14 +213,44 @@ def _scheduler(driver: Driver, page_size: int) -> object:
         "scheduler_stage_metrics": None,
         "decode_offload_manager": None,
         "max_queued_requests": None,
-        "metrics_reporter": SimpleNamespace(num_retracted_reqs=0, enable_metrics=False),
+        "metrics_reporter": _Inert(
+            num_retracted_reqs=0, enable_metrics=False, num_generated_tokens=0, forward_ct_decode=0
+        ),
+        # What run_batch and process_batch_result call besides the model: CPU streams,
+        # and no metrics, profiler, load reports or IPC.
+        "is_generation": True,
+        "max_req_len": int(driver.req_to_token_pool.req_to_token.shape[1]),
+        "enable_pdmux": False,
+        "enable_unified_memory": False,
+        "enable_fpm": False,
+        "_war_barrier_enabled": False,
+        "forward_stream": torch.cpu.Stream(),
+        "schedule_stream": torch.cpu.Stream(),
+        "forward_sleep_time": None,
+        "scripted_scheduler_hook": None,
+        "profiler_manager": _Inert(),
+        "load_snapshot_writer": None,
+        "load_publisher": _Inert(),
+        "metrics_collector": _Inert(),
+        "return_health_check_ipcs": None,
+        "mm_receiver": None,
+        # init_load_inquirer's step counters, without its load inquirer.
+        "total_prefill_uncached_tokens": 0,
+        "total_prefill_busy_us": 0,
+        "decode_moment_totals": [0.0] * 6,
+        "_prev_step": None,
+        "_prev_prefill_end_ts": None,
+        "_sched_idled": False,
+        "_pause_intervals": deque(),
+        "_pause_started_at": None,
+        "output_streamer": outputs,
         "_pending_chunked_abort_req": None,
         "_prefill_decode_interval_remaining": 0,
         "prefill_decode_interval": 0,
         "prefill_decode_interval_min_bs": 0,
         "grammar_manager": SimpleNamespace(has_waiting_grammars=lambda: False),
         "beam_coordinator": SimpleNamespace(pending_member_rows=lambda batch: 0),
-        "load_inquirer": SimpleNamespace(_get_num_pending_tokens=lambda chunk_deduct=0: 0),
+        "load_inquirer": _Inert(_get_num_pending_tokens=lambda chunk_deduct=0: 0),
         "dp_attn_adapter": SimpleNamespace(
             maybe_prepare_mlp_sync_batch=lambda batch, need_sync=None: batch,
             maybe_convert_decode_to_extend=lambda batch: batch,
@@ -180,4 +265,6 @@ def _scheduler(driver: Driver, page_size: int) -> object:
     s.init_schedule_policy()
     s.init_deterministic_inference_config()
     s.init_internal_state()
+    s.init_overlap()  # the future map: next-token relay between forwards
+    s.init_batch_result_processor()  # SGLang's own output processing
     return s
