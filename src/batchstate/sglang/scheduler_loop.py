@@ -33,6 +33,7 @@ class Outputs:
     def __init__(self) -> None:
         self.tokens: dict[str, list[int]] = {}
         self.finished: dict[str, str] = {}
+        self.aborted: list[str] = []  # rids the scheduler reported aborted outside the stream
 
     def stream_output(self, reqs: list[Any], return_logprob: bool, *args: object) -> None:
         """What SGLang streams after each batch's results: every request's outputs so far."""
@@ -40,6 +41,12 @@ class Outputs:
             self.tokens[req.rid] = list(req.output_ids)
             if req.finished():
                 self.finished[req.rid] = type(req.finished_reason).__name__
+
+    def send_output(self, output: Any, req: Any = None) -> None:
+        """What the scheduler sends the tokenizer outside the stream: an abort's reply."""
+        rid = getattr(output, "rid", None)
+        if isinstance(rid, str):
+            self.aborted.append(rid)
 
     def _stream_output_generation(self, reqs: list[Any], *args: object, **kw: object) -> None:
         self.stream_output(reqs, False)
@@ -67,10 +74,28 @@ class SchedulerLoop:
         self.scheduler: Any = _scheduler(self.driver, page_size, self.worker, overlap, self.outputs)
 
     def submit(self, prompt: list[int], max_new_tokens: int) -> None:
-        """Queue one request in SGLang's waiting queue (greedy sampling)."""
+        """Queue one request in SGLang's waiting queue (greedy sampling), checked as
+        `Scheduler.handle_generate_request` checks it: `max_new_tokens` clipped to the
+        context and the KV budget, a prompt over `max_req_input_len` set to finish with
+        an abort (it runs one cheap prefill, then leaves)."""
+        from sglang.srt.managers.utils import validate_input_length
+
         self.driver.submit(prompt, max_new_tokens)
+        for req in self.driver.waiting:
+            self.scheduler.init_req_max_new_tokens(req)
+            error = validate_input_length(req, self.scheduler.max_req_input_len, False)
+            if error:
+                req.set_finish_with_abort(error)
         self.scheduler.waiting_queue.extend(self.driver.waiting)
         self.driver.waiting.clear()
+
+    def abort(self, rid: str) -> None:
+        """A client abort: SGLang's `Scheduler.abort_request` (which matches every rid
+        that starts with `rid`): a waiting request leaves the queue, a running one
+        finishes at its next result, a request between chunks at the next turn."""
+        from sglang.srt.managers.io_struct import AbortReq
+
+        self.scheduler.abort_request(AbortReq(rid=rid))
 
     @property
     def busy(self) -> bool:
@@ -166,9 +191,6 @@ def _scheduler(
         "enable_lora_overlap_loading": False,
         "enable_overlap": overlap,
         "enable_overlap_mlx": False,
-        # event_loop_overlap sets it: a request finishing this decode leaves the batch
-        # before its result is processed.
-        "enable_skip_finishing_decode": overlap,
         "spec_algorithm": SpeculativeAlgorithm.NONE,
         "page_size": page_size,
         "enable_hierarchical_cache": False,
@@ -219,7 +241,19 @@ def _scheduler(
         # What run_batch and process_batch_result call besides the model: CPU streams,
         # and no metrics, profiler, load reports or IPC.
         "is_generation": True,
-        "max_req_len": int(driver.req_to_token_pool.req_to_token.shape[1]),
+        # TpModelWorker's: the context or the KV pool, whichever is shorter, less one.
+        "max_req_len": min(
+            int(driver.req_to_token_pool.req_to_token.shape[1]), int(driver.allocator.size)
+        )
+        - 1,
+        "max_req_input_len": min(
+            int(driver.req_to_token_pool.req_to_token.shape[1]), int(driver.allocator.size)
+        )
+        - 6,
+        "max_total_num_tokens": int(driver.allocator.size),
+        "kv_shard_widening": 1,
+        "sliding_window_size": None,
+        "max_new_tokens_limit": None,
         "enable_pdmux": False,
         "enable_unified_memory": False,
         "enable_fpm": False,
@@ -248,7 +282,13 @@ def _scheduler(
         "_prefill_decode_interval_remaining": 0,
         "prefill_decode_interval": 0,
         "prefill_decode_interval_min_bs": 0,
-        "grammar_manager": SimpleNamespace(has_waiting_grammars=lambda: False),
+        "grammar_manager": SimpleNamespace(
+            has_waiting_grammars=lambda: False, abort_requests=lambda recv_req: None
+        ),
+        # abort_request's reply to the tokenizer, kept by `outputs`.
+        "rust_server": None,
+        "ipc_channels": SimpleNamespace(send_to_tokenizer=outputs),
+        "enable_continuous_input_polling": False,
         "beam_coordinator": SimpleNamespace(pending_member_rows=lambda batch: 0),
         "load_inquirer": _Inert(_get_num_pending_tokens=lambda chunk_deduct=0: 0),
         "dp_attn_adapter": SimpleNamespace(
@@ -267,4 +307,7 @@ def _scheduler(
     s.init_internal_state()
     s.init_overlap()  # the future map: next-token relay between forwards
     s.init_batch_result_processor()  # SGLang's own output processing
+    # event_loop_overlap sets it as it starts: a request that finishes at this decode
+    # leaves the batch before its result is processed.
+    s.enable_skip_finishing_decode = overlap
     return s

@@ -1,0 +1,160 @@
+"""`Watch` and `Shadow` riding SGLang's whole scheduler loop on CPU: its own
+`get_next_batch_to_run`, `run_batch` (a fake model worker, inputs through the
+overlap future map) and `process_batch_result`, in its default configuration
+(radix cache, chunked prefill, overlap), with retraction, SGLang's own aborts and
+client aborts mid-chunk and mid-decode. Skipped when SGLang is not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip(
+        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
+        allow_module_level=True,
+    )
+
+import torch
+
+from batchstate.sglang import Divergence, Shadow, ShadowDivergence, Watch, cpu_topology
+from batchstate.sglang.fake_worker import next_token
+from batchstate.sglang.scheduler_loop import SchedulerLoop
+
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
+    ),
+    pytest.mark.xdist_group("sglang"),
+]
+
+KV_TOKENS = 640
+CHUNK = 128
+
+
+@contextmanager
+def _topology(page_size: int) -> Iterator[None]:
+    # SGLang's defaults (radix cache on) but the chunk and the limits a model would set.
+    with cpu_topology(
+        chunked_prefill_size=CHUNK,
+        page_size=page_size,
+        max_running_requests=16,
+        pp_max_micro_batch_size=16,
+    ):
+        yield
+
+
+class Workload:
+    """Seeded requests sharing prefixes of one system prompt: some page-exact, some over
+    the chunk, some asking 0 or 1 new tokens, one over the KV budget (SGLang aborts it at
+    admission); outputs long enough to retract. `run` steps the loop to idle, aborting a
+    request now and then as a client does (a request between chunks, or a running one)."""
+
+    def __init__(self, loop: SchedulerLoop, seed: int, requests: int = 24) -> None:
+        self.loop = loop
+        self.rng = random.Random(seed)
+        page = loop.driver.page_size
+        shared = [self.rng.randrange(100, 30000) for _ in range(64)]
+        self.prompts: dict[str, list[int]] = {}
+        for n in range(requests):
+            kind = n % 6
+            if kind == 0:  # page-exact, prefix included
+                length = page * self.rng.randrange(1, 180 // page + 1)
+            elif kind == 1:  # over the chunk: prefilled in chunks
+                length = self.rng.randrange(CHUNK + 1, 3 * CHUNK)
+            else:
+                length = self.rng.randrange(4, CHUNK)
+            head = shared[: self.rng.randrange(0, min(64, length))]
+            prompt = head + [self.rng.randrange(100, 30000) for _ in range(length - len(head))]
+            new = self.rng.choice([0, 1, *[self.rng.randrange(2, 60)] * 4, 200])
+            self._submit(prompt, new)
+        self._submit([self.rng.randrange(100, 30000) for _ in range(KV_TOKENS + 8)], 4)
+        self.aborted_mid_chunk = 0
+        self.aborted_mid_decode = 0
+
+    def _submit(self, prompt: list[int], max_new_tokens: int) -> None:
+        self.prompts[f"r{len(self.prompts)}"] = prompt
+        self.loop.submit(prompt, max_new_tokens)
+
+    def run(self, steps: int = 5000) -> int:
+        taken = 0
+        while self.loop.busy and taken < steps:
+            self._maybe_abort(taken)
+            self.loop.step()
+            taken += 1
+        return taken
+
+    def _maybe_abort(self, step: int) -> None:
+        scheduler = self.loop.scheduler
+        # SGLang aborts every rid starting with the one given: pick rids no other extends.
+        unique = {r for r in self.prompts if not any(o != r and o.startswith(r) for o in self.prompts)}
+        chunked = scheduler.chunked_req
+        running = [r for r in scheduler.running_batch.reqs if not r.finished() and r.rid in unique]
+        if chunked is not None and chunked.rid in unique and self.rng.random() < 0.2:
+            self.loop.abort(chunked.rid)
+            self.aborted_mid_chunk += 1
+        elif running and step % 80 == 40:
+            self.loop.abort(self.rng.choice(running).rid)
+            self.aborted_mid_decode += 1
+
+    def expected(self, rid: str, count: int) -> list[int]:
+        """The fake model's first `count` tokens after `rid`'s prompt (greedy)."""
+        prompt, out = self.prompts[rid], []
+        last = prompt[-1]
+        for k in range(count):
+            last = int(next_token(torch.tensor(last), torch.tensor(len(prompt) - 1 + k)))
+            out.append(last)
+        return out
+
+
+def _check_end_state(loop: SchedulerLoop, workload: Workload) -> None:
+    """Every request left, SGLang's pools hold nothing for any of them, and every output
+    is what the fake model computes from the request's own inputs and positions."""
+    outputs = loop.outputs
+    assert not loop.busy
+    assert set(outputs.finished) | set(outputs.aborted) == set(workload.prompts)
+    pool, allocator, tree = loop.driver.req_to_token_pool, loop.driver.allocator, loop.driver.tree_cache
+    assert pool.available_size() == pool.size
+    assert tree.protected_size() == 0
+    assert allocator.available_size() + tree.evictable_size() == allocator.size
+    for rid, reason in outputs.finished.items():
+        tokens = outputs.tokens[rid]
+        if reason == "FINISH_LENGTH":
+            assert tokens == workload.expected(rid, len(tokens)), rid
+    over_budget = f"r{len(workload.prompts) - 1}"  # longer than the KV pool
+    assert outputs.finished[over_budget] == "FINISH_ABORT"
+
+
+CELLS = [
+    pytest.param(16, True, 1, id="page16-overlap-seed1"),
+    *[
+        pytest.param(page, overlap, seed, marks=pytest.mark.slow, id=f"page{page}-{mode}-seed{seed}")
+        for page in (1, 16)
+        for overlap, mode in ((True, "overlap"), (False, "normal"))
+        for seed in (1, 2, 3)
+        if (page, overlap, seed) != (16, True, 1)
+    ],
+]
+
+
+@pytest.mark.parametrize(("page", "overlap", "seed"), CELLS)
+def test_watch_and_shadow_follow_the_real_loop_without_a_finding(
+    page: int, overlap: bool, seed: int
+) -> None:
+    with _topology(page):
+        loop = SchedulerLoop(page_size=page, kv_tokens=KV_TOKENS, rows=16, overlap=overlap)
+        workload = Workload(loop, seed)
+        with Watch() as watch, Shadow() as shadow:  # each raises at its first finding
+            steps = workload.run()
+        _check_end_state(loop, workload)
+    assert watch.divergences == [] and shadow.divergences == []
+    assert steps >= 300 and loop.worker.forwards >= 300
+    ops = {op.op for op in shadow.operations}
+    assert {"prepare_for_extend", "prepare_for_decode", "merge_batch", "retract_decode"} <= ops
+    assert workload.aborted_mid_chunk > 0 and workload.aborted_mid_decode > 0
+    print(steps, workload.aborted_mid_chunk, workload.aborted_mid_decode)
