@@ -174,3 +174,28 @@ def test_the_trace_made_here_reads_as_json_lines(tmp_path: Path) -> None:
 def test_the_pools_line_check_names_the_trace_readers_fields() -> None:
     """The check before torch loads keeps its own copy of the pools line's fields: the same."""
     assert tuple(field.name for field in attrs.fields(PoolsConfig)) == POOLS_FIELDS
+
+
+@pytest.mark.parametrize(
+    ("later", "says"),
+    [
+        pytest.param("{", "trace.jsonl:2: not JSON", id="not-json"),
+        pytest.param('{"step": 0}', "trace.jsonl:2: not a trace line: no field", id="no-field"),
+        pytest.param("[1, 2]", "trace.jsonl:2: not a trace line: a field holds", id="not-object"),
+        pytest.param(
+            '{"step": "zero", "op": "decode", "batch": "b0", "state": {}}',
+            "trace.jsonl:2: not a trace line: a field holds the wrong value",
+            id="bad-number",
+        ),
+    ],
+)
+def test_a_later_line_that_is_not_a_trace_line_is_one_line_and_exit_2(
+    tmp_path: Path, later: str, says: str
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(f"{_POOLS}\n{later}\n")
+    line, err = _replay(path)
+    assert line.startswith("2 "), err
+    assert err.startswith("batchstate replay: error: ") and says in err, err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert "Traceback" not in err and "Error(" not in err and "Error'" not in err, err

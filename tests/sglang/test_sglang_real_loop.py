@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.xdist_group("sglang"),
 ]
 
-KV_TOKENS = 640
+KV_TOKENS = {1: 800, 16: 1024}  # short enough that decoding runs out and retracts
 CHUNK = 128
 
 
@@ -55,25 +55,23 @@ class Workload:
     admission); outputs long enough to retract. `run` steps the loop to idle, aborting a
     request now and then as a client does (a request between chunks, or a running one)."""
 
-    def __init__(self, loop: SchedulerLoop, seed: int, requests: int = 24) -> None:
+    def __init__(self, loop: SchedulerLoop, seed: int, requests: int = 40) -> None:
         self.loop = loop
         self.rng = random.Random(seed)
         page = loop.driver.page_size
-        shared = [self.rng.randrange(100, 30000) for _ in range(64)]
+        shared = [self.rng.randrange(100, 30000) for _ in range(48)]
         self.prompts: dict[str, list[int]] = {}
         for n in range(requests):
-            kind = n % 6
-            if kind == 0:  # page-exact, prefix included
-                length = page * self.rng.randrange(1, 180 // page + 1)
-            elif kind == 1:  # over the chunk: prefilled in chunks
-                length = self.rng.randrange(CHUNK + 1, 3 * CHUNK)
-            else:
-                length = self.rng.randrange(4, CHUNK)
-            head = shared[: self.rng.randrange(0, min(64, length))]
-            prompt = head + [self.rng.randrange(100, 30000) for _ in range(length - len(head))]
-            new = self.rng.choice([0, 1, *[self.rng.randrange(2, 60)] * 4, 200])
+            head = shared[: self.rng.randrange(0, 48)]
+            prompt = head + [
+                self.rng.randrange(100, 30000) for _ in range(self.rng.randrange(4, 300))
+            ]
+            if n % 7 == 3:  # page-exact: whole pages, nothing more
+                prompt = prompt[: max(page, len(prompt) // page * page)]
+            new = {0: 0, 5: 1}.get(n % 10, self.rng.randrange(30, 100))
             self._submit(prompt, new)
-        self._submit([self.rng.randrange(100, 30000) for _ in range(KV_TOKENS + 8)], 4)
+        kv_tokens = int(loop.driver.allocator.size)
+        self._submit([self.rng.randrange(100, 30000) for _ in range(kv_tokens + 8)], 4)
         self.aborted_mid_chunk = 0
         self.aborted_mid_decode = 0
 
@@ -92,13 +90,15 @@ class Workload:
     def _maybe_abort(self, step: int) -> None:
         scheduler = self.loop.scheduler
         # SGLang aborts every rid starting with the one given: pick rids no other extends.
-        unique = {r for r in self.prompts if not any(o != r and o.startswith(r) for o in self.prompts)}
+        unique = {
+            r for r in self.prompts if not any(o != r and o.startswith(r) for o in self.prompts)
+        }
         chunked = scheduler.chunked_req
         running = [r for r in scheduler.running_batch.reqs if not r.finished() and r.rid in unique]
-        if chunked is not None and chunked.rid in unique and self.rng.random() < 0.2:
+        if chunked is not None and chunked.rid in unique and self.rng.random() < 0.04:
             self.loop.abort(chunked.rid)
             self.aborted_mid_chunk += 1
-        elif running and step % 80 == 40:
+        elif running and step % 150 == 75:
             self.loop.abort(self.rng.choice(running).rid)
             self.aborted_mid_decode += 1
 
@@ -118,7 +118,11 @@ def _check_end_state(loop: SchedulerLoop, workload: Workload) -> None:
     outputs = loop.outputs
     assert not loop.busy
     assert set(outputs.finished) | set(outputs.aborted) == set(workload.prompts)
-    pool, allocator, tree = loop.driver.req_to_token_pool, loop.driver.allocator, loop.driver.tree_cache
+    pool, allocator, tree = (
+        loop.driver.req_to_token_pool,
+        loop.driver.allocator,
+        loop.driver.tree_cache,
+    )
     assert pool.available_size() == pool.size
     assert tree.protected_size() == 0
     assert allocator.available_size() + tree.evictable_size() == allocator.size
@@ -133,7 +137,9 @@ def _check_end_state(loop: SchedulerLoop, workload: Workload) -> None:
 CELLS = [
     pytest.param(16, True, 1, id="page16-overlap-seed1"),
     *[
-        pytest.param(page, overlap, seed, marks=pytest.mark.slow, id=f"page{page}-{mode}-seed{seed}")
+        pytest.param(
+            page, overlap, seed, marks=pytest.mark.slow, id=f"page{page}-{mode}-seed{seed}"
+        )
         for page in (1, 16)
         for overlap, mode in ((True, "overlap"), (False, "normal"))
         for seed in (1, 2, 3)
@@ -147,7 +153,7 @@ def test_watch_and_shadow_follow_the_real_loop_without_a_finding(
     page: int, overlap: bool, seed: int
 ) -> None:
     with _topology(page):
-        loop = SchedulerLoop(page_size=page, kv_tokens=KV_TOKENS, rows=16, overlap=overlap)
+        loop = SchedulerLoop(page_size=page, kv_tokens=KV_TOKENS[page], rows=16, overlap=overlap)
         workload = Workload(loop, seed)
         with Watch() as watch, Shadow() as shadow:  # each raises at its first finding
             steps = workload.run()
@@ -155,6 +161,91 @@ def test_watch_and_shadow_follow_the_real_loop_without_a_finding(
     assert watch.divergences == [] and shadow.divergences == []
     assert steps >= 300 and loop.worker.forwards >= 300
     ops = {op.op for op in shadow.operations}
-    assert {"prepare_for_extend", "prepare_for_decode", "merge_batch", "retract_decode"} <= ops
+    assert {"prepare_for_extend", "prepare_for_decode", "filter_batch", "merge_batch"} <= ops
     assert workload.aborted_mid_chunk > 0 and workload.aborted_mid_decode > 0
-    print(steps, workload.aborted_mid_chunk, workload.aborted_mid_decode)
+
+
+def _overlap_workload(requests: int, page: int = 16) -> Workload:
+    loop = SchedulerLoop(page_size=page, kv_tokens=KV_TOKENS[page], rows=16, overlap=True)
+    return Workload(loop, seed=1, requests=requests)
+
+
+def test_a_reintroduced_seq_lens_sum_drift_is_named_at_its_call_under_the_real_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with _topology(16):
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        original = ScheduleBatch.prepare_for_decode
+
+        def drifting(batch: ScheduleBatch) -> None:
+            original(batch)
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum()) - len(batch.reqs)
+
+        monkeypatch.setattr(ScheduleBatch, "prepare_for_decode", drifting)
+        for checker, error in ((Watch, Divergence), (Shadow, ShadowDivergence)):
+            workload = _overlap_workload(requests=8)
+            with checker(), pytest.raises(error) as raised:
+                workload.run()
+            if isinstance(raised.value, Divergence):
+                assert raised.value.operation == "prepare_for_decode"
+                assert raised.value.violation.check == "seq_lens_sum"
+            else:
+                assert isinstance(raised.value, ShadowDivergence)
+                found = raised.value.mismatch
+                assert (found.op, found.field) == ("prepare_for_decode", "seq_lens_sum")
+
+
+def test_a_lock_leaked_by_result_processing_is_named_at_its_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with _topology(16):
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        monkeypatch.setattr(RadixCache, "unlock", lambda cache, lock, *a, **k: None)
+        workload = _overlap_workload(requests=8)
+        with Shadow(), pytest.raises(ShadowDivergence) as raised:
+            workload.run()
+    # process_batch_result checkpoints a prefilled request: it locks the request's new
+    # tree node and (here, no longer) unlocks its old one; named at that very call.
+    assert (raised.value.mismatch.op, raised.value.mismatch.field) == (
+        "checkpoint_kv_cache",
+        "protected_tokens",
+    )
+
+
+def test_the_launchers_choice_logs_what_it_cannot_read_once_and_detaches(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from batchstate.sglang import UnsupportedSGLang, watch
+
+    def moved(batch: object, **kwargs: object) -> None:
+        raise UnsupportedSGLang("ScheduleBatch", "req_pool_indices_cpu")
+
+    monkeypatch.setattr(watch, "audit", moved)
+    with _topology(16), caplog.at_level(logging.ERROR, logger="batchstate.sglang"):
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        original = ScheduleBatch.prepare_for_extend
+        workload = _overlap_workload(requests=6)
+        with Watch(on_unsupported="detach") as attached:
+            workload.run()  # SGLang runs on to the end
+    assert not workload.loop.busy and attached.divergences == []
+    detached = [r for r in caplog.records if "detached Watch" in r.getMessage()]
+    assert len(detached) == 1 and "req_pool_indices_cpu" in detached[0].getMessage()
+    assert ScheduleBatch.prepare_for_extend is original  # SGLang's own method is back
+
+
+def test_a_request_left_in_the_last_extend_batch_keeps_the_loop_busy() -> None:
+    with _topology(16):
+        loop = SchedulerLoop(page_size=16, kv_tokens=1024, rows=4)
+        loop.submit(list(range(100, 140)), 5)
+        assert loop.step() == "prefill"
+        s = loop.scheduler
+        # Nothing waits, nothing runs yet: the request is only in the last (extend) batch,
+        # merged into the running batch at the next turn.
+        assert not s.waiting_queue and s.running_batch.is_empty() and loop.busy
+        while loop.busy:
+            loop.step()
+    assert loop.outputs.finished == {"r0": "FINISH_LENGTH"}
+    assert len(loop.outputs.tokens["r0"]) == 5

@@ -1,4 +1,5 @@
-"""SGLang's own `Scheduler.get_next_batch_to_run` stepped on CPU, with the `Shadow`
+"""SGLang's own scheduler loop (`get_next_batch_to_run`, `run_batch` with a fake model
+worker, `process_batch_result`) stepped on CPU, with the `Shadow` and the `Watch`
 attached. Skipped when SGLang is not installed."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ if importlib.util.find_spec("sglang") is None:
         allow_module_level=True,
     )
 
-from batchstate.sglang import Shadow, cpu_topology
+from batchstate.sglang import Shadow, Watch, cpu_topology
 from batchstate.sglang.scheduler_loop import SchedulerLoop
 
 pytestmark = [
@@ -72,9 +73,9 @@ def test_the_real_scheduler_runs_hundreds_of_steps_under_the_shadow(
     page_size: int, overlap: bool
 ) -> None:
     loop = _loaded(page_size, overlap=overlap)
-    with Shadow() as shadow:
+    with Watch() as watch, Shadow() as shadow:
         steps = _run(loop)
-    assert shadow.divergences == []
+    assert shadow.divergences == [] and watch.divergences == []
     assert not loop.busy and len(steps) >= 500
     released = {op.rid for op in shadow.operations if op.op == "release_kv_cache"}
     assert released >= {f"r{n}" for n in range(40)}  # every request left

@@ -334,16 +334,29 @@ def read(path: Path) -> tuple[PoolsConfig, Iterator[Operation]]:
             int(head["page_size"]), int(head["kv_tokens"]), int(head["rows"]), int(head["context"])
         )
     except (ValueError, TypeError, KeyError) as error:
-        raise TraceError(f"{path}:1: {error!r}") from None
+        raise TraceError(f"{path}:1: {_what(error)}") from None
 
     def operations() -> Iterator[Operation]:
         for number, line in enumerate(lines[1:], start=2):
             try:
                 yield _operation(json.loads(line))
             except (ValueError, TypeError, KeyError) as error:
-                raise TraceError(f"{path}:{number}: {error!r}") from None
+                raise TraceError(f"{path}:{number}: {_what(error)}") from None
 
     return config, operations()
+
+
+def _what(error: Exception) -> str:
+    """What is wrong with a line, in words (no Python repr): the message of a
+    command line's one-line usage error."""
+    if isinstance(error, json.JSONDecodeError):
+        return f"not JSON ({error.msg} at column {error.colno})"
+    if isinstance(error, KeyError):
+        key = str(error.args[0]) if error.args else ""
+        return key if " " in key else f"not a trace line: no field {key!r}"
+    if isinstance(error, TypeError):
+        return "not a trace line: a field holds the wrong kind of value (or is not an object)"
+    return f"not a trace line: a field holds the wrong value ({error})"
 
 
 def _ints(values: Any) -> tuple[int, ...]:
