@@ -95,7 +95,8 @@ class Workload:
         }
         chunked = scheduler.chunked_req
         running = [r for r in scheduler.running_batch.reqs if not r.finished() and r.rid in unique]
-        if chunked is not None and chunked.rid in unique and self.rng.random() < 0.04:
+        first = self.aborted_mid_chunk == 0
+        if chunked is not None and chunked.rid in unique and (first or self.rng.random() < 0.04):
             self.loop.abort(chunked.rid)
             self.aborted_mid_chunk += 1
         elif running and step % 150 == 75:
@@ -134,17 +135,11 @@ def _check_end_state(loop: SchedulerLoop, workload: Workload) -> None:
     assert outputs.finished[over_budget] == "FINISH_ABORT"
 
 
+# SGLang's default (overlap) over three seeds at both page sizes, the normal loop over
+# one: about 12 to 20 s a cell on a shared 2-core machine, none marked slow.
 CELLS = [
-    pytest.param(16, True, 1, id="page16-overlap-seed1"),
-    *[
-        pytest.param(
-            page, overlap, seed, marks=pytest.mark.slow, id=f"page{page}-{mode}-seed{seed}"
-        )
-        for page in (1, 16)
-        for overlap, mode in ((True, "overlap"), (False, "normal"))
-        for seed in (1, 2, 3)
-        if (page, overlap, seed) != (16, True, 1)
-    ],
+    *[(page, True, seed) for page in (1, 16) for seed in (1, 2, 3)],
+    *[(page, False, 1) for page in (1, 16)],
 ]
 
 
@@ -244,7 +239,8 @@ def test_a_request_left_in_the_last_extend_batch_keeps_the_loop_busy() -> None:
         s = loop.scheduler
         # Nothing waits, nothing runs yet: the request is only in the last (extend) batch,
         # merged into the running batch at the next turn.
-        assert not s.waiting_queue and s.running_batch.is_empty() and loop.busy
+        busy = loop.busy
+        assert not s.waiting_queue and s.running_batch.is_empty() and busy
         while loop.busy:
             loop.step()
     assert loop.outputs.finished == {"r0": "FINISH_LENGTH"}
