@@ -307,11 +307,17 @@ class Shadow:
 
     def _after_release(self, req: Any, tree_cache: Any, tokens: tuple[int, ...]) -> None:
         assert self.replica is not None
+        # A request released before SGLang ever checkpointed it (aborted between chunks,
+        # or retracted before its prefill's result) leaves in SGLang's tree nothing of what
+        # it computed, which batchstate published at its extend (policy, docs/sglang.md):
+        # the next call first evicts from batchstate's cache what SGLang's tree lacks.
+        never_published = req.rid in self.replica.unpublished
         state = pool_state(tree_cache, (), (), (), ())
         op = Operation(
             len(self.operations), "release_kv_cache", "", state, rid=req.rid, tokens=tokens
         )
         self._check(self.replica, op)
+        self._evicted = self._evicted or never_published
 
     def _check(self, replica: Replica, op: Operation) -> None:
         try:
