@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from batchstate.sglang._fields import require_batch
+from batchstate.sglang._free_group import free_tokens
 
 
 @attrs.frozen
@@ -245,7 +246,7 @@ def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
             str(tree.protected_size()),
         )
     available, evictable, protected = (
-        int(allocator.available_size()),
+        free_tokens(allocator),
         int(tree.evictable_size()),
         int(tree.protected_size()),
     )

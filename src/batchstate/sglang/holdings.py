@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from batchstate.sglang._free_group import free_tokens
 from batchstate.sglang.audit import Violation, locked_tokens
 
 
@@ -149,7 +150,7 @@ class Holdings:
                 )
             )
         available, evictable, protected = (
-            int(allocator.available_size()),
+            free_tokens(allocator),
             int(tree.evictable_size()),
             int(tree.protected_size()),
         )
