@@ -40,7 +40,7 @@ from batchstate import (
     unwrap,
 )
 from batchstate.audit import device_reads
-from batchstate.sglang._cache_adapter import evict_leaves, unlocked_leaves
+from batchstate.pools.eviction import evict_leaves, unlocked_leaves
 from tests.strategies import assert_unchanged, snapshot
 
 CPU: Final = torch.device("cpu")

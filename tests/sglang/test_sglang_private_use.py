@@ -1,4 +1,5 @@
-"""batchstate.sglang uses batchstate's public namespaces, but for one adapter module (eviction)."""
+"""batchstate.sglang uses batchstate's public namespaces; it evicts named prefixes through
+batchstate.pools.eviction, and touches the prefix cache's tree operations nowhere."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 SGLANG = Path(__file__).parents[2] / "src" / "batchstate" / "sglang"
 # What batchstate.sglang may import from: the package, its public namespaces, and itself.
 PUBLIC = re.compile(
-    r"batchstate(\.(errors|audit|engine|base|columns|cache|memory|pools|records|transitions"
+    r"batchstate(\.(errors|audit|engine|base|columns|cache|memory|pools(\.eviction)?|records|transitions"
     r"|speculative|forward|captured|checks|table|backends)|\.sglang(\.\w+)?)?"
 )
 
@@ -31,8 +32,10 @@ def test_every_import_is_of_a_public_namespace() -> None:
     assert {name: modules for name, modules in inner.items() if modules} == {}
 
 
-def test_only_the_cache_adapter_evicts_named_prefixes() -> None:
-    """Mirroring SGLang's evictions leaf by leaf takes the prefix cache's tree operations."""
+def test_no_shadow_module_uses_the_tree_operations() -> None:
+    """Mirroring SGLang's evictions leaf by leaf takes the prefix cache's tree operations:
+    batchstate.pools.eviction does it, for every shadow."""
     operations = re.compile(r"\.(nodes\(\)|lock\(|unlock\()")
     users = {path.name for path in SGLANG.glob("*.py") if operations.search(path.read_text())}
-    assert users == {"_cache_adapter.py"}
+    assert users == set()
+    assert operations.search((SGLANG.parent / "pools" / "eviction.py").read_text())

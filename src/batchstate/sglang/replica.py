@@ -37,7 +37,7 @@ from batchstate import (
     split,
 )
 from batchstate.errors import Error
-from batchstate.sglang._cache_adapter import evict_leaves, unlocked_leaves
+from batchstate.pools.eviction import evict_leaves, unlocked_leaves
 
 Record = Idle | Filtered | Decoding
 """What the replica holds for one SGLang batch between calls."""

@@ -1,12 +1,14 @@
-"""The one place the shadow evicts named prefixes: mirroring SGLang's evictions leaf by leaf.
+"""Evicting named prefixes: an engine's evictions mirrored leaf by leaf, for its shadows.
 
 batchstate's transitions evict only as allocation needs pages, least recently used
-first (`Pools.allocate_*`, the transitions). SGLang's radix tree evicts other leaves
-(its clock, its node boundaries, a page per request more than the shortage), and the
-shadow must take the same ones before replaying a call, or every later allocation
-lands on other pages. No transition evicts a named prefix, so these two functions
-use the prefix cache's own tree operations (`PrefixCache.nodes`, `lock`, `unlock`,
-`evict`) and `Pools.next_version`, and nothing else in `batchstate.sglang` does.
+first (`Pools.allocate_*`, the transitions). An engine's cache evicts others (SGLang's
+radix tree: its clock, its node boundaries, a page per request more than the shortage;
+vLLM's block pool: the head of its free queue, whole blocks), and a shadow
+(`batchstate.sglang`, `batchstate.vllm`) must take the same ones before replaying a
+call, or every later allocation lands on other pages. No transition evicts a named
+prefix, so these two functions use the prefix cache's own tree operations
+(`PrefixCache.nodes`, `lock`, `unlock`, `evict`) and `Pools.next_version`, and no
+shadow does.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from batchstate import Pools
+from batchstate.pools.pools import Pools
 
 
 def unlocked_leaves(pools: Pools) -> list[tuple[tuple[int, ...], int]]:
@@ -37,7 +39,7 @@ def evict_leaves(pools: Pools, leaves: Sequence[tuple[tuple[int, ...], int]]) ->
     for leaf, keep in leaves:
         if leaf not in cache.leaves:
             continue
-        if keep:  # split the leaf where SGLang's node ends: a lock walk splits there
+        if keep:  # split the leaf where the engine's node ends: a lock walk splits there
             marks = cache.leaves
             cache = attrs.evolve(cache.lock(leaf, keep).unlock(leaf, keep), leaves=marks)
         # Oldest first: a leaf marked older than every other is the one evicted.
