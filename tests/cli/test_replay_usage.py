@@ -18,7 +18,7 @@ from typing import Final
 import attrs
 import pytest
 
-from batchstate.cli._replay import POOLS_FIELDS
+from batchstate.cli._replay import POOLS_FIELDS, VLLM_POOLS_FIELDS
 from batchstate.sglang.replica import ExtendItem, Replica
 from batchstate.sglang.trace import Operation, PoolsConfig, dumps
 
@@ -174,6 +174,9 @@ def test_the_trace_made_here_reads_as_json_lines(tmp_path: Path) -> None:
 def test_the_pools_line_check_names_the_trace_readers_fields() -> None:
     """The check before torch loads keeps its own copy of the pools line's fields: the same."""
     assert tuple(field.name for field in attrs.fields(PoolsConfig)) == POOLS_FIELDS
+    from batchstate.vllm.trace import PoolsConfig as VllmPoolsConfig  # noqa: PLC0415
+
+    assert tuple(field.name for field in attrs.fields(VllmPoolsConfig)) == VLLM_POOLS_FIELDS
 
 
 @pytest.mark.parametrize(

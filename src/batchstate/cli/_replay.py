@@ -16,16 +16,22 @@ __all__ = ["add_replay_command", "replay_command"]
 REPLAY = "batchstate replay"
 # The pools line's fields (batchstate.sglang.trace.PoolsConfig): each an integer.
 POOLS_FIELDS = ("page_size", "kv_tokens", "rows", "context")
+# A vLLM shadow's pools line (batchstate.vllm.trace.PoolsConfig), marked "engine": "vllm".
+VLLM_POOLS_FIELDS = ("num_blocks", "block_size", "max_reqs", "context")
 
 
 def add_replay_command(commands: argparse._SubParsersAction[Any]) -> None:
     """The `replay` subcommand: one argument, the trace file."""
     command = commands.add_parser(
         "replay",
-        help="replay a trace written by batchstate.sglang.Shadow and name its first divergence",
+        help=(
+            "replay a trace written by batchstate.sglang.Shadow or batchstate.vllm.Shadow"
+            " and name its first divergence"
+        ),
         description=(
-            "Run every SGLang call of a Shadow trace through batchstate alone and report the\n"
-            "first step where SGLang's recorded state and batchstate's differ.\n"
+            "Run every engine call of a Shadow trace (SGLang's or vLLM's) through batchstate\n"
+            "alone and report the first step where the engine's recorded state and\n"
+            "batchstate's differ.\n"
             "Exit codes: 0 no divergence, 1 a divergence, 2 a usage error or a bad trace."
         ),
     )
@@ -40,16 +46,18 @@ def replay_command(trace: Path) -> int:
     exit 2. Exit 1 is a divergence, and only that.
     """
     try:
-        check_pools_line(read_trace_text(trace), trace)
+        engine = check_pools_line(read_trace_text(trace), trace)
     except NotATrace as error:
         print(f"{REPLAY}: error: {error}", file=sys.stderr)
         return USAGE
     from batchstate.sglang.replay import replay  # noqa: PLC0415  (loads torch)
     from batchstate.sglang.trace import TraceError  # noqa: PLC0415
+    from batchstate.vllm.replay import replay as replay_vllm  # noqa: PLC0415
+    from batchstate.vllm.trace import TraceError as VllmTraceError  # noqa: PLC0415
 
     try:
-        done = replay(trace)
-    except (TraceError, OSError, UnicodeDecodeError) as error:
+        done = replay_vllm(trace) if engine == "vllm" else replay(trace)
+    except (TraceError, VllmTraceError, OSError, UnicodeDecodeError) as error:
         print(f"{REPLAY}: error: {_one_line(str(error))}", file=sys.stderr)
         return USAGE
     if done.mismatch is None:
@@ -88,9 +96,11 @@ def read_trace_text(trace: Path) -> str:
         raise NotATrace(binary) from None
 
 
-def check_pools_line(text: str, trace: Path) -> None:
+def check_pools_line(text: str, trace: Path) -> str:
     """Check the first line of `text`, the trace at `trace`, as a trace's pools line, as
-    `batchstate.sglang.trace.read` reads it (which, past it, names the line of any error).
+    `batchstate.sglang.trace.read` (or, for a line marked `"engine": "vllm"`,
+    `batchstate.vllm.trace.read`) reads it, which past it names the line of any error.
+    Returns the engine: "vllm", or "sglang" where the line names none.
 
     Raises:
         NotATrace: the first line is missing, not JSON, or not the pools line.
@@ -106,7 +116,8 @@ def check_pools_line(text: str, trace: Path) -> None:
         raise NotATrace(f"{trace}:1: not JSON ({where}): not a trace") from None
     if not isinstance(head, dict) or head.get("op") != "pools":
         raise NotATrace(f'{trace}:1: the first line must be the pools line, {{"op": "pools", ...}}')
-    for field in POOLS_FIELDS:
+    engine = "vllm" if head.get("engine") == "vllm" else "sglang"
+    for field in VLLM_POOLS_FIELDS if engine == "vllm" else POOLS_FIELDS:
         if field not in head:
             raise NotATrace(f"{trace}:1: the pools line has no {field}")
         try:
@@ -116,6 +127,7 @@ def check_pools_line(text: str, trace: Path) -> None:
             raise NotATrace(
                 f"{trace}:1: the pools line's {field} is not an integer: {value}"
             ) from None
+    return engine
 
 
 def _one_line(message: str) -> str:

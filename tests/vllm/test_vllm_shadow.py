@@ -1,0 +1,174 @@
+"""`Shadow` beside vLLM 0.33's real v1 scheduler (sync and async), `replay` of its traces,
+and bugs reintroduced into vLLM, each named at its step. Skipped when vLLM is absent."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip(
+        "vLLM 0.33 is not installed: docs/vllm.md#install gives the commands",
+        allow_module_level=True,
+    )
+
+from batchstate.cli import main
+from batchstate.vllm import Shadow, ShadowDivergence, ShadowError, TraceError, replay
+from batchstate.vllm.drive import SchedulerShape, drive, make_scheduler
+
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
+    ),
+    pytest.mark.xdist_group("vllm"),
+]
+
+SMALL = 40  # blocks of 16 tokens: the workload's requests preempt one another
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_thousands_of_steps_under_preemption_without_a_finding(
+    async_scheduling: bool, tmp_path: Path
+) -> None:
+    scheduler = make_scheduler(SchedulerShape(num_blocks=SMALL, async_scheduling=async_scheduling))
+    trace = tmp_path / "trace.jsonl"
+    with Shadow(scheduler, trace_path=trace) as shadow:
+        driven = drive(scheduler, 1500, seed=1)
+    assert shadow.divergences == []
+    assert len(shadow.steps) >= 2 * driven.steps  # every schedule and output compared
+    # The workload did what it claims: preemptions, aborts, prefix hits, evictions.
+    assert driven.preempted > 50 and driven.aborted > 10
+    assert sum(1 for s in shadow.steps for e in s.events if getattr(e, "hit", 0)) > 50
+    assert sum(1 for s in shadow.steps for e in s.events if type(e).__name__ == "Evict") > 50
+    done = replay(trace)
+    assert done.mismatch is None and done.operations == len(shadow.steps)
+    assert main(["replay", str(trace)]) == 0
+
+
+def test_a_roomy_cache_keeps_every_prefix_and_never_preempts() -> None:
+    scheduler = make_scheduler(SchedulerShape(num_blocks=2000))
+    with Shadow(scheduler) as shadow:
+        driven = drive(scheduler, 400, seed=2)
+    assert shadow.divergences == [] and driven.preempted == 0
+
+
+def _inject(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, bug: Callable[..., Any]
+) -> list[int]:
+    """Replace `owner.name` by `bug(original, self, ...)`; the list gets the shadow step at
+    which the bug first acted."""
+    original = getattr(owner, name)
+    acted: list[int] = []
+
+    def buggy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return bug(original, acted, self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, buggy)
+    return acted
+
+
+def _run_until_divergence(shadow: Shadow, scheduler: Any) -> ShadowDivergence:
+    with pytest.raises(ShadowDivergence) as caught, shadow:
+        drive(scheduler, 1500, seed=3)
+    return caught.value
+
+
+def test_a_block_freed_while_its_request_holds_it_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    scheduler = make_scheduler(SchedulerShape(num_blocks=SMALL))
+    shadow = Shadow(scheduler, trace_path=tmp_path / "t.jsonl")
+
+    def bug(original: Any, acted: list[int], self: Any, output: Any) -> Any:
+        result = original(self, output)
+        manager = self.kv_cache_manager
+        if not acted and self.current_step >= 50:
+            for blocks in manager.coordinator.single_type_managers[0].req_to_blocks.values():
+                if blocks and blocks[0].ref_cnt == 1:
+                    manager.block_pool.free_blocks([blocks[0]])  # still in the table
+                    acted.append(len(shadow.steps))
+                    break
+        return result
+
+    acted = _inject(monkeypatch, Scheduler, "_update_after_schedule", bug)
+    found = _run_until_divergence(shadow, scheduler)
+    assert found.mismatch.step == acted[0] and found.mismatch.op == "schedule"
+    assert found.mismatch.field == "free blocks"
+    assert int(found.mismatch.vllm) == int(found.mismatch.batchstate) + 1
+    assert replay(tmp_path / "t.jsonl").mismatch == found.mismatch
+
+
+def test_computed_tokens_kept_after_preemption_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    scheduler = make_scheduler(SchedulerShape(num_blocks=SMALL))
+    shadow = Shadow(scheduler)
+    victims: list[str] = []
+
+    def bug(
+        original: Any, acted: list[int], self: Any, request: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        kept = request.num_computed_tokens
+        original(self, request, *args, **kwargs)
+        if not acted:
+            request.num_computed_tokens = kept  # forgets to start the request over
+            acted.append(len(shadow.steps))
+            victims.append(request.request_id)
+
+    acted = _inject(monkeypatch, Scheduler, "_preempt_request", bug)
+    found = _run_until_divergence(shadow, scheduler)
+    assert found.mismatch.step == acted[0] and found.mismatch.request == victims[0]
+    # vLLM says it computed tokens it holds no block for; batchstate released them all.
+    assert (found.mismatch.field, found.mismatch.vllm, found.mismatch.batchstate) == (
+        "holds KV",
+        "yes",
+        "no",
+    )
+
+
+def test_an_extra_computed_token_is_named_at_its_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    scheduler = make_scheduler(SchedulerShape(num_blocks=SMALL))
+    shadow = Shadow(scheduler)
+    who: list[str] = []
+
+    def bug(original: Any, acted: list[int], self: Any, output: Any) -> Any:
+        result = original(self, output)
+        if not acted and self.current_step >= 30 and output.num_scheduled_tokens:
+            rid = sorted(output.num_scheduled_tokens)[0]
+            self.requests[rid].num_computed_tokens += 1  # advanced one token too far
+            acted.append(len(shadow.steps))
+            who.append(rid)
+        return result
+
+    acted = _inject(monkeypatch, Scheduler, "_update_after_schedule", bug)
+    found = _run_until_divergence(shadow, scheduler)
+    assert (found.mismatch.step, found.mismatch.request) == (acted[0], who[0])
+    assert found.mismatch.field == "computed"
+    assert int(found.mismatch.vllm) == int(found.mismatch.batchstate) + 1
+
+
+def test_a_scheduler_without_prefix_caching_is_refused_by_name() -> None:
+    scheduler = make_scheduler(SchedulerShape())
+    scheduler.kv_cache_manager.enable_caching = False
+    with pytest.raises(ShadowError, match="caching off"):
+        Shadow(scheduler)
+
+
+def test_what_is_not_a_scheduler_is_refused_by_name() -> None:
+    with pytest.raises(ShadowError, match="got object"):
+        Shadow(object())
+
+
+def test_a_trace_that_is_not_one_is_refused_by_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op": "pools", "engine": "vllm", "num_blocks": 4}\n')
+    with pytest.raises(TraceError, match=r"bad\.jsonl:1"):
+        replay(bad)
