@@ -18,7 +18,8 @@ if importlib.util.find_spec("vllm") is None:
 
 from batchstate.cli import main
 from batchstate.vllm import Shadow, ShadowDivergence, ShadowError, TraceError, replay
-from batchstate.vllm.drive import SchedulerShape, drive, make_scheduler
+from batchstate.vllm.drive import Driven, SchedulerShape, drive, make_scheduler
+from batchstate.vllm.worker import Worker
 
 pytestmark = [
     pytest.mark.filterwarnings(
@@ -32,14 +33,18 @@ SMALL = 40  # blocks of 16 tokens: the workload's requests preempt one another
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_thousands_of_steps_under_preemption_without_a_finding(
-    async_scheduling: bool, tmp_path: Path
+    async_scheduling: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     scheduler = make_scheduler(SchedulerShape(num_blocks=SMALL, async_scheduling=async_scheduling))
     trace = tmp_path / "trace.jsonl"
-    with Shadow(scheduler, trace_path=trace) as shadow:
-        driven = drive(scheduler, 1500, seed=1)
+    shadow = Shadow(scheduler, trace_path=trace)
+    moves = _count_row_moves(monkeypatch)
+    with shadow:
+        driven = _drive_with_worker(shadow, scheduler, Worker(scheduler), seed=1)
     assert shadow.divergences == []
-    assert len(shadow.steps) >= 2 * driven.steps  # every schedule and output compared
+    # Every schedule and output compared, and the input batch's two sides after each schedule.
+    assert len(shadow.steps) >= 4 * driven.steps
+    assert moves["move_row"] > 50 and moves["swap_row"] > 50  # condense and the reordering ran
     # The workload did what it claims: preemptions, aborts, prefix hits, evictions.
     assert driven.preempted > 50 and driven.aborted > 10
     assert sum(1 for s in shadow.steps for e in s.events if getattr(e, "hit", 0)) > 50
@@ -54,6 +59,32 @@ def test_a_roomy_cache_keeps_every_prefix_and_never_preempts() -> None:
     with Shadow(scheduler) as shadow:
         driven = drive(scheduler, 400, seed=2)
     assert shadow.divergences == [] and driven.preempted == 0
+
+
+def _drive_with_worker(shadow: Shadow, scheduler: Any, worker: Worker, seed: int) -> Driven:
+    def scheduled(output: Any) -> None:
+        worker.update(output)
+        shadow.check_input_batch(worker.batch, output)
+
+    return drive(scheduler, 1500, seed, on_schedule=scheduled, on_output=worker.sampled)
+
+
+def _count_row_moves(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How often vLLM's block table moves a row (condense) and swaps two (the reordering)."""
+    from vllm.v1.worker.block_table import MultiGroupBlockTable
+
+    counts = {"move_row": 0, "swap_row": 0}
+    for name in counts:
+        original = getattr(MultiGroupBlockTable, name)
+
+        def counted(
+            self: Any, src: int, tgt: int, name: str = name, original: Any = original
+        ) -> None:
+            counts[name] += 1
+            original(self, src, tgt)
+
+        monkeypatch.setattr(MultiGroupBlockTable, name, counted)
+    return counts
 
 
 def _inject(
@@ -73,8 +104,56 @@ def _inject(
 
 def _run_until_divergence(shadow: Shadow, scheduler: Any) -> ShadowDivergence:
     with pytest.raises(ShadowDivergence) as caught, shadow:
-        drive(scheduler, 1500, seed=3)
+        _drive_with_worker(shadow, scheduler, Worker(scheduler), seed=3)
     return caught.value
+
+
+def test_a_device_copy_left_stale_by_condense_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that copies only the rows written since the last one (appended, added,
+    cleared) and forgets the rows condense() moved and the reordering swapped."""
+    from vllm.v1.worker.block_table import BlockTable
+
+    scheduler = make_scheduler(SchedulerShape(num_blocks=SMALL))
+    shadow = Shadow(scheduler)
+    dirty: dict[int, set[int]] = {}
+    moved: list[int] = []
+
+    def tracked(name: str) -> None:
+        original = getattr(BlockTable, name)
+
+        def write(self: Any, *args: Any) -> None:
+            original(self, *args)
+            dirty.setdefault(id(self), set()).add(args[-1])
+
+        monkeypatch.setattr(BlockTable, name, write)
+
+    for name in ("append_row", "add_row", "clear_row"):
+        tracked(name)
+
+    def untracked(name: str) -> None:
+        original = getattr(BlockTable, name)
+
+        def move(self: Any, src: int, tgt: int) -> None:
+            original(self, src, tgt)
+            if not moved:
+                moved.append(len(shadow.steps))
+
+        monkeypatch.setattr(BlockTable, name, move)
+
+    for name in ("move_row", "swap_row"):
+        untracked(name)
+
+    def commit(self: Any, num_reqs: int) -> None:
+        rows = sorted(r for r in dirty.pop(id(self), set()) if r < num_reqs)
+        table = self.block_table
+        table.gpu[rows] = table.cpu[rows]
+
+    monkeypatch.setattr(BlockTable, "commit_block_table", commit)
+    found = _run_until_divergence(shadow, scheduler)
+    # Named after the schedule whose update first moved or swapped a row: its CPU tensor
+    # agrees with batchstate, its device copy does not.
+    assert found.mismatch.op == "input_batch device copy"
+    assert found.mismatch.step == moved[0] + 1
 
 
 def test_a_block_freed_while_its_request_holds_it_is_named(

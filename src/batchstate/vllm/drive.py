@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,14 +182,24 @@ class Driven:
     preempted: int
 
 
-def drive(scheduler: Any, steps: int, seed: int = 0, *, abort_rate: float = 0.03) -> Driven:
+def drive(
+    scheduler: Any,
+    steps: int,
+    seed: int = 0,
+    *,
+    abort_rate: float = 0.03,
+    on_schedule: Callable[[Any], None] | None = None,
+    on_output: Callable[[Any], None] | None = None,
+) -> Driven:
     """Run `steps` scheduler steps on a random workload, with the fake runner.
 
     Each step a request arrives with probability 1/2: up to 40 tokens of one of three
     shared prompts (so prefixes hit), then 1 to 60 tokens of its own, asking for 1 to
     40 tokens; with probability `abort_rate` a known request is aborted. The sync
     scheduler gets each step's output before the next step; the async one a step
-    later, as vLLM's engine core runs it (two batches in flight).
+    later, as vLLM's engine core runs it (two batches in flight). `on_schedule` gets
+    each `SchedulerOutput` as the model runner would; `on_output` each fake
+    `ModelRunnerOutput` as it is handed back.
     """
     from vllm.v1.request import RequestStatus
 
@@ -212,9 +223,19 @@ def drive(scheduler: Any, steps: int, seed: int = 0, *, abort_rate: float = 0.03
             aborted += 1
         output = scheduler.schedule()
         preempted += len(output.preempted_req_ids or ())
+        if on_schedule is not None:
+            on_schedule(output)
         pending.append((output, fake_output(scheduler, output, rng)))
         if len(pending) == in_flight:
-            scheduler.update_from_output(*pending.pop(0))
+            _hand_back(scheduler, *pending.pop(0), on_output)
     for done in pending:
-        scheduler.update_from_output(*done)
+        _hand_back(scheduler, *done, on_output)
     return Driven(steps, added, aborted, preempted)
+
+
+def _hand_back(
+    scheduler: Any, output: Any, model_output: Any, on_output: Callable[[Any], None] | None
+) -> None:
+    if on_output is not None:
+        on_output(model_output)
+    scheduler.update_from_output(output, model_output)

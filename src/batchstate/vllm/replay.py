@@ -12,9 +12,8 @@ from pathlib import Path
 
 import attrs
 
-from batchstate.errors import Error
-from batchstate.vllm.replica import ReplicaError, State
-from batchstate.vllm.trace import Mismatch, apply, compare, make_replica, read
+from batchstate.vllm.replica import State
+from batchstate.vllm.trace import Mismatch, check, make_replica, read
 
 
 @attrs.frozen
@@ -37,16 +36,11 @@ def replay(path: Path) -> Replayed:
     config, steps = read(path)
     replica = make_replica(config)
     count = 0
+    scheduled: frozenset[str] = frozenset()
     for step in steps:
         count += 1
-        try:
-            apply(replica, step)
-        except Error as error:  # batchstate refused what vLLM did: the divergence
-            rid = error.rid if isinstance(error, ReplicaError) else ""
-            return Replayed(
-                count, Mismatch(step.step, step.op, "refused", "done", str(error), rid), None
-            )
-        mismatch = compare(step, replica.state())
+        mismatch, scheduled = check(replica, step, scheduled)
         if mismatch is not None:
-            return Replayed(count, mismatch, replica.state())
+            refused = mismatch.field == "refused"
+            return Replayed(count, mismatch, None if refused else replica.state())
     return Replayed(count, None, None)

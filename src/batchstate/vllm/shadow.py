@@ -20,8 +20,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batchstate.errors import Error
-from batchstate.vllm.replica import Allocation, Event, Evict, Free, ReplicaError, Row, State
-from batchstate.vllm.trace import Mismatch, PoolsConfig, Step, apply, compare, dumps, make_replica
+from batchstate.vllm.replica import Allocation, Event, Evict, Free, Row, State
+from batchstate.vllm.trace import (
+    INPUT_BATCH_OPS,
+    Mismatch,
+    PoolsConfig,
+    Step,
+    check,
+    dumps,
+    make_replica,
+)
 
 _log = logging.getLogger("batchstate.vllm")
 SCHEDULER_CALLS = ("schedule", "update_from_output", "finish_requests")
@@ -93,6 +101,7 @@ class Shadow:
         self._cached: dict[int, tuple[Any, int]] = {}
         self._registered: dict[str, int] = {}  # blocks of each request looked at
         self._hits: dict[str, int] = {}
+        self._scheduled: frozenset[str] = frozenset()  # allocated for by the last schedule
         self._restore: list[Callable[[], None]] = []
 
     def attach(self) -> Shadow:
@@ -226,19 +235,42 @@ class Shadow:
         rows.sort(key=lambda row: row.rid)
         return State(tuple(rows), int(self._pool.get_num_free_blocks()))
 
+    def check_input_batch(self, input_batch: Any, output: Any) -> None:
+        """Compare a model runner's `InputBatch` after it applied `output` (the last
+        `schedule()`'s): its rows must be the requests scheduled, and each row's computed
+        tokens (its `num_computed_tokens_cpu` plus those scheduled) and block table row
+        must be batchstate's, first as the block table's CPU tensor holds them, then as
+        its device copy does (read once, all rows: on a GPU, one device-to-host copy)."""
+        scheduled = output.num_scheduled_tokens
+        count = int(input_batch.num_reqs)
+        rids = list(input_batch.req_ids[:count])
+        table = input_batch.block_table.block_tables[0]
+        widths = table.num_blocks_per_row[:count].tolist()
+        computed = input_batch.num_computed_tokens_cpu[:count].tolist()
+        free = int(self._pool.get_num_free_blocks())
+        for op, side in zip(
+            INPUT_BATCH_OPS, (table.block_table.cpu, table.block_table.gpu), strict=True
+        ):
+            held = side[:count].cpu().tolist()
+            rows = tuple(
+                Row(
+                    rid,
+                    int(computed[i]) + int(scheduled.get(rid, 0)),
+                    tuple(held[i][: widths[i]]),
+                    self._hits.get(rid, 0),
+                )
+                for i, rid in enumerate(rids)
+            )
+            self._check_step(Step(len(self.steps), op, (), State(rows, free)))
+
     def _check(self, name: str) -> None:
         step = Step(len(self.steps), name, tuple(self._events), self.vllm_state())
         self._events.clear()
+        self._check_step(step)
+
+    def _check_step(self, step: Step) -> None:
         self.steps.append(step)
-        try:
-            apply(self.replica, step)
-        except Error as error:  # batchstate refused what vLLM did: that is the divergence
-            rid = error.rid if isinstance(error, ReplicaError) else ""
-            mismatch: Mismatch | None = Mismatch(
-                step.step, name, "refused", "done", str(error), rid
-            )
-        else:
-            mismatch = compare(step, self.replica.state())
+        mismatch, self._scheduled = check(self.replica, step, self._scheduled)
         if mismatch is None:
             return
         if self.trace_path is not None and not self.divergences:

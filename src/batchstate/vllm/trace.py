@@ -19,7 +19,20 @@ from typing import Any
 import attrs
 
 from batchstate.errors import Error
-from batchstate.vllm.replica import Allocation, Event, Evict, Free, Replica, Row, State
+from batchstate.vllm.replica import (
+    Allocation,
+    Event,
+    Evict,
+    Free,
+    Replica,
+    ReplicaError,
+    Row,
+    State,
+)
+
+INPUT_BATCH_OPS = ("input_batch CPU tensor", "input_batch device copy")
+"""A model runner's `InputBatch` after it applied a schedule: its block table's CPU tensor,
+then its device copy, each compared with batchstate's rows (its events are empty)."""
 
 
 @attrs.frozen
@@ -83,7 +96,23 @@ def apply(replica: Replica, step: Step) -> None:
             replica.evict(event)
 
 
-def compare(step: Step, mine: State) -> Mismatch | None:
+def check(
+    replica: Replica, step: Step, scheduled: frozenset[str]
+) -> tuple[Mismatch | None, frozenset[str]]:
+    """Replay `step` on `replica` and compare: the first mismatch (a refusal is one), and
+    the requests the last `schedule` step allocated for (`scheduled`, updated), which an
+    `InputBatch` step's rows must be."""
+    try:
+        apply(replica, step)
+    except Error as error:  # batchstate refused what vLLM did: that is the divergence
+        rid = error.rid if isinstance(error, ReplicaError) else ""
+        return Mismatch(step.step, step.op, "refused", "done", str(error), rid), scheduled
+    if step.op == "schedule":
+        scheduled = frozenset(e.rid for e in step.events if isinstance(e, Allocation))
+    return compare(step, replica.state(), scheduled), scheduled
+
+
+def compare(step: Step, mine: State, scheduled: frozenset[str] = frozenset()) -> Mismatch | None:
     """The first difference between vLLM's recorded state and batchstate's, or None.
 
     Per request holding blocks: tokens computed (vLLM's `num_computed_tokens`,
@@ -91,10 +120,18 @@ def compare(step: Step, mine: State) -> Mismatch | None:
     its blocks and batchstate's pages correspond one to one across all requests
     (vLLM's block ids and batchstate's page numbers are each allocator's policy:
     the correspondence is what is checked); then the blocks an allocation may take.
+    An `InputBatch` step (`INPUT_BATCH_OPS`) holds the rows `scheduled`, each compared
+    the same way (its computed tokens: the row's before the step plus those scheduled).
     """
     theirs = step.state
     ours = {row.rid: row for row in mine.rows}
     owners: dict[tuple[str, int], tuple[int, str]] = {}  # ("block"|"page", id) -> other, rid
+    if step.op in INPUT_BATCH_OPS:
+        rows = {row.rid for row in theirs.rows}
+        if rows != scheduled:
+            odd = sorted(rows ^ scheduled)[0]
+            return _differ(step, "rows", sorted(rows), sorted(scheduled), odd)
+        ours = {rid: ours[rid] for rid in rows if rid in ours}
     for row in theirs.rows:
         other = ours.pop(row.rid, None)
         found = (
@@ -106,6 +143,8 @@ def compare(step: Step, mine: State) -> Mismatch | None:
             return found
     if ours:
         return _differ(step, "holds KV", "no", "yes", sorted(ours)[0])
+    if step.op in INPUT_BATCH_OPS:
+        return None
     if theirs.free_blocks != mine.free_blocks:
         return _differ(step, "free blocks", theirs.free_blocks, mine.free_blocks)
     return None
