@@ -89,3 +89,26 @@ def test_ci_runs_docs_engine_real_model_command_after_the_readme_suite() -> None
     at = lines.index(first)
     assert lines.index(readme_tests) < at
     assert any(line.startswith("pytest ") and "test_hf_model.py" in line for line in lines[at:])
+
+
+def _vllm_commands() -> tuple[str, str]:
+    deployment, development = _commands(_section(ROOT / "docs" / "vllm.md", "## Install"), "bash")
+    return deployment, development
+
+
+def test_docs_vllm_gives_a_deployment_and_a_development_command() -> None:
+    deployment, development = _vllm_commands()
+    assert deployment == "pip install '.[vllm]'"  # no torch named: the deployment's stays
+    assert development.startswith("pip install 'torch==")
+    assert "--no-deps 'vllm==0.33.0'" in development
+
+
+def test_ci_runs_docs_vllm_development_command_in_a_fresh_environment() -> None:
+    """The development command runs verbatim, in an environment made for it after the
+    README's suite, and batchstate.vllm's tests run there."""
+    lines = _ci_lines()
+    _, development = _vllm_commands()
+    at = lines.index(development)
+    assert lines[at - 2].startswith("python3 -m venv ") and lines[at - 1].startswith("source ")
+    assert lines.index(_commands(_section(ROOT / "README.md", "## Set up"), "sh")[1]) < at
+    assert lines[at + 1].startswith("pytest ") and "tests/vllm" in lines[at + 1]
