@@ -59,6 +59,11 @@ def test_a_roomy_cache_keeps_every_prefix_and_never_preempts() -> None:
     with Shadow(scheduler) as shadow:
         driven = drive(scheduler, 400, seed=2)
     assert shadow.divergences == [] and driven.preempted == 0
+    # Detached: the scheduler, its manager and its pool run vLLM's own methods again.
+    manager = scheduler.kv_cache_manager
+    assert not {"schedule", "update_from_output", "finish_requests"} & set(vars(scheduler))
+    assert not {"allocate_slots", "free"} & set(vars(manager))
+    assert "_maybe_evict_cached_block" not in vars(manager.block_pool)
 
 
 def _drive_with_worker(shadow: Shadow, scheduler: Any, worker: Worker, seed: int) -> Driven:

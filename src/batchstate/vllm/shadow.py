@@ -3,13 +3,15 @@
 Attached to a live v1 `Scheduler` (or `AsyncScheduler`), it wraps, on that one
 instance and from outside (vLLM's source is not edited; `detach` restores
 them), the scheduler's `schedule`, `update_from_output` and `finish_requests`,
-and its `KVCacheManager`'s `allocate_slots` and `free`. Each wrapper calls
+its `KVCacheManager`'s `allocate_slots` and `free`, and its block pool's eviction
+of a cached block. Each wrapper calls
 vLLM's method with the same arguments and returns its result unchanged. The
 manager's calls are recorded as events; after each scheduler call the events
 are replayed on a `Replica` and what vLLM holds (each request's computed
 tokens, blocks and prefix hit; the free blocks) is compared with batchstate's.
-The first difference raises `ShadowDivergence` (or is logged) and writes the
-trace of every step so far.
+`check_input_batch` compares a model runner's `InputBatch` the same way after it
+applied a schedule. The first difference raises `ShadowDivergence` (or is logged)
+and writes the trace of every step so far.
 """
 
 from __future__ import annotations
@@ -136,9 +138,13 @@ class Shadow:
 
     def _replace(self, owner: Any, name: str, value: object) -> None:
         # Set on the instance: the class, and every other scheduler, stay vLLM's.
-        had = name in vars(owner)
+        own = vars(owner)
+        if name in own:  # already set on the instance (another wrapper): put it back
+            kept = own[name]
+            self._restore.append(lambda: setattr(owner, name, kept))
+        else:
+            self._restore.append(lambda: delattr(owner, name))
         setattr(owner, name, value)
-        self._restore.append(lambda: delattr(owner, name) if not had else None)
 
     def _wrap_allocate(self, original: Callable[..., Any]) -> Callable[..., Any]:
         shadow = self
