@@ -40,6 +40,7 @@ SHADOW_REQ_FIELDS = (
     "extend_end",
     "origin_input_ids",
     "output_ids",
+    "inflight_middle_chunks",
 )
 """What a `Shadow` reads besides what `audit` reads."""
 

@@ -155,7 +155,8 @@ class Driver:
             if req.finished():
                 release_kv_cache(req, self.tree_cache, checkpoint=True)
                 self.finished += 1
-            elif batch.forward_mode.is_extend():
+            elif batch.forward_mode.is_extend() and req not in (batch.decoding_reqs or ()):
+                # A mixed step's decode rows are not checkpointed (process_batch_result).
                 checkpoint_kv_cache(req, self.tree_cache)
 
 

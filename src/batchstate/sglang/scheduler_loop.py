@@ -100,14 +100,16 @@ class SchedulerLoop:
     @property
     def busy(self) -> bool:
         """Whether a request is waiting, held between chunks, running, or in the last
-        batch (an extend batch is merged into the running batch only at the next turn)."""
+        batch (an extend batch is merged into the running batch only at the next turn;
+        a mixed step leaves the running batch empty)."""
         s = self.scheduler
+        last = s.last_batch
         return (
             bool(s.waiting_queue)
             or bool(s.result_queue)
             or s.chunked_req is not None
             or not s.running_batch.is_empty()
-            or (s.last_batch is not None and not s.last_batch.is_empty())
+            or (last is not None and not last.is_empty())
         )
 
     def step(self) -> str:

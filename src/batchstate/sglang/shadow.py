@@ -58,8 +58,10 @@ BATCH_CALLS = (
     "filter_batch",
     "merge_batch",
     "retract_decode",
+    "mix_with_running",
 )
-"""The `ScheduleBatch` methods a `Shadow` replays."""
+"""The `ScheduleBatch` methods a `Shadow` replays (a call made inside another, such as
+`mix_with_running`'s own `merge_batch`, is replayed as part of the outer one)."""
 
 
 class ShadowDivergence(Error, AssertionError):
@@ -119,6 +121,7 @@ class Shadow:
         self._evicted = False  # SGLang's tree evicted since the last call was replayed
         self._batch_calls = 0  # ScheduleBatch calls replayed: every Nth is compared in full
         self.checked = Checked()  # where the two sides were last seen equal
+        self._inside = False  # a wrapped ScheduleBatch call is running
 
     def attach(self) -> Shadow:
         """Wrap SGLang's lifecycle calls (idempotent)."""
@@ -218,8 +221,17 @@ class Shadow:
         shadow = self
 
         def replayed(batch: Any, *args: object, **kwargs: object) -> object:
-            result = original(batch, *args, **kwargs)
-            other = args[0] if name == "merge_batch" and args else kwargs.get("other")
+            if shadow._inside:  # part of an outer call, which is replayed whole
+                return original(batch, *args, **kwargs)
+            shadow._inside = True
+            try:
+                result = original(batch, *args, **kwargs)
+            finally:
+                shadow._inside = False
+            if name in ("merge_batch", "mix_with_running"):
+                other = args[0] if args else kwargs.get("other", kwargs.get("running_batch"))
+            else:
+                other = None
             with detach_on_unsupported(shadow, shadow.on_unsupported, (ShadowDivergence,)):
                 shadow._after(name, batch, other)
             return result
@@ -270,7 +282,6 @@ class Shadow:
         replica = self._replica(batch)
         live = [r for r in batch.reqs if r.kv.req_pool_idx is not None]
         items: tuple[ExtendItem, ...] = ()
-        chunks: list[Any] = []
         if extend:
             items = tuple(
                 ExtendItem(
@@ -281,8 +292,16 @@ class Shadow:
                 )
                 for r in live
             )
-            chunks = [r for r in live if r is batch.chunked_req]
-            live = [r for r in live if r is not batch.chunked_req]
+        # A request between chunks is held, not a row: in its extend and, in a mixed step,
+        # in the batch its middle chunk ran in until the scheduler filters it out (a batch
+        # keeps naming its last chunked request after that request's prompt is done).
+        chunks = [
+            r
+            for r in live
+            if r is batch.chunked_req
+            and (name == "prepare_for_extend" or r.inflight_middle_chunks > 0)
+        ]
+        live = [r for r in live if not any(r is c for c in chunks)]
         full = extend or self._batch_calls % self.full_check_every == 0
         self._batch_calls += 1
         kept = tuple([r.rid for r in live])

@@ -27,6 +27,7 @@ ROW_OPS = (
     "filter_batch",
     "merge_batch",
     "retract_decode",
+    "mix_with_running",
 )
 """The `ScheduleBatch` calls after which rows are compared."""
 
@@ -140,7 +141,8 @@ def apply(replica: Replica, op: Operation) -> None:
         replica.decode(op.batch)
     elif op.op in ("filter_batch", "retract_decode"):
         replica.filter(op.batch, op.kept)
-    elif op.op == "merge_batch":
+    elif op.op in ("merge_batch", "mix_with_running"):
+        # A mixed step: the running rows, decoded already, join the extend's rows.
         replica.merge(op.batch, op.other)
     elif op.op == "release_kv_cache":
         replica.release(op.rid, op.tokens)

@@ -33,6 +33,7 @@ LIFECYCLE = (
     "filter_batch",
     "merge_batch",
     "retract_decode",
+    "mix_with_running",
 )
 """The `ScheduleBatch` methods a `Watch` checks after."""
 CACHE_CALLS = ("release_kv_cache", "checkpoint_kv_cache")
@@ -148,7 +149,13 @@ class Watch:
         watch = self
 
         def checked(batch: Any, *args: object, **kwargs: object) -> object:
-            result = original(batch, *args, **kwargs)
+            if watch._inside:  # part of an outer call, checked once that returns
+                return original(batch, *args, **kwargs)
+            watch._inside = True
+            try:
+                result = original(batch, *args, **kwargs)
+            finally:
+                watch._inside = False
             with detach_on_unsupported(watch, watch.on_unsupported, (Divergence,)):
                 watch._after(name, batch)
             return result
