@@ -23,6 +23,8 @@ BATCH_FIELDS = (
     "seq_lens_cpu",
     "seq_lens_sum",
     "spec_info",
+    "spec_algorithm",
+    "forward_mode",
     "req_to_token_pool",
     "token_to_kv_pool_allocator",
     "tree_cache",

@@ -260,6 +260,38 @@ def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
         )
 
 
+def verify_window(batch: object) -> AuditReport:
+    """Check that each row of a speculative decode batch holds KV for its next verify
+    window; it holds from `prepare_for_decode` to the verify (`Watch` checks it there).
+
+    SGLang's `prepare_for_decode` (`eagle_prepare_for_decode`) reserves KV ahead of each
+    row's committed length, and the verify writes `speculative_num_draft_tokens`
+    tokens from the row's length on into the row's `req_to_token` slots: a slot past
+    the reserve is not the row's. Reads host values only; a batch that does not
+    speculate passes.
+    """
+    require_batch(batch)
+    return AuditReport(tuple(_verify_window(batch)))
+
+
+def _verify_window(batch: Any) -> Iterable[Violation]:
+    if batch.spec_algorithm.is_none() or not batch.reqs or batch.seq_lens_cpu is None:
+        return
+    from sglang.srt.runtime_context import max_speculative_num_draft_tokens
+
+    draft = int(max_speculative_num_draft_tokens() or 0)
+    for req, length in zip(batch.reqs, _host(batch.seq_lens_cpu), strict=False):
+        end = length + draft
+        if req.kv.req_pool_idx is not None and req.kv.kv_allocated_len < end:
+            yield Violation(
+                "verify window",
+                "req.kv.kv_allocated_len",
+                f">= {end}, seq_len {length} + {draft} draft tokens",
+                str(req.kv.kv_allocated_len),
+                req.rid,
+            )
+
+
 def audit(batch: object, *, also_live: Sequence[object] = ()) -> AuditReport:
     """Check `batch` (and its pools and prefix cache) against batchstate's invariants.
 

@@ -24,7 +24,7 @@ import attrs
 from batchstate.errors import Error
 from batchstate.sglang._detach import Unsupported, detach_on_unsupported
 from batchstate.sglang._stubs import install_stubs
-from batchstate.sglang.audit import AuditReport, Violation, audit
+from batchstate.sglang.audit import AuditReport, Violation, audit, verify_window
 from batchstate.sglang.holdings import Holdings
 
 LIFECYCLE = (
@@ -223,6 +223,8 @@ class Watch:
         # The pool-wide balances are the holdings': at the call that broke them, naming the
         # requests it touched, each difference once.
         found += [v for v in report.violations if v.check not in _BALANCES]
+        if operation == "prepare_for_decode":  # until the verify: its window is reserved
+            found += verify_window(batch).violations
         found += self.holdings.balance(batch.tree_cache, [r.rid for r in touched])
         step = _snapshot(len(self.trace), operation, batch, AuditReport(tuple(found)))
         self._record(operation, step, found)
