@@ -13,8 +13,8 @@ from batchstate.sglang.replica import Eviction, Replica, State
 
 def mirror_rows(batch: Any, live: list[Any]) -> int:
     # Rows of the host mirror that belong to live requests (-1: no mirror at all).
-    if not batch.reqs:
-        return len(live)
+    if not batch.reqs and not batch.forward_mode.is_idle():
+        return len(live)  # SGLang's "nothing to run" sentinel: its tensors are not read
     mirror = batch.req_pool_indices_cpu
     return -1 if mirror is None else len(mirror) - (len(batch.reqs) - len(live))
 

@@ -302,8 +302,9 @@ def audit(batch: object, *, also_live: Sequence[object] = ()) -> AuditReport:
     require_batch(batch)
     live_batch: Any = batch
     violations: list[Violation] = []
-    # An empty batch is SGLang's "is_empty()" sentinel: its tensors are never read.
-    if live_batch.reqs:
+    # An empty batch is SGLang's "is_empty()" sentinel: its tensors are never read,
+    # unless it is an idle batch, which data-parallel attention runs through the forward.
+    if live_batch.reqs or live_batch.forward_mode.is_idle():
         violations += _mirrors(live_batch, len(live_batch.reqs))
         violations += _rows(live_batch)
     live = list({id(r): r for r in (*live_batch.reqs, *also_live)}.values())

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,7 @@ BATCH_CALLS = (
     "merge_batch",
     "retract_decode",
     "mix_with_running",
+    "prepare_for_idle",
 )
 """The `ScheduleBatch` methods a `Shadow` replays (a call made inside another, such as
 `mix_with_running`'s own `merge_batch`, is replayed as part of the outer one)."""
@@ -94,6 +96,10 @@ class Shadow:
     `on_unsupported="raise"` raises what it cannot read (`UnsupportedSGLang`, or any
     other error of its own that is not a divergence); `"detach"` logs it once and
     detaches, leaving SGLang to run on (the launcher's choice).
+
+    A shadow follows one scheduler: the one whose radix cache is `tree_cache` or, when
+    that is None, the first whose batch it sees; the calls of other schedulers in the
+    process (data-parallel ranks) are not its own.
     """
 
     def __init__(
@@ -103,6 +109,7 @@ class Shadow:
         trace_path: str | Path | None = None,
         full_check_every: int = 1,
         on_unsupported: Unsupported = "raise",
+        tree_cache: object = None,
     ) -> None:
         if full_check_every < 1:
             raise ValueError(f"full_check_every must be at least 1, not {full_check_every}")
@@ -117,11 +124,11 @@ class Shadow:
         self._labels: dict[int, tuple[weakref.ref[Any], str]] = {}
         self._restore: list[Callable[[], None]] = []
         self._batches = 0
-        self._tree: Any = None
+        self._tree: Any = tree_cache
         self._evicted = False  # SGLang's tree evicted since the last call was replayed
         self._batch_calls = 0  # ScheduleBatch calls replayed: every Nth is compared in full
         self.checked = Checked()  # where the two sides were last seen equal
-        self._inside = False  # a wrapped ScheduleBatch call is running
+        self._inside = threading.local()  # .call: a wrapped call runs in this thread
 
     def attach(self) -> Shadow:
         """Wrap SGLang's lifecycle calls (idempotent)."""
@@ -155,7 +162,7 @@ class Shadow:
 
         def replayed(req: Any, tree_cache: Any, *args: object, **kwargs: object) -> object:
             result = original(req, tree_cache, *args, **kwargs)
-            if shadow.replica is not None:
+            if shadow.replica is not None and tree_cache is shadow._tree:
                 shadow._checkpointed(req, tree_cache)
             return result
 
@@ -204,7 +211,7 @@ class Shadow:
 
     def _replica(self, batch: Any) -> Replica:
         if self.replica is None:
-            self._tree = batch.tree_cache
+            self._tree = batch.tree_cache if self._tree is None else self._tree
             kind = type(self._tree)
             self._replace(kind, "evict", self._wrap_evict(kind.evict))
             table = batch.req_to_token_pool.req_to_token
@@ -221,13 +228,13 @@ class Shadow:
         shadow = self
 
         def replayed(batch: Any, *args: object, **kwargs: object) -> object:
-            if shadow._inside:  # part of an outer call, which is replayed whole
+            if getattr(shadow._inside, "call", False):  # part of an outer call, replayed whole
                 return original(batch, *args, **kwargs)
-            shadow._inside = True
+            shadow._inside.call = True
             try:
                 result = original(batch, *args, **kwargs)
             finally:
-                shadow._inside = False
+                shadow._inside.call = False
             if name in ("merge_batch", "mix_with_running"):
                 other = args[0] if args else kwargs.get("other", kwargs.get("running_batch"))
             else:
@@ -244,7 +251,7 @@ class Shadow:
         shadow = self
 
         def noted(tree: object, *args: object, **kwargs: object) -> object:
-            shadow._evicted = True
+            shadow._evicted = shadow._evicted or tree is shadow._tree
             return original(tree, *args, **kwargs)
 
         noted.__name__ = "evict"
@@ -261,7 +268,7 @@ class Shadow:
                 kept = req.owned_kv_len()
             held = req.kv.req_pool_idx is not None
             result = original(req, tree_cache, *args, **kwargs)
-            if held and shadow.replica is not None:
+            if held and shadow.replica is not None and tree_cache is shadow._tree:
                 with detach_on_unsupported(shadow, shadow.on_unsupported, (ShadowDivergence,)):
                     shadow._after_release(req, tree_cache, tuple(tokens[:kept]))
             return result
@@ -273,6 +280,8 @@ class Shadow:
     def _after(self, name: str, batch: Any, other: Any) -> None:
         if getattr(batch, "req_to_token_pool", None) is None:  # an empty placeholder batch
             return
+        if self._tree is not None and batch.tree_cache is not self._tree:
+            return  # another scheduler's batch (a data-parallel rank's)
         extend = name == "prepare_for_extend"
         known = self._labels.get(id(batch))
         if extend or known is None or known[0]() is not batch:

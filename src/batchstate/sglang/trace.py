@@ -28,6 +28,7 @@ ROW_OPS = (
     "merge_batch",
     "retract_decode",
     "mix_with_running",
+    "prepare_for_idle",
 )
 """The `ScheduleBatch` calls after which rows are compared."""
 

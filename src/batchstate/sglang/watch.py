@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -34,8 +35,10 @@ LIFECYCLE = (
     "merge_batch",
     "retract_decode",
     "mix_with_running",
+    "prepare_for_idle",
 )
-"""The `ScheduleBatch` methods a `Watch` checks after."""
+"""The `ScheduleBatch` methods a `Watch` checks after (a call made inside another, such
+as `mix_with_running`'s own `merge_batch`, is checked after the outer one)."""
 CACHE_CALLS = ("release_kv_cache", "checkpoint_kv_cache")
 """The functions of `sglang.srt.mem_cache.common` a `Watch` checks after: they change what
 a request holds outside any batch call (its row, its KV, its lock)."""
@@ -82,7 +85,10 @@ class Watch:
     receives the trace (JSON lines) at the first divergence and on `detach`.
     `on_unsupported="raise"` raises what it cannot read (`UnsupportedSGLang`, or any
     other error of its own that is not a divergence); `"detach"` logs it once and
-    detaches, leaving SGLang to run on (the launcher's choice).
+    detaches, leaving SGLang to run on (the launcher's choice). A watch follows one
+    scheduler: the one whose radix cache is `tree_cache` or, when that is None, the
+    first whose call it sees; other schedulers' calls in the process (data-parallel
+    ranks) are not its own.
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class Watch:
         on_divergence: Literal["raise", "log"] = "raise",
         trace_path: str | Path | None = None,
         on_unsupported: Unsupported = "raise",
+        tree_cache: object = None,
     ) -> None:
         self.on_divergence = on_divergence
         self.on_unsupported = on_unsupported
@@ -100,6 +107,8 @@ class Watch:
         self.holdings = Holdings()
         self._originals: dict[str, Callable[..., object]] = {}
         self._cache_calls: dict[str, tuple[Callable[..., object], Callable[..., object]]] = {}
+        self._inside = threading.local()  # .call: a wrapped batch call runs in this thread
+        self._tree: Any = tree_cache  # the scheduler followed (its radix cache)
 
     def attach(self) -> Watch:
         """Wrap the lifecycle methods of SGLang's `ScheduleBatch` class and the cache calls
@@ -149,13 +158,13 @@ class Watch:
         watch = self
 
         def checked(batch: Any, *args: object, **kwargs: object) -> object:
-            if watch._inside:  # part of an outer call, checked once that returns
+            if getattr(watch._inside, "call", False):  # part of an outer call, checked after it
                 return original(batch, *args, **kwargs)
-            watch._inside = True
+            watch._inside.call = True
             try:
                 result = original(batch, *args, **kwargs)
             finally:
-                watch._inside = False
+                watch._inside.call = False
             with detach_on_unsupported(watch, watch.on_unsupported, (Divergence,)):
                 watch._after(name, batch)
             return result
@@ -168,7 +177,8 @@ class Watch:
         watch = self
 
         def checked(req: Any, tree_cache: Any, *args: object, **kwargs: object) -> object:
-            if not watch._originals:  # a copy someone kept past detach: SGLang alone
+            if not watch._originals or not watch._follows(tree_cache):
+                # A copy someone kept past detach, or another scheduler's cache: SGLang alone.
                 return original(req, tree_cache, *args, **kwargs)
             row = req.kv.req_pool_idx
             free_before = len(tree_cache.req_to_token_pool.free_slots)
@@ -210,6 +220,8 @@ class Watch:
     def _after(self, operation: str, batch: Any) -> None:
         if getattr(batch, "req_to_token_pool", None) is None:  # the scheduler's empty placeholder
             return
+        if not self._follows(batch.tree_cache):
+            return  # another scheduler's batch (a data-parallel rank's): other pools
         found: list[Violation] = []
         touched: Sequence[Any] = batch.reqs if operation in _TOUCHING else ()
         if not self.trace:  # attached while requests were live: learn what this batch holds
@@ -228,6 +240,12 @@ class Watch:
         found += self.holdings.balance(batch.tree_cache, [r.rid for r in touched])
         step = _snapshot(len(self.trace), operation, batch, AuditReport(tuple(found)))
         self._record(operation, step, found)
+
+    def _follows(self, tree: object) -> bool:
+        # The first scheduler seen is the one followed, unless one was given.
+        if self._tree is None:
+            self._tree = tree
+        return tree is self._tree
 
     def _record(self, operation: str, step: TraceStep, found: Sequence[Violation]) -> None:
         self.trace.append(step)
