@@ -8,7 +8,7 @@ transitions on its own pools and names the first call where the two differ, and
 section gives the commands.
 """
 
-from batchstate.sglang._fields import SUPPORTED_VERSIONS, UnsupportedSGLang
+from batchstate.sglang._fields import SUPPORTED_VERSIONS, UnsupportedCache, UnsupportedSGLang
 from batchstate.sglang._topology import cpu_topology
 from batchstate.sglang.audit import AuditReport, Violation, audit
 from batchstate.sglang.replay import Replayed, replay
@@ -26,6 +26,7 @@ __all__ = [
     "ShadowDivergence",
     "TraceError",
     "TraceStep",
+    "UnsupportedCache",
     "UnsupportedSGLang",
     "Violation",
     "Watch",

@@ -59,6 +59,21 @@ class UnsupportedSGLang(Error, TypeError):
         )
 
 
+class UnsupportedCache(Error, TypeError):
+    """The scheduler's tree cache is one batchstate.sglang does not read: it reads
+    `RadixCache`'s node tree, and SGLang's hybrid caches (`UnifiedRadixCache` with SWA
+    or Mamba components) keep theirs in a tree core of their own."""
+
+    def __init__(self, cache: object, components: object) -> None:
+        self.cache = type(cache).__name__
+        self.components = components
+        super().__init__(
+            f"tree cache {self.cache} (components {components}) is not read by "
+            "batchstate.sglang, which reads RadixCache's node tree: hybrid SWA and Mamba "
+            "caches are not covered (docs/sglang.md, Coverage)"
+        )
+
+
 def installed_version() -> str:
     """The installed SGLang's version, or 'not installed'."""
     from importlib.metadata import PackageNotFoundError, version
@@ -81,6 +96,9 @@ def require_batch(batch: Any) -> None:
     require(batch, "ScheduleBatch", BATCH_FIELDS)
     require(batch.req_to_token_pool, "ReqToTokenPool", REQ_POOL_FIELDS)
     require(batch.token_to_kv_pool_allocator, "KV allocator", ALLOCATOR_FIELDS)
+    components = getattr(batch.tree_cache, "tree_components", None)
+    if components is not None:  # a UnifiedRadixCache: its tree is not RadixCache's
+        raise UnsupportedCache(batch.tree_cache, tuple(c.name for c in components))
     require(batch.tree_cache, "tree cache", TREE_FIELDS)
     for req in batch.reqs:
         require(req, "Req", REQ_FIELDS)
