@@ -16,7 +16,7 @@ if importlib.util.find_spec("sglang") is None:
         allow_module_level=True,
     )
 
-from batchstate.sglang import Divergence, Watch, cpu_topology
+from batchstate.sglang import Divergence, NotReplayed, Shadow, Watch, cpu_topology
 from batchstate.sglang.spec_drive import SpecDriver, cpu_kernels
 
 pytestmark = [
@@ -119,3 +119,10 @@ def test_a_reserve_never_freed_at_release_is_named(
         _run(_loaded(page_size, requests=4))
     assert watch.divergences == [raised.value]
     assert raised.value.violation.check == "conservation"
+
+
+def test_a_shadow_refuses_speculative_batches_by_name(page_size: int) -> None:
+    driver = _loaded(page_size, requests=2)
+    with Shadow() as shadow, pytest.raises(NotReplayed, match="EAGLE"):
+        driver.step()
+    assert shadow.operations == [] and shadow.replica is None  # nothing replayed

@@ -8,7 +8,12 @@ transitions on its own pools and names the first call where the two differ, and
 section gives the commands.
 """
 
-from batchstate.sglang._fields import SUPPORTED_VERSIONS, UnsupportedCache, UnsupportedSGLang
+from batchstate.sglang._fields import (
+    SUPPORTED_VERSIONS,
+    NotReplayed,
+    UnsupportedCache,
+    UnsupportedSGLang,
+)
 from batchstate.sglang._topology import cpu_topology
 from batchstate.sglang.audit import AuditReport, Violation, audit
 from batchstate.sglang.replay import Replayed, replay
@@ -21,6 +26,7 @@ __all__ = [
     "AuditReport",
     "Divergence",
     "Mismatch",
+    "NotReplayed",
     "Replayed",
     "Shadow",
     "ShadowDivergence",

@@ -74,6 +74,18 @@ class UnsupportedCache(Error, TypeError):
         )
 
 
+class NotReplayed(Error, TypeError):
+    """A batch on a path a `Shadow` does not replay (speculative decoding: SGLang reserves
+    KV for the next verify windows across steps, batchstate allocates each window and
+    frees the rejected slots, and no normalisation between the two is written)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"a Shadow does not replay {path}; Watch checks it (docs/sglang.md, Coverage)"
+        )
+
+
 def installed_version() -> str:
     """The installed SGLang's version, or 'not installed'."""
     from importlib.metadata import PackageNotFoundError, version
@@ -91,14 +103,18 @@ def require(obj: object, owner: str, names: tuple[str, ...]) -> None:
             raise UnsupportedSGLang(owner, name)
 
 
+def _require_radix_cache(tree: object) -> None:
+    components = getattr(tree, "tree_components", None)
+    if components is not None:  # a UnifiedRadixCache: its tree is not RadixCache's
+        raise UnsupportedCache(tree, tuple(c.name for c in components))
+
+
 def require_batch(batch: Any) -> None:
     """Check every attribute `audit` and `Watch` read on a batch and what it points to."""
     require(batch, "ScheduleBatch", BATCH_FIELDS)
     require(batch.req_to_token_pool, "ReqToTokenPool", REQ_POOL_FIELDS)
     require(batch.token_to_kv_pool_allocator, "KV allocator", ALLOCATOR_FIELDS)
-    components = getattr(batch.tree_cache, "tree_components", None)
-    if components is not None:  # a UnifiedRadixCache: its tree is not RadixCache's
-        raise UnsupportedCache(batch.tree_cache, tuple(c.name for c in components))
+    _require_radix_cache(batch.tree_cache)
     require(batch.tree_cache, "tree cache", TREE_FIELDS)
     for req in batch.reqs:
         require(req, "Req", REQ_FIELDS)
@@ -112,7 +128,10 @@ def require_shadowed(batch: Any, reqs: Iterable[Any] | None = None) -> None:
     require(batch, "ScheduleBatch", BATCH_FIELDS)
     require(batch.req_to_token_pool, "ReqToTokenPool", REQ_POOL_FIELDS)
     require(batch.token_to_kv_pool_allocator, "KV allocator", ALLOCATOR_FIELDS)
+    _require_radix_cache(batch.tree_cache)
     require(batch.tree_cache, "tree cache", TREE_FIELDS)
+    if not batch.spec_algorithm.is_none():
+        raise NotReplayed(f"speculative decoding ({batch.spec_algorithm.name})")
     require(batch, "ScheduleBatch", SHADOW_BATCH_FIELDS)
     for req in batch.reqs if reqs is None else reqs:
         require(req, "Req", REQ_FIELDS + SHADOW_REQ_FIELDS)
