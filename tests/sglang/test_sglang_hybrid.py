@@ -1,7 +1,8 @@
-"""SGLang's hybrid sliding-window stack (`SWAKVPool`, `SWATokenToKVPoolAllocator`,
-`UnifiedRadixCache` with FULL and SWA components) runs on CPU, and `Watch` and
-`Shadow`, which read `RadixCache`'s node tree, refuse it by name. Skipped when SGLang
-is not installed."""
+"""SGLang's hybrid stacks run on CPU: sliding window (`SWAKVPool`,
+`SWATokenToKVPoolAllocator`, `UnifiedRadixCache` with FULL and SWA components) and
+Mamba (`HybridReqToTokenPool` with its `MambaPool`, `UnifiedRadixCache` with FULL and
+MAMBA components); `Watch` and `Shadow`, which read `RadixCache`'s node tree, refuse
+both by name. Skipped when SGLang is not installed."""
 
 from __future__ import annotations
 
@@ -31,7 +32,10 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def topology() -> Iterator[None]:
-    with cpu_topology(page_size=1):
+    with cpu_topology(page_size=1) as args:
+        # The Mamba cache's chunk: SGLang reads it from the model's Hugging Face config
+        # unless pre-seeded, as SGLang's own test fixtures seed it (FLA's chunk, 64).
+        args._mamba_cache_chunk_size = 64  # type: ignore[attr-defined]
         yield
 
 
@@ -84,20 +88,76 @@ def _swa_driver() -> Driver:
     return driver
 
 
-def test_sglangs_swa_stack_runs_on_cpu(topology: None) -> None:
-    driver = _swa_driver()
+def _mamba_driver() -> Driver:
+    """The `Driver` over SGLang's `HybridReqToTokenPool` (32 Mamba state slots, one Mamba2
+    layer), its token KV allocator and the unified radix cache with a MAMBA component."""
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    driver = Driver(page_size=1, kv_tokens=1024, rows=16, seed=1)
+    shape = Mamba2StateShape.create(
+        tp_world_size=1,
+        intermediate_size=8,
+        n_groups=1,
+        num_heads=2,
+        head_dim=4,
+        state_size=4,
+        conv_kernel=4,
+    )
+    pool = HybridReqToTokenPool(
+        size=16,
+        mamba_size=32,
+        mamba_spec_state_size=0,
+        max_context_len=1024,
+        device="cpu",
+        enable_memory_saver=False,
+        cache_params=Mamba2CacheParams(shape=shape, layers=[0]),
+        mamba_layer_ids=[0],
+        enable_mamba_extra_buffer=False,
+        enable_overlap_schedule=False,
+    )
+    cache = UnifiedRadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=pool,
+            token_to_kv_pool_allocator=driver.allocator,
+            page_size=1,
+            tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+        )
+    )
+    driver.req_to_token_pool, driver.tree_cache = pool, cache
+    driver.running = driver._batch([])
+    for n in range(4):
+        driver.submit(list(range(100 + n, 180 + n)), 8)
+    return driver
+
+
+STACKS = {"swa": (_swa_driver, ("FULL", "SWA")), "mamba": (_mamba_driver, ("FULL", "MAMBA"))}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_sglangs_hybrid_stacks_run_on_cpu(topology: None, stack: str) -> None:
+    driver = STACKS[stack][0]()
     while driver.step() != "idle" or driver.waiting:
         pass
     assert driver.finished == 4
-    assert driver.allocator.full_available_size() + driver.tree_cache.evictable_size() == 1024
+    free = int(driver.allocator.available_size())
+    if stack == "swa":
+        free = int(driver.allocator.full_available_size())
+    assert free + int(driver.tree_cache.evictable_size()) == 1024  # full KV: all back
 
 
+@pytest.mark.parametrize("stack", STACKS)
 @pytest.mark.parametrize("tool", [Watch, Shadow])
 def test_watch_and_shadow_refuse_the_unified_cache_by_name(
-    topology: None, tool: type[Watch] | type[Shadow]
+    topology: None, tool: type[Watch] | type[Shadow], stack: str
 ) -> None:
-    driver = _swa_driver()
+    make, components = STACKS[stack]
+    driver = make()
     with tool(), pytest.raises(UnsupportedCache) as raised:
         driver.step()
     assert raised.value.cache == "UnifiedRadixCache"
-    assert raised.value.components == ("FULL", "SWA")
+    assert raised.value.components == components
