@@ -70,10 +70,11 @@ def _run(loop: SchedulerLoop) -> list[tuple[str, tuple[str, ...], tuple[int, ...
     return steps
 
 
-def test_mixed_steps_run_under_the_watch_without_a_finding(topology: None) -> None:
-    without = _run(_loaded())
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+def test_mixed_steps_run_under_the_watch_without_a_finding(topology: None, overlap: bool) -> None:
+    without = _run(_loaded(overlap=overlap))
     with Watch() as watch:
-        steps = _run(_loaded())
+        steps = _run(_loaded(overlap=overlap))
     assert watch.divergences == []
     assert steps == without  # the watch changes nothing SGLang does
     mixed = [rids for mode, rids, _ in steps if mode == "MIXED"]
