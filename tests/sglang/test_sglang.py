@@ -6,7 +6,6 @@ Skipped when SGLang is not installed (CI installs it as docs/sglang.md says).
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -14,23 +13,16 @@ from typing import Any
 
 import pytest
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip(
-        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
-        allow_module_level=True,
-    )
+from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_MISSING, SGLANG_PRESENT
+
+if not SGLANG_PRESENT:
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
 
 from batchstate.sglang import Divergence, UnsupportedSGLang, Watch, audit, cpu_topology
 from batchstate.sglang._fields import BATCH_FIELDS
 from batchstate.sglang.drive import Driver
 
-# SGLang warns at import and at run time about CUDA-only features on CPU.
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
-    ),
-    pytest.mark.xdist_group("sglang"),
-]
+pytestmark = SGLANG_MARKS
 
 
 @pytest.fixture(scope="module")

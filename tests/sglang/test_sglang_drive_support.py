@@ -3,16 +3,14 @@ it does not run (`batchstate.sglang.driven.support`). Skipped when SGLang is not
 
 from __future__ import annotations
 
-import importlib.util
 from typing import cast
 
 import pytest
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip(
-        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
-        allow_module_level=True,
-    )
+from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_MISSING, SGLANG_PRESENT
+
+if not SGLANG_PRESENT:
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
 
 import msgspec
 
@@ -20,12 +18,7 @@ from batchstate.errors import Error
 from batchstate.sglang import cpu_topology
 from batchstate.sglang.driven.support import REFUSED, DriveRefused, check_drive, main
 
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
-    ),
-    pytest.mark.xdist_group("sglang"),
-]
+pytestmark = SGLANG_MARKS
 
 # A value of each refused field that turns its feature on.
 TURNED_ON = {"_on": True, "_above_one": 2, "_set": "EAGLE"}

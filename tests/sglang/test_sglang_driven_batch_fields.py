@@ -5,7 +5,6 @@ real scheduler loop (that part skipped when SGLang is not installed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from collections.abc import Callable, Iterator
 
@@ -29,14 +28,9 @@ from batchstate import (
 )
 from batchstate.errors import PhaseError
 from batchstate.sglang.driven.batch_fields import BatchFields
+from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_PRESENT
 
-HAS_SGLANG = importlib.util.find_spec("sglang") is not None
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
-    ),
-    pytest.mark.xdist_group("sglang"),
-]
+pytestmark = SGLANG_MARKS
 
 SYSTEM = tuple(range(100, 140))  # 40 shared tokens: two whole pages and 8
 
@@ -157,7 +151,7 @@ def test_the_host_fields_never_read_the_device() -> None:
 
 @pytest.fixture(params=[1, 16], ids=["page1", "page16"])
 def page_size(request: pytest.FixtureRequest) -> Iterator[int]:
-    if not HAS_SGLANG:
+    if not SGLANG_PRESENT:
         pytest.skip("SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands")
     from batchstate.sglang import cpu_topology
 

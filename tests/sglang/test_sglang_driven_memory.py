@@ -5,7 +5,6 @@ scheduler loop. Skipped when SGLang is not installed."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import random
 from array import array
 from collections.abc import Iterator
@@ -16,11 +15,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip(
-        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
-        allow_module_level=True,
-    )
+from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_MISSING, SGLANG_PRESENT
+
+if not SGLANG_PRESENT:
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
 
 from batchstate import Pools
 from batchstate.sglang import Shadow, cpu_topology
@@ -28,12 +26,7 @@ from batchstate.sglang.driven.memory import KVAllocatorView, RadixCacheView, Req
 from batchstate.sglang.replica import ExtendItem, Replica
 from batchstate.sglang.scheduler_loop import SchedulerLoop
 
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
-    ),
-    pytest.mark.xdist_group("sglang"),
-]
+pytestmark = SGLANG_MARKS
 
 
 @pytest.fixture(params=[1, 16], ids=["page1", "page16"])

@@ -4,27 +4,20 @@ request. Skipped when SGLang is not installed."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
 import pytest
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip(
-        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
-        allow_module_level=True,
-    )
+from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_MISSING, SGLANG_PRESENT
+
+if not SGLANG_PRESENT:
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
 
 from batchstate.sglang import Divergence, Watch, cpu_topology
 from tests.sglang.test_sglang import _free_row_twice, _leak_on_release
 from tests.sglang.test_sglang_scheduler_loop import _loaded, _run
 
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
-    ),
-    pytest.mark.xdist_group("sglang"),
-]
+pytestmark = SGLANG_MARKS
 
 
 @pytest.fixture(params=[1, 16], ids=["page1", "page16"])

@@ -4,28 +4,21 @@ CPU under `Watch` and `Shadow`. Skipped when SGLang is not installed."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip(
-        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
-        allow_module_level=True,
-    )
+from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_MISSING, SGLANG_PRESENT
+
+if not SGLANG_PRESENT:
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
 
 from batchstate.sglang import Divergence, Shadow, ShadowDivergence, Watch, cpu_topology
 from batchstate.sglang.scheduler_loop import SchedulerLoop
 
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
-    ),
-    pytest.mark.xdist_group("sglang"),
-]
+pytestmark = SGLANG_MARKS
 
 PAGE = 16
 

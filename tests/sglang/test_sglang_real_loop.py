@@ -6,7 +6,6 @@ client aborts mid-chunk and mid-decode. Skipped when SGLang is not installed."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import random
 from collections.abc import Iterator
@@ -14,11 +13,10 @@ from contextlib import contextmanager
 
 import pytest
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip(
-        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
-        allow_module_level=True,
-    )
+from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_MISSING, SGLANG_PRESENT
+
+if not SGLANG_PRESENT:
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
 
 import torch
 
@@ -26,12 +24,7 @@ from batchstate.sglang import Divergence, Shadow, ShadowDivergence, Watch, cpu_t
 from batchstate.sglang.fake_worker import next_token
 from batchstate.sglang.scheduler_loop import SchedulerLoop
 
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
-    ),
-    pytest.mark.xdist_group("sglang"),
-]
+pytestmark = SGLANG_MARKS
 
 KV_TOKENS = {1: 800, 16: 1024}  # short enough that decoding runs out and retracts
 CHUNK = 128

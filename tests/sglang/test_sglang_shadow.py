@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,11 +10,10 @@ from typing import Any
 
 import pytest
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip(
-        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
-        allow_module_level=True,
-    )
+from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_MISSING, SGLANG_PRESENT
+
+if not SGLANG_PRESENT:
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
 
 from batchstate.cli import main
 from batchstate.sglang import Shadow, ShadowDivergence, cpu_topology, replay
@@ -28,12 +26,7 @@ from tests.sglang.test_sglang import (
     _share_one_row,
 )
 
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
-    ),
-    pytest.mark.xdist_group("sglang"),
-]
+pytestmark = SGLANG_MARKS
 
 
 @pytest.fixture(scope="module")

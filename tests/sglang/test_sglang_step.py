@@ -5,15 +5,12 @@ Skipped when SGLang is not installed (CI installs it as docs/sglang.md says).
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip(
-        "SGLang 0.5.23 is not installed: docs/sglang.md#install gives the commands",
-        allow_module_level=True,
-    )
+from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_MISSING, SGLANG_PRESENT
+
+if not SGLANG_PRESENT:
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
 
 from benchmarks.impl_batchstate import BatchstateStep
 from benchmarks.production import run_turn
@@ -25,12 +22,7 @@ from benchmarks.sglang_step import DEFAULT, PLAIN, main, run
 
 from batchstate.sglang import cpu_topology
 
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
-    ),
-    pytest.mark.xdist_group("sglang"),
-]
+pytestmark = SGLANG_MARKS
 
 
 def test_the_quick_run_prints_both_workloads_with_every_ratio(
