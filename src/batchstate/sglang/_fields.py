@@ -34,6 +34,13 @@ KV_FIELDS = ("req_pool_idx", "cache_protected_len", "kv_allocated_len")
 REQ_POOL_FIELDS = ("req_to_token", "free_slots", "size")
 ALLOCATOR_FIELDS = ("size", "page_size", "free_pages", "available_size")
 TREE_FIELDS = ("evictable_size", "protected_size", "root_node")
+UNIFIED_TREE_FIELDS = ("tree_core", "full_evictable_size", "full_protected_size")
+"""What `audit` and `Watch` read of a `UnifiedRadixCache` in place of its node tree."""
+COMPONENT_FIELDS = {
+    "SWA": ("swa_evictable_size", "swa_protected_size"),
+    "MAMBA": ("mamba_evictable_size", "mamba_protected_size"),
+}
+"""Its counters per component beside FULL (whose pools are read: docs/sglang.md)."""
 SHADOW_BATCH_FIELDS = ("chunked_req",)
 SHADOW_REQ_FIELDS = (
     "full_untruncated_fill_ids",
@@ -60,17 +67,18 @@ class UnsupportedSGLang(Error, TypeError):
 
 
 class UnsupportedCache(Error, TypeError):
-    """The scheduler's tree cache is one batchstate.sglang does not read: it reads
+    """The scheduler's tree cache is one this reader does not read: a `Shadow` replays
     `RadixCache`'s node tree, and SGLang's hybrid caches (`UnifiedRadixCache` with SWA
-    or Mamba components) keep theirs in a tree core of their own."""
+    or Mamba components) keep theirs in a tree core of their own; `Watch` reads those
+    from their counters, and refuses a component it has no counters for."""
 
     def __init__(self, cache: object, components: object) -> None:
         self.cache = type(cache).__name__
         self.components = components
         super().__init__(
-            f"tree cache {self.cache} (components {components}) is not read by "
-            "batchstate.sglang, which reads RadixCache's node tree: hybrid SWA and Mamba "
-            "caches are not covered (docs/sglang.md, Coverage)"
+            f"tree cache {self.cache} (components {components}) is not read here: a "
+            "Shadow replays RadixCache's node tree only, and Watch reads the FULL, SWA and "
+            "MAMBA components of a unified cache (docs/sglang.md, Coverage)"
         )
 
 
@@ -109,13 +117,27 @@ def _require_radix_cache(tree: object) -> None:
         raise UnsupportedCache(tree, tuple(c.name for c in components))
 
 
+def _require_tree(tree: object) -> None:
+    """`RadixCache`'s fields, or a unified cache's counters for each of its components."""
+    found = getattr(tree, "tree_components", None)
+    if found is None:
+        require(tree, "tree cache", TREE_FIELDS)
+        return
+    names = tuple(c.name for c in found)
+    if any(n != "FULL" and n not in COMPONENT_FIELDS for n in names):
+        raise UnsupportedCache(tree, names)
+    # Not `root_node`: the default Rust tree core raises NotImplementedError for it.
+    require(tree, "tree cache", TREE_FIELDS[:2] + UNIFIED_TREE_FIELDS)
+    for name in names:
+        require(tree, "tree cache", COMPONENT_FIELDS.get(name, ()))
+
+
 def require_batch(batch: Any) -> None:
     """Check every attribute `audit` and `Watch` read on a batch and what it points to."""
     require(batch, "ScheduleBatch", BATCH_FIELDS)
     require(batch.req_to_token_pool, "ReqToTokenPool", REQ_POOL_FIELDS)
     require(batch.token_to_kv_pool_allocator, "KV allocator", ALLOCATOR_FIELDS)
-    _require_radix_cache(batch.tree_cache)
-    require(batch.tree_cache, "tree cache", TREE_FIELDS)
+    _require_tree(batch.tree_cache)
     for req in batch.reqs:
         require(req, "Req", REQ_FIELDS)
         require(req.kv, "Req.kv", KV_FIELDS)

@@ -17,6 +17,16 @@ import torch
 
 from batchstate.sglang._fields import require_batch
 from batchstate.sglang._free_group import free_tokens
+from batchstate.sglang.hybrid import (
+    components,
+    full_allocator,
+    full_counts,
+    is_swa,
+    mamba_free_slots,
+    mamba_slot,
+    swa_free_slots,
+    window_peers,
+)
 
 
 @attrs.frozen
@@ -89,6 +99,8 @@ def _rows(batch: Any) -> Iterable[Violation]:
         )
     indices = None if batch.req_pool_indices_cpu is None else _host(batch.req_pool_indices_cpu)
     table = batch.req_to_token_pool.req_to_token
+    # A unified cache's tree is not walked: its prefix rows are not checked.
+    walk = not components(batch.tree_cache)
     for i, req in enumerate(batch.reqs):
         row = req.kv.req_pool_idx
         if row is None and req.finished():
@@ -108,6 +120,8 @@ def _rows(batch: Any) -> Iterable[Violation]:
             yield Violation(
                 "slot 0", "req.kv.req_pool_idx", "a row other than the padding row 0", "0", req.rid
             )
+        if not walk:
+            continue
         prefix = _prefix_locations(req)
         held = _host(table[row, : len(prefix)])
         if held != prefix:
@@ -194,7 +208,10 @@ def _request_rows(pool: Any, live: Sequence[Any]) -> Iterable[Violation]:
 
 
 def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
-    allocator, tree = batch.token_to_kv_pool_allocator, batch.tree_cache
+    tree = batch.tree_cache
+    unified = bool(components(tree))
+    # Full KV: an SWA allocator's full sub-allocator, or the allocator itself.
+    allocator = full_allocator(batch.token_to_kv_pool_allocator)
     table = batch.req_to_token_pool.req_to_token
     free = _free_mask(allocator)
     page = int(allocator.page_size)
@@ -237,6 +254,9 @@ def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
                 )
                 break
             owned[loc] = req.rid
+    if unified:
+        yield from _unified_pool(tree, live, uncached)
+        return
     locked = locked_tokens(live)
     if int(tree.protected_size()) != locked:
         yield Violation(
@@ -258,6 +278,57 @@ def _pool(batch: Any, live: Sequence[Any]) -> Iterable[Violation]:
             f"allocator.size = {allocator.size}",
             f"{available} + {evictable} + {protected} + {uncached} = {total}",
         )
+
+
+def _unified_pool(tree: Any, live: Sequence[Any], uncached: int) -> Iterable[Violation]:
+    """A unified cache's pools, from its per-component counters (its tree is not walked:
+    no lock check), and what each live request holds of the window and Mamba pools."""
+    available, evictable, protected, size = full_counts(tree)
+    total = available + evictable + protected + uncached
+    if total != size:
+        yield Violation(
+            "conservation",
+            "full available + full evictable + full protected + rows' own KV",
+            f"full allocator size = {size}",
+            f"{available} + {evictable} + {protected} + {uncached} = {total}",
+        )
+    allocator, pool = tree.token_to_kv_pool_allocator, tree.req_to_token_pool
+    if is_swa(allocator):
+        free = swa_free_slots(allocator)
+        for req in live:
+            stale = sorted(window_peers(req, pool.req_to_token, allocator) & free)
+            if stale:
+                yield Violation(
+                    "window slot freed while held",
+                    "swa_attn_allocator.free_pages",
+                    "none of the row's window slots",
+                    f"holds {stale[:8]}",
+                    req.rid,
+                )
+    if hasattr(pool, "mamba_allocator"):
+        free = mamba_free_slots(pool)
+        holders: dict[int, str] = {}
+        for req in live:
+            slot = mamba_slot(req)
+            if slot is None:
+                continue
+            if slot in free:
+                yield Violation(
+                    "mamba slot freed while held",
+                    "mamba_allocator.free_slots",
+                    f"slot {slot} held by {req.rid}",
+                    f"slot {slot} on the free list",
+                    req.rid,
+                )
+            if slot in holders:
+                yield Violation(
+                    "mamba slot shared",
+                    "req.kv.mamba_pool_idx",
+                    f"slot {slot} held by {holders[slot]} alone",
+                    f"slot {slot} held by {holders[slot]}, {req.rid}",
+                    f"{holders[slot]}, {req.rid}",
+                )
+            holders.setdefault(slot, req.rid)
 
 
 def verify_window(batch: object) -> AuditReport:
