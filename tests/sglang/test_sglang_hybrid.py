@@ -1,14 +1,18 @@
 """SGLang's hybrid stacks run on CPU: sliding window (`SWAKVPool`,
 `SWATokenToKVPoolAllocator`, `UnifiedRadixCache` with FULL and SWA components) and
 Mamba (`HybridReqToTokenPool` with its `MambaPool`, `UnifiedRadixCache` with FULL and
-MAMBA components); `Watch` and `Shadow`, which read `RadixCache`'s node tree, refuse
-both by name. Skipped when SGLang is not installed."""
+MAMBA components). `Watch` checks both from the pools' and the cache's counters (zero
+findings over a long run; a bug reintroduced into SGLang named at its call, with its
+request); `Shadow`, which replays `RadixCache`'s node tree, refuses both by name.
+Skipped when SGLang is not installed."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from pytest import MonkeyPatch
 
 from tests.sglang.needs_sglang import SGLANG_MARKS, SGLANG_MISSING, SGLANG_PRESENT
 
@@ -17,7 +21,7 @@ if not SGLANG_PRESENT:
 
 import torch
 
-from batchstate.sglang import Shadow, UnsupportedCache, Watch, cpu_topology
+from batchstate.sglang import Divergence, Shadow, UnsupportedCache, Watch, cpu_topology
 from batchstate.sglang.drive import Driver
 
 pytestmark = SGLANG_MARKS
@@ -143,14 +147,117 @@ def test_sglangs_hybrid_stacks_run_on_cpu(topology: None, stack: str) -> None:
     assert free + int(driver.tree_cache.evictable_size()) == 1024  # full KV: all back
 
 
+def _busy(driver: Driver) -> Driver:
+    """`driver` with 10 more requests, most longer than the window: they decode past it,
+    share prompt prefixes, and outgrow the KV pools (SGLang retracts some under SWA)."""
+    for n in range(8):
+        driver.submit(list(range(100 + n % 3, 150 + n)), 90 + 7 * n)
+    for _ in range(2):  # one prompt twice: the second finds its state in the tree
+        driver.submit(list(range(300, 340)), 30)
+    return driver
+
+
+def _run(driver: Driver) -> int:
+    """Step `driver` until every request is done; the steps taken."""
+    steps = 0
+    while driver.step() != "idle" or driver.waiting:
+        steps += 1
+        assert steps < 1000
+    return steps
+
+
 @pytest.mark.parametrize("stack", STACKS)
-@pytest.mark.parametrize("tool", [Watch, Shadow])
-def test_watch_and_shadow_refuse_the_unified_cache_by_name(
-    topology: None, tool: type[Watch] | type[Shadow], stack: str
-) -> None:
+def test_watch_checks_the_hybrid_stacks_with_zero_findings(topology: None, stack: str) -> None:
+    driver = _busy(STACKS[stack][0]())
+    with Watch(on_divergence="log") as watch:
+        steps = _run(driver)
+    assert watch.divergences == []
+    assert driver.finished == 14
+    assert steps > 100 and len(watch.trace) > 2 * steps  # every call checked
+    if stack == "swa":
+        assert driver.retracted > 0  # retract_decode and its releases ran under the watch
+    live = watch.holdings.held
+    assert live == {}  # every request released, every holding forgotten
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_shadow_refuses_the_unified_cache_by_name(topology: None, stack: str) -> None:
     make, components = STACKS[stack]
     driver = make()
-    with tool(), pytest.raises(UnsupportedCache) as raised:
+    with Shadow(), pytest.raises(UnsupportedCache) as raised:
         driver.step()
     assert raised.value.cache == "UnifiedRadixCache"
     assert raised.value.components == components
+
+
+def _window_leak(monkeypatch: MonkeyPatch) -> None:
+    """A release that keeps the window slots of the row's own KV: the mapping is cleared
+    but the window sub-allocator never gets them back."""
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    original = UnifiedRadixCache.free_kv_row
+
+    def leaky(self: Any, kv: Any, ranges: list[tuple[int, int]]) -> None:
+        window = self.token_to_kv_pool_allocator.swa_attn_allocator
+        with MonkeyPatch.context() as inner:
+            inner.setattr(window, "free_page_ids", lambda ids: None)
+            inner.setattr(window, "free", lambda index: None)
+            original(self, kv, ranges)
+
+    monkeypatch.setattr(UnifiedRadixCache, "free_kv_row", leaky)
+
+
+def _full_freed_twice(monkeypatch: MonkeyPatch) -> None:
+    """A release that gives the full KV slot of the row's last token back twice."""
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    original = UnifiedRadixCache.free_kv_row
+
+    def twice(self: Any, kv: Any, ranges: list[tuple[int, int]]) -> None:
+        last = self.req_to_token_pool.req_to_token[kv.req_pool_idx, kv.kv_allocated_len - 1]
+        original(self, kv, ranges)
+        self.token_to_kv_pool_allocator.full_attn_allocator.free(last.reshape(1).long())
+
+    monkeypatch.setattr(UnifiedRadixCache, "free_kv_row", twice)
+
+
+def _mamba_fork_kept(monkeypatch: MonkeyPatch) -> None:
+    """A checkpoint that keeps the Mamba state it forked for the tree when the tree
+    already holds that state, instead of freeing the fork's slot."""
+    from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+    monkeypatch.setattr(MambaComponent, "_free_mamba_value", lambda self, value: None)
+
+
+BUGS = {
+    "window slots leaked at release": (
+        "swa",
+        _window_leak,
+        "release_kv_cache",
+        "window conservation",
+    ),
+    "full KV slot freed twice": ("swa", _full_freed_twice, "release_kv_cache", "conservation"),
+    "mamba fork not freed": (
+        "mamba",
+        _mamba_fork_kept,
+        "checkpoint_kv_cache",
+        "mamba slot returned",
+    ),
+}
+
+
+@pytest.mark.parametrize("bug", BUGS)
+def test_watch_names_a_bug_reintroduced_into_sglang_at_its_call(
+    topology: None, monkeypatch: MonkeyPatch, bug: str
+) -> None:
+    stack, reintroduce, operation, check = BUGS[bug]
+    driver = _busy(STACKS[stack][0]())
+    reintroduce(monkeypatch)
+    with Watch() as watch, pytest.raises(Divergence) as raised:
+        _run(driver)
+    found = raised.value
+    assert found.operation == operation
+    assert found.violation.check == check
+    # The request that call released or checkpointed: the one the trace's last step names.
+    assert found.violation.request == watch.trace[-1].rids[0]
+    assert found.violation.request.startswith("r")

@@ -15,6 +15,17 @@ The first three cost O(requests touched) per call (running totals, the freed row
 tail of SGLang's free list); the lock count walks each live request's tree path. A
 difference found once is not reported again at later calls: the totals it broke are
 taken as the new baseline.
+
+Over SGLang's hybrid stacks (a `UnifiedRadixCache`, whose tree is not walked) a request
+also holds the window slots paired with its own KV (SWA) and a Mamba state slot, and
+each component balances on its own counters instead of the lock count:
+
+- full KV: free + full evictable + full protected + rows' own KV = the full size;
+- window KV: free + SWA evictable + SWA protected + rows' window slots = the SWA size;
+- Mamba slots: free + Mamba evictable + Mamba protected + live slots never exceeds the
+  pool, and a release gives back to free + tree exactly the slot it held. (SGLang may
+  take a slot for a request still waiting for its row, outside any call a `Watch`
+  sees, so the sum may fall short between calls without a leak.)
 """
 
 from __future__ import annotations
@@ -27,6 +38,15 @@ import attrs
 
 from batchstate.sglang._free_group import free_tokens
 from batchstate.sglang.audit import Violation, locked_tokens
+from batchstate.sglang.hybrid import (
+    components,
+    full_counts,
+    is_swa,
+    mamba_counts,
+    mamba_slot,
+    swa_counts,
+    swa_tokens,
+)
 
 
 @attrs.frozen
@@ -36,6 +56,8 @@ class Holding:
 
     row: int
     own: int
+    swa: int = 0  # window slots paired with the own KV (SWA stacks)
+    mamba: int | None = None  # the Mamba state slot (Mamba stacks)
 
 
 def own_tokens(req: Any, page_size: int) -> int:
@@ -52,15 +74,22 @@ class Holdings:
         self._reqs: dict[str, Any] = {}
         self._owners: dict[int, list[str]] = {}  # row -> the live rids that hold it
         self._own = 0
+        self._swa = 0
+        self._mamba = 0
         # A broken total stays broken: the difference already reported is the new baseline.
         self._rows_drift = 0
         self._kv_drift = 0
         self._lock_drift = 0
+        self._swa_drift = 0
+        self._mamba_drift = 0
 
-    def update(self, reqs: Iterable[Any], page_size: int) -> list[Violation]:
-        """Take each of `reqs`' current row and own KV; a row another live request already
-        holds is a violation naming both."""
+    def update(self, reqs: Iterable[Any], page_size: int, tree: Any = None) -> list[Violation]:
+        """Take each of `reqs`' current row and own KV (and, over `tree`'s hybrid pools,
+        its window slots and Mamba slot); a row another live request already holds is a
+        violation naming both."""
         found: list[Violation] = []
+        allocator = None if tree is None else tree.token_to_kv_pool_allocator
+        swa = allocator is not None and is_swa(allocator)
         for req in reqs:
             self._forget(req.rid)
             row = req.kv.req_pool_idx
@@ -79,10 +108,13 @@ class Holdings:
                     )
                 )
             holders.append(req.rid)
-            holding = Holding(row, own_tokens(req, page_size))
+            window = swa_tokens(req, tree.req_to_token_pool.req_to_token, allocator) if swa else 0
+            holding = Holding(row, own_tokens(req, page_size), window, mamba_slot(req))
             self.held[req.rid] = holding
             self._reqs[req.rid] = req
             self._own += holding.own
+            self._swa += holding.swa
+            self._mamba += holding.mamba is not None
         return found
 
     def live(self) -> list[Any]:
@@ -95,6 +127,8 @@ class Holdings:
         if old is None:
             return
         self._own -= old.own
+        self._swa -= old.swa
+        self._mamba -= old.mamba is not None
         holders = self._owners[old.row]
         holders.remove(rid)
         if not holders:
@@ -149,23 +183,30 @@ class Holdings:
                     who,
                 )
             )
-        available, evictable, protected = (
-            free_tokens(allocator),
-            int(tree.evictable_size()),
-            int(tree.protected_size()),
-        )
+        parts = components(tree)
+        if parts:
+            available, evictable, protected, size = full_counts(tree)
+        else:
+            available, evictable, protected, size = (
+                free_tokens(allocator),
+                int(tree.evictable_size()),
+                int(tree.protected_size()),
+                int(allocator.size),
+            )
         total = available + evictable + protected + self._own
-        if total - int(allocator.size) != self._kv_drift:
-            self._kv_drift = total - int(allocator.size)
+        if total - size != self._kv_drift:
+            self._kv_drift = total - size
             found.append(
                 Violation(
                     "conservation",
                     "available + evictable + protected + rows' own KV",
-                    f"allocator.size = {allocator.size}",
+                    f"allocator.size = {size}",
                     f"{available} + {evictable} + {protected} + {self._own} = {total}",
                     who,
                 )
             )
+        if parts:  # the tree is not walked: the components' own balances, no lock count
+            return found + self._hybrid_balance(tree, parts, who)
         locked = locked_tokens(self.live())
         if protected - locked != self._lock_drift:
             self._lock_drift = protected - locked
@@ -179,3 +220,60 @@ class Holdings:
                 )
             )
         return found
+
+    def _hybrid_balance(self, tree: Any, parts: tuple[str, ...], who: str) -> list[Violation]:
+        found: list[Violation] = []
+        if "SWA" in parts:
+            available, evictable, protected, size = swa_counts(tree)
+            total = available + evictable + protected + self._swa
+            if total - size != self._swa_drift:
+                self._swa_drift = total - size
+                found.append(
+                    Violation(
+                        "window conservation",
+                        "swa available + swa evictable + swa protected + rows' window slots",
+                        f"allocator.size_swa = {size}",
+                        f"{available} + {evictable} + {protected} + {self._swa} = {total}",
+                        who,
+                    )
+                )
+        if "MAMBA" in parts:
+            available, evictable, protected, size = mamba_counts(tree)
+            # Short of the pool is a slot a waiting request took (not seen); past it, a
+            # slot counted twice.
+            over = max(0, available + evictable + protected + self._mamba - size)
+            if over != self._mamba_drift:
+                self._mamba_drift = over
+                found.append(
+                    Violation(
+                        "mamba conservation",
+                        "mamba free + mamba evictable + mamba protected + live slots",
+                        f"at most mamba_allocator.size = {size}",
+                        f"{available} + {evictable} + {protected} + {self._mamba}"
+                        f" = {available + evictable + protected + self._mamba}",
+                        who,
+                    )
+                )
+        return found
+
+    def mamba_returned(self, tree: Any, before: int, slot: int | None, rid: str) -> list[Violation]:
+        """After a cache call on `rid`: the Mamba slots free or in the tree (`before` the
+        call) must have grown by what the request gave up (`slot`, the one it held, if it
+        holds none now): a state the tree forks or takes over moves between the two, and
+        a fork the tree already holds goes back to the free list."""
+        available, evictable, protected, _ = mamba_counts(tree)
+        grown = available + evictable + protected - before
+        held = self.held.get(rid)
+        now = None if held is None else held.mamba
+        expected = int(slot is not None) - int(now is not None)
+        if grown == expected:
+            return []
+        return [
+            Violation(
+                "mamba slot returned",
+                "mamba free + mamba evictable + mamba protected",
+                f"{before} + {expected} (slot {slot} held before, {now} after)",
+                f"{before} + {grown}",
+                rid,
+            )
+        ]

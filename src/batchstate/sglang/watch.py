@@ -27,6 +27,7 @@ from batchstate.sglang._detach import Unsupported, detach_on_unsupported
 from batchstate.sglang._stubs import install_stubs
 from batchstate.sglang.audit import AuditReport, Violation, audit, verify_window
 from batchstate.sglang.holdings import Holdings
+from batchstate.sglang.hybrid import components, mamba_counts, mamba_slot
 
 LIFECYCLE = (
     "prepare_for_extend",
@@ -182,9 +183,15 @@ class Watch:
                 return original(req, tree_cache, *args, **kwargs)
             row = req.kv.req_pool_idx
             free_before = len(tree_cache.req_to_token_pool.free_slots)
+            # Mamba: the slot the request holds, and the slots free or in the tree.
+            mamba = "MAMBA" in components(tree_cache)
+            slot = mamba_slot(req) if mamba else None
+            mamba_before = sum(mamba_counts(tree_cache)[:3]) if mamba else None
             result = original(req, tree_cache, *args, **kwargs)
             with detach_on_unsupported(watch, watch.on_unsupported, (Divergence,)):
-                watch._after_cache_call(name, req, tree_cache, row, free_before)
+                watch._after_cache_call(
+                    name, req, tree_cache, row, free_before, mamba_before=mamba_before, slot=slot
+                )
             return result
 
         checked.__name__ = name
@@ -193,14 +200,24 @@ class Watch:
         return checked
 
     def _after_cache_call(
-        self, operation: str, req: Any, tree: Any, row: int | None, free_before: int
+        self,
+        operation: str,
+        req: Any,
+        tree: Any,
+        row: int | None,
+        free_before: int,
+        *,
+        mamba_before: int | None = None,
+        slot: int | None = None,
     ) -> None:
         page = int(tree.token_to_kv_pool_allocator.page_size)
-        found = self.holdings.update([req], page)
+        found = self.holdings.update([req], page, tree)
         if operation == "release_kv_cache" and row is not None:
             found += self.holdings.returned(
                 tree.req_to_token_pool, free_before, {int(row): req.rid}
             )
+        if mamba_before is not None:
+            found += self.holdings.mamba_returned(tree, mamba_before, slot, req.rid)
         found += self.holdings.balance(tree, [req.rid])
         rows = () if row is None else (int(row),)
         self._record(
@@ -228,7 +245,7 @@ class Watch:
             chunked = getattr(batch, "chunked_req", None)
             touched = [*batch.reqs, *([] if chunked is None else [chunked])]
         page = int(batch.token_to_kv_pool_allocator.page_size)
-        found += self.holdings.update(touched, page)
+        found += self.holdings.update(touched, page, batch.tree_cache)
         # Every request holding a row until its release, in a batch or not (a chunked
         # request between chunks; under overlap, a finishing one its batch dropped first).
         report = audit(batch, also_live=self.holdings.live())
