@@ -21,7 +21,14 @@ if not SGLANG_PRESENT:
 
 import torch
 
-from batchstate.sglang import Divergence, Shadow, UnsupportedCache, Watch, cpu_topology
+from batchstate.sglang import (
+    Divergence,
+    Shadow,
+    UnsupportedCache,
+    Watch,
+    audit,
+    cpu_topology,
+)
 from batchstate.sglang.drive import Driver
 
 pytestmark = SGLANG_MARKS
@@ -166,9 +173,18 @@ def _run(driver: Driver) -> int:
     return steps
 
 
+CORES = {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}
+
+
+@pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize("stack", STACKS)
-def test_watch_checks_the_hybrid_stacks_with_zero_findings(topology: None, stack: str) -> None:
+def test_watch_checks_the_hybrid_stacks_with_zero_findings(
+    topology: None, monkeypatch: MonkeyPatch, stack: str, core: str
+) -> None:
+    # SGLang's two tree cores (Rust, its default; Python): neither's tree is walked.
+    monkeypatch.setenv("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", core)
     driver = _busy(STACKS[stack][0]())
+    assert type(driver.tree_cache.tree_core).__name__ == CORES[core]
     with Watch(on_divergence="log") as watch:
         steps = _run(driver)
     assert watch.divergences == []
@@ -261,3 +277,26 @@ def test_watch_names_a_bug_reintroduced_into_sglang_at_its_call(
     # The request that call released or checkpointed: the one the trace's last step names.
     assert found.violation.request == watch.trace[-1].rids[0]
     assert found.violation.request.startswith("r")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_audit_names_a_live_requests_slot_on_a_free_list(topology: None, stack: str) -> None:
+    driver = _busy(STACKS[stack][0]())
+    for _ in range(5):
+        driver.step()
+    batch = driver.running
+    assert audit(batch).ok
+    victim = batch.reqs[1]
+    if stack == "swa":  # one window slot of its own KV handed back behind SGLang's back
+        allocator = driver.allocator
+        location = batch.req_to_token_pool.req_to_token[
+            victim.kv.req_pool_idx, victim.kv.kv_allocated_len - 1
+        ]
+        peer = allocator.full_to_swa_index_mapping[location.long()].reshape(1)
+        allocator.swa_attn_allocator.free(peer)
+        check = "window slot freed while held"
+    else:  # its Mamba state slot
+        driver.req_to_token_pool.mamba_allocator.free(victim.kv.mamba_pool_idx.reshape(1))
+        check = "mamba slot freed while held"
+    (found,) = audit(batch).violations
+    assert (found.check, found.request) == (check, victim.rid)
