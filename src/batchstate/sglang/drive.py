@@ -53,6 +53,9 @@ class Driver:
         self.chunks = 0  # prefills that left a request mid-prompt
         self.retracted = 0
         self._next_rid = 0
+        # Result processing inside the allocator's free group, as SGLang's scheduler runs
+        # it: what a release frees shows in the allocator only at the group's end.
+        self.free_group = False
 
     def submit(self, prompt: list[int], max_new_tokens: int) -> None:
         """Queue one request (SGLang `Req`) with greedy sampling."""
@@ -142,6 +145,16 @@ class Driver:
 
     def _forward(self, batch: Any) -> None:
         """The fake model: one seeded token per row, then SGLang's result processing."""
+        if not self.free_group:
+            self._results(batch)
+            return
+        self.allocator.free_group_begin()
+        try:
+            self._results(batch)
+        finally:
+            self.allocator.free_group_end()
+
+    def _results(self, batch: Any) -> None:
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
         for req in batch.reqs:
