@@ -367,8 +367,11 @@ def audit(batch: object, *, also_live: Sequence[object] = ()) -> AuditReport:
     """Check `batch` (and its pools and prefix cache) against batchstate's invariants.
 
     `also_live` names requests outside `batch` that hold KV too (the running batch
-    while a prefill batch is audited): pool conservation counts their rows. Raises
-    `UnsupportedSGLang` when a field it reads has moved; changes nothing.
+    while a prefill batch is audited): pool conservation counts their rows. Over SGLang's
+    hybrid stacks (a `UnifiedRadixCache`) the tree is not walked: full KV is read from
+    the full sub-allocator and counters, window and Mamba slots per live request
+    (`batchstate.sglang.hybrid`). Raises `UnsupportedSGLang` when a field it reads has
+    moved; changes nothing.
     """
     require_batch(batch)
     live_batch: Any = batch
