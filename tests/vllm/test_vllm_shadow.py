@@ -113,6 +113,49 @@ def _run_until_divergence(shadow: Shadow, scheduler: Any) -> ShadowDivergence:
     return caught.value
 
 
+def test_a_duplicate_cached_block_evicted_leaves_its_twin_hit(tmp_path: Path) -> None:
+    """A prompt of exactly two blocks hits only its first (vLLM computes at least its last
+    token), so a second request with it caches a twin of the first's second block under the
+    same hash. Evicting one twin leaves the prefix cached in vLLM: batchstate keeps it too."""
+    import random
+
+    from batchstate.vllm.drive import fake_output, make_request
+
+    scheduler = make_scheduler(SchedulerShape(num_blocks=10))
+    pool = scheduler.kv_cache_manager.block_pool
+    rng = random.Random(0)
+    prompt = list(range(1, 33))
+    shadow = Shadow(scheduler, trace_path=tmp_path / "t.jsonl")
+
+    def run(rid: str, tokens: list[int]) -> Any:
+        scheduler.add_request(make_request(rid, tokens, 1))
+        output = scheduler.schedule()
+        scheduler.update_from_output(output, fake_output(scheduler, output, rng))
+        return output.scheduled_new_reqs[0]
+
+    def copies(key: Any) -> int:  # the blocks vLLM caches under one hash
+        held = pool.cached_block_hash_to_block._cache.get(key)
+        return 0 if held is None else len(held) if isinstance(held, dict) else 1
+
+    with shadow:
+        first, second = run("a", prompt), run("b", prompt)
+        assert second.num_computed_tokens == 16
+        assert first.block_ids[0][0] == second.block_ids[0][0]  # the hit
+        assert first.block_ids[0][1] != second.block_ids[0][1]  # the twin
+        key = pool.blocks[second.block_ids[0][1]].block_hash
+        assert copies(key) == 2
+        # Seven blocks: the six uncached free ones, then the head of the cached ones, a twin.
+        filler = run("f", list(range(500, 611)))
+        assert first.block_ids[0][1] in filler.block_ids[0]
+        assert copies(key) == 1
+        evicted = [e for step in shadow.steps for e in step.events if type(e).__name__ == "Evict"]
+        assert evicted == []  # the other twin still holds the prefix
+        again = run("c", [*prompt, *[7] * 17])
+    assert again.num_computed_tokens == 32  # both blocks hit, the second in the other twin
+    assert shadow.divergences == []
+    assert replay(tmp_path / "t.jsonl").mismatch is None
+
+
 def test_a_device_copy_left_stale_by_condense_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit that copies only the rows written since the last one (appended, added,
     cleared) and forgets the rows condense() moved and the reordering swapped."""

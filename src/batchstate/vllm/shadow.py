@@ -204,9 +204,16 @@ class Shadow:
         shadow = self
 
         def evicted(block: Any) -> bool:
+            key = block.block_hash
             gone = original(block)
             held = shadow._cached.pop(block.block_id, None)
-            if gone and held is not None:
+            # vLLM caches a block whose hash another block already holds (a request that
+            # recomputes a prefix it could only partly hit: its hit stops a token short of
+            # its prompt), and evicting one copy leaves the prefix cached in the other;
+            # batchstate keeps one page a prefix, so only the last copy's eviction is one.
+            copies = shadow._pool.cached_block_hash_to_block
+            kept = key is not None and copies.get_one_block(key) is not None
+            if gone and held is not None and not kept:
                 tokens, end = held
                 shadow._events.append(Evict(tuple(tokens[:end])))
             return gone
