@@ -156,6 +156,32 @@ def test_a_duplicate_cached_block_evicted_leaves_its_twin_hit(tmp_path: Path) ->
     assert replay(tmp_path / "t.jsonl").mismatch is None
 
 
+def test_vllm_evicts_no_block_from_the_middle_of_a_cached_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each prefix vLLM evicts ends a cached chain: batchstate, which caches what vLLM
+    caches, holds no cached page below it (docs/vllm.md, "Eviction", says why)."""
+    from batchstate.pools.eviction import unlocked_leaves
+    from batchstate.vllm.replica import Evict, Replica
+
+    ends: list[bool] = []
+    original = Replica.evict
+
+    def evict(self: Replica, event: Evict) -> None:
+        # An unlocked leaf has no cached page below it; and no other leaf extends it.
+        prefix = event.tokens
+        below = [leaf for leaf, _ in unlocked_leaves(self.pools) if leaf[: len(prefix)] == prefix]
+        ends.append(below == [prefix])
+        original(self, event)
+
+    monkeypatch.setattr(Replica, "evict", evict)
+    scheduler = make_scheduler(SchedulerShape(num_blocks=SMALL))
+    with Shadow(scheduler) as shadow:
+        drive(scheduler, 400, seed=3)
+    assert shadow.divergences == []
+    assert len(ends) > 50 and all(ends)
+
+
 def test_a_device_copy_left_stale_by_condense_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit that copies only the rows written since the last one (appended, added,
     cleared) and forgets the rows condense() moved and the reordering swapped."""
