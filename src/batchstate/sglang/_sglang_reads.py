@@ -16,20 +16,21 @@ def mirror_rows(batch: Any, live: list[Any]) -> int:
     if not batch.reqs and not batch.forward_mode.is_idle():
         return len(live)  # SGLang's "nothing to run" sentinel: its tensors are not read
     mirror = batch.req_pool_indices_cpu
-    return -1 if mirror is None else len(mirror) - (len(batch.reqs) - len(live))
+    # `shape[0]`, not `len`: a tensor's `len` goes through a Python-level wrapper.
+    return -1 if mirror is None else mirror.shape[0] - (len(batch.reqs) - len(live))
 
 
-def mirror_order(batch: Any, live: list[Any]) -> tuple[str, ...]:
-    """For each of `live`, in the batch's order: whose row `req_pool_indices_cpu` lists at
-    its position (the rid, or `row N` when no live request holds row N). () when the
-    mirror lists each live request's own row, and when it is missing or has another
-    length (`mirror_rows` names that)."""
+def mirror_order(batch: Any, live: list[Any], slots: list[int]) -> tuple[str, ...]:
+    """For each of `live` (whose request rows are `slots`), in the batch's order: whose row
+    `req_pool_indices_cpu` lists at its position (the rid, or `row N` when no live request
+    holds row N). () when the mirror lists each live request's own row, and when it is
+    missing or has another length (`mirror_rows` names that)."""
     mirror = batch.req_pool_indices_cpu
-    if not batch.reqs or mirror is None or len(mirror) != len(batch.reqs):
+    if not batch.reqs or mirror is None or mirror.shape[0] != len(batch.reqs):
         return ()
     rows = mirror.tolist()
     # The common case, in one pass: every row where it belongs.
-    if len(live) == len(rows) and rows == [r.kv.req_pool_idx for r in live]:
+    if len(live) == len(rows) and rows == slots:
         return ()
     position = {id(r): i for i, r in enumerate(batch.reqs)}
     if all(rows[position[id(r)]] == r.kv.req_pool_idx for r in live):

@@ -227,18 +227,20 @@ class Shadow:
     def _wrap_batch(self, name: str, original: Callable[..., object]) -> Callable[..., object]:
         shadow = self
 
+        joins = name in ("merge_batch", "mix_with_running")  # decided once, not per call
+        inside = shadow._inside
+
         def replayed(batch: Any, *args: object, **kwargs: object) -> object:
-            if getattr(shadow._inside, "call", False):  # part of an outer call, replayed whole
+            if getattr(inside, "call", False):  # part of an outer call, replayed whole
                 return original(batch, *args, **kwargs)
-            shadow._inside.call = True
+            inside.call = True
             try:
                 result = original(batch, *args, **kwargs)
             finally:
-                shadow._inside.call = False
-            if name in ("merge_batch", "mix_with_running"):
+                inside.call = False
+            other = None
+            if joins:
                 other = args[0] if args else kwargs.get("other", kwargs.get("running_batch"))
-            else:
-                other = None
             with detach_on_unsupported(shadow, shadow.on_unsupported, (ShadowDivergence,)):
                 shadow._after(name, batch, other)
             return result
@@ -284,12 +286,21 @@ class Shadow:
             return  # another scheduler's batch (a data-parallel rank's)
         extend = name == "prepare_for_extend"
         known = self._labels.get(id(batch))
-        if extend or known is None or known[0]() is not batch:
+        label = known[1] if known is not None and known[0]() is batch else None
+        if extend or label is None:
             # A clear error where SGLang's fields moved: each batch at its first call, each
             # request at the extend that brings it in (no other call adds one to a batch).
             require_shadowed(batch, batch.reqs if extend else ())
         replica = self._replica(batch)
-        live = [r for r in batch.reqs if r.kv.req_pool_idx is not None]
+        reqs = batch.reqs
+        # Each request's row read once: it picks the live requests and is what the mirror
+        # is checked against.
+        slots = [r.kv.req_pool_idx for r in reqs]
+        if None in slots:
+            live = [r for r, slot in zip(reqs, slots, strict=True) if slot is not None]
+            slots = [slot for slot in slots if slot is not None]
+        else:
+            live = list(reqs)
         items: tuple[ExtendItem, ...] = ()
         if extend:
             items = tuple(
@@ -304,13 +315,13 @@ class Shadow:
         # A request between chunks is held, not a row: in its extend and, in a mixed step,
         # in the batch its middle chunk ran in until the scheduler filters it out (a batch
         # keeps naming its last chunked request after that request's prompt is done).
-        chunks = [
-            r
-            for r in live
-            if r is batch.chunked_req
-            and (name == "prepare_for_extend" or r.inflight_middle_chunks > 0)
-        ]
-        live = [r for r in live if not any(r is c for c in chunks)]
+        chunked = batch.chunked_req
+        chunks = []
+        if chunked is not None:  # at most one: found by identity, not per request
+            at = next((i for i, r in enumerate(live) if r is chunked), None)
+            if at is not None and (extend or chunked.inflight_middle_chunks > 0):
+                chunks = [chunked]
+                del live[at], slots[at]
         full = extend or self._batch_calls % self.full_check_every == 0
         self._batch_calls += 1
         kept = tuple([r.rid for r in live])
@@ -321,14 +332,14 @@ class Shadow:
         op = Operation(
             step=len(self.operations),
             op=name,
-            batch=self._label(batch),
+            batch=self._label(batch) if label is None else label,
             state=state,
             other="" if other is None else self._label(other),
             items=items,
             kept=kept,
             mirror_rows=mirror_rows(batch, live),
-            mirror_order=mirror_order(batch, live),
-            seq_lens_sum=batch.seq_lens_sum if batch.reqs else None,
+            mirror_order=mirror_order(batch, live, slots),
+            seq_lens_sum=batch.seq_lens_sum if reqs else None,
             full=full,
         )
         self._check(replica, op)
