@@ -19,9 +19,11 @@ import batchstate
 PROBE = """
 import json, os, sys
 from batchstate.sglang._hook import AttachAfterImport, ENV_ATTACH, ENV_MODE, ENV_TRACE_DIR
+from batchstate.sglang._hook import ENV_FULL_CHECK_EVERY
 hooks = [f.target for f in sys.meta_path if isinstance(f, AttachAfterImport)]
 seen = {"mode": os.environ[ENV_MODE], "trace": os.environ[ENV_TRACE_DIR]}
 seen["attach"] = os.environ[ENV_ATTACH]
+seen["every"] = os.environ[ENV_FULL_CHECK_EVERY]
 print(json.dumps({"hooks": hooks, **seen, "argv": sys.argv[1:]}))
 """
 
@@ -49,6 +51,7 @@ def test_the_launched_process_has_the_hook_and_the_server_its_arguments(tmp_path
         "hooks": ["sglang.srt.managers.schedule_batch"],
         "mode": "raise",
         "attach": "watch",
+        "every": "1",
         "trace": str(tmp_path),
         "argv": ["--model-path", "m", "--port", "1"],
     }
@@ -64,6 +67,26 @@ def test_shadow_mode_waits_for_the_scheduler_module(tmp_path: Path) -> None:
     assert seen["hooks"] == ["sglang.srt.managers.scheduler"]
 
 
+def test_the_shadows_full_check_interval_reaches_the_launched_process(tmp_path: Path) -> None:
+    seen = _launch(tmp_path, "--shadow", "--shadow-full-check-every", "16", "--port", "1")
+    assert (seen["attach"], seen["every"], seen["argv"]) == ("shadow", "16", ["--port", "1"])
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (("--shadow-full-check-every", "4"), "needs --shadow"),
+        (("--shadow", "--shadow-full-check-every", "0"), "must be at least 1"),
+    ],
+)
+def test_a_full_check_interval_without_a_shadow_or_below_one_is_refused(
+    tmp_path: Path, args: tuple[str, ...], reason: str
+) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        _launch(tmp_path, *args)
+    assert reason in refused.value.stderr
+
+
 SHADOWED = """
 import json, os, sys
 os.environ.update(BATCHSTATE_SGLANG_WATCH="raise", BATCHSTATE_SGLANG_ATTACH="shadow")
@@ -75,8 +98,11 @@ install_stubs()  # CPU: no triton
 import sglang.srt.managers.scheduler as scheduler
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.mem_cache import common
+from batchstate.sglang import Shadow
 wrapped = [ScheduleBatch.prepare_for_extend.__qualname__, common.release_kv_cache.__qualname__]
-print(json.dumps(wrapped))
+cells = ScheduleBatch.prepare_for_extend.__closure__ or ()
+every = [c.cell_contents.full_check_every for c in cells if isinstance(c.cell_contents, Shadow)]
+print(json.dumps([wrapped, every]))
 """
 
 
@@ -86,11 +112,12 @@ def test_a_shadow_attaches_when_sglangs_scheduler_is_imported(tmp_path: Path) ->
     src = str(Path(batchstate.__file__).parent.parent)
     done = subprocess.run(
         [sys.executable, "-c", SHADOWED, str(tmp_path)],
-        env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin", "BATCHSTATE_SGLANG_FULL_CHECK_EVERY": "8"},
         capture_output=True,
         text=True,
         check=True,
         timeout=300,
     )
-    wrapped = json.loads(done.stdout.strip().splitlines()[-1])
+    wrapped, every = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(name.startswith("Shadow._wrap_") for name in wrapped), wrapped
+    assert every == [8]  # the interval the launcher put in the environment

@@ -25,6 +25,8 @@ ENV_TRACE_DIR = "BATCHSTATE_SGLANG_TRACE_DIR"
 `sglang-shadow-PID.jsonl`, which `batchstate replay` reads)."""
 ENV_ATTACH = "BATCHSTATE_SGLANG_ATTACH"
 """'shadow' attaches a `Shadow`; anything else (or unset) a `Watch`."""
+ENV_FULL_CHECK_EVERY = "BATCHSTATE_SGLANG_FULL_CHECK_EVERY"
+"""A `Shadow`'s `full_check_every` (a positive integer; unset: 1, every call in full)."""
 TARGET = "sglang.srt.managers.schedule_batch"
 """A `Watch` wraps `ScheduleBatch`: it attaches once this module is loaded."""
 SHADOW_TARGET = "sglang.srt.managers.scheduler"
@@ -73,10 +75,16 @@ def _attach() -> None:
     name = f"sglang-{'shadow' if shadow else 'trace'}-{os.getpid()}.jsonl"
     trace = Path(os.environ.get(ENV_TRACE_DIR, ".")) / name
     mode: Literal["raise", "log"] = "log" if os.environ.get(ENV_MODE) == "log" else "raise"
-    kind = Shadow if shadow else Watch
     # A structure it cannot read never stops the scheduler: logged once, then detached.
-    attached = kind(on_divergence=mode, trace_path=trace, on_unsupported="detach").attach()
-    atexit.register(attached.detach)
+    attached: Shadow | Watch
+    if shadow:
+        every = int(os.environ.get(ENV_FULL_CHECK_EVERY, "1"))  # the launcher checked it
+        attached = Shadow(
+            on_divergence=mode, trace_path=trace, on_unsupported="detach", full_check_every=every
+        )
+    else:
+        attached = Watch(on_divergence=mode, trace_path=trace, on_unsupported="detach")
+    atexit.register(attached.attach().detach)
 
 
 def install_from_environment() -> None:

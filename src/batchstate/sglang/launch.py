@@ -16,19 +16,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-from batchstate.sglang._hook import ENV_ATTACH, ENV_MODE, ENV_TRACE_DIR
+from batchstate.sglang._hook import ENV_ATTACH, ENV_FULL_CHECK_EVERY, ENV_MODE, ENV_TRACE_DIR
 
 SITE = Path(__file__).parent / "_site"
 
 
 def environment(
-    mode: str, trace_dir: Path, base: dict[str, str], attach: str = "watch"
+    mode: str,
+    trace_dir: Path,
+    base: dict[str, str],
+    attach: str = "watch",
+    full_check_every: int = 1,
 ) -> dict[str, str]:
-    """`base` plus what turns the watch (`attach="shadow"`: the shadow) on in the
-    processes started with it."""
+    """`base` plus what turns the watch (`attach="shadow"`: the shadow, comparing rows in
+    full at every `full_check_every`th call) on in the processes started with it."""
     path = os.pathsep.join(p for p in (str(SITE), base.get("PYTHONPATH", "")) if p)
     turned_on = {ENV_MODE: mode, ENV_TRACE_DIR: str(trace_dir), ENV_ATTACH: attach}
+    turned_on[ENV_FULL_CHECK_EVERY] = str(full_check_every)
     return {**base, **turned_on, "PYTHONPATH": path}
+
+
+def _positive(text: str) -> int:
+    # Checked here, where a bad value is a usage error, not in the scheduler's start-up.
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,12 +57,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="attach a Shadow (every call replayed in batchstate) instead of a Watch",
     )
+    parser.add_argument(
+        "--shadow-full-check-every",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="with --shadow: compare the rows request by request at every Nth batch call "
+        "(and every extend); the others still replayed, their counts compared (default 1)",
+    )
     parser.add_argument("--watch-trace-dir", type=Path, default=Path("."), help="where traces go")
     parser.add_argument("--watch-module", default="sglang.launch_server", help="the module to run")
     known, rest = parser.parse_known_args(argv)
+    if known.shadow_full_check_every is not None and not known.shadow:
+        parser.error("--shadow-full-check-every needs --shadow")
     mode = "log" if known.watch_log else "raise"
     attach = "shadow" if known.shadow else "watch"
-    env = environment(mode, known.watch_trace_dir, dict(os.environ), attach)
+    every = known.shadow_full_check_every or 1
+    env = environment(mode, known.watch_trace_dir, dict(os.environ), attach, every)
     return subprocess.call([sys.executable, "-m", known.watch_module, *rest], env=env)
 
 
