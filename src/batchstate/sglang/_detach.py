@@ -4,9 +4,11 @@ detach so that the scheduler it rides on runs on unchecked (the launcher's defau
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVarTuple
+
+Args = TypeVarTuple("Args")
 
 Unsupported = Literal["raise", "detach"]
 """`on_unsupported`: raise what the checker cannot read, or log it once and detach."""
@@ -32,12 +34,33 @@ def detach_on_unsupported(
     except divergences:
         raise
     except Exception as error:
-        if mode == "raise":
-            raise
-        checker.detach()
-        _log.error(
-            "batchstate.sglang detached %s, SGLang runs on unchecked: %s: %s",
-            type(checker).__name__,
-            type(error).__name__,
-            error,
-        )
+        _unsupported(checker, mode, error)
+
+
+def call_detaching(
+    checker: Detachable,
+    mode: Unsupported,
+    divergences: tuple[type[BaseException], ...],
+    check: Callable[[*Args], None],
+    *args: *Args,
+) -> None:
+    """`check(*args)` under `detach_on_unsupported`, as a plain call: a check run after
+    every SGLang call pays no generator-based context manager."""
+    try:
+        check(*args)
+    except divergences:
+        raise
+    except Exception as error:
+        _unsupported(checker, mode, error)
+
+
+def _unsupported(checker: Detachable, mode: Unsupported, error: Exception) -> None:
+    if mode == "raise":
+        raise error
+    checker.detach()
+    _log.error(
+        "batchstate.sglang detached %s, SGLang runs on unchecked: %s: %s",
+        type(checker).__name__,
+        type(error).__name__,
+        error,
+    )

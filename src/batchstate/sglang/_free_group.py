@@ -16,11 +16,14 @@ def free_tokens(allocator: Any) -> int:
     are counted from their tensors' sizes; tokens freed one by one are deduplicated to
     their pages (a device read only on that path, only while a group is open).
     """
+    available = int(allocator.available_size())
+    by_id = getattr(allocator, "free_page_ids_group", None)
+    by_token = getattr(allocator, "free_group", None)
+    if not by_id and not by_token:  # no group open: every call between result processings
+        return available
     page = int(allocator.page_size)
-    by_id = getattr(allocator, "free_page_ids_group", None) or []
-    by_token = getattr(allocator, "free_group", None) or []
-    pending = sum(int(ids.numel()) for ids in by_id)
+    pending = sum(int(ids.numel()) for ids in by_id or [])
     if by_token:
         tokens = torch.cat([t.reshape(-1) for t in by_token])
         pending += int(torch.unique(tokens // page).numel()) if page > 1 else int(tokens.numel())
-    return int(allocator.available_size()) + pending * page
+    return available + pending * page

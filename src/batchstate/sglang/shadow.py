@@ -31,7 +31,7 @@ from typing import Any, Literal
 import attrs
 
 from batchstate.errors import Error
-from batchstate.sglang._detach import Unsupported, detach_on_unsupported
+from batchstate.sglang._detach import Unsupported, call_detaching, detach_on_unsupported
 from batchstate.sglang._fields import require_shadowed
 from batchstate.sglang._sglang_reads import (
     evicted_by_sglang,
@@ -241,8 +241,15 @@ class Shadow:
             other = None
             if joins:
                 other = args[0] if args else kwargs.get("other", kwargs.get("running_batch"))
-            with detach_on_unsupported(shadow, shadow.on_unsupported, (ShadowDivergence,)):
-                shadow._after(name, batch, other)
+            call_detaching(
+                shadow,
+                shadow.on_unsupported,
+                (ShadowDivergence,),
+                shadow._after,
+                name,
+                batch,
+                other,
+            )
             return result
 
         replayed.__name__ = name
