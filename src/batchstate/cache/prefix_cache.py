@@ -18,6 +18,7 @@ from batchstate.cache.radix import (
     common_pages,
     descend,
     insert_tokens,
+    touch_path,
     rebuild,
     release_tokens,
     remove_leaf,
@@ -152,6 +153,25 @@ class PrefixCache:
             del leaves[prefix]
         return PrefixCache(
             self.page_size, self.enabled, root, clock, self.num_pages, self.num_locked + newly,
+            self.num_evicted, leaves, self.reuses,
+        )  # fmt: skip
+
+    def touch(self, tokens: Tokens, length: int) -> PrefixCache:
+        # A match of the cached `tokens[:length]` (whole pages) that reads nothing: its
+        # nodes become the most recently used, and so does the rest of a node it ends
+        # inside (split there), as a radix tree's match leaves them.
+        if length <= 0:
+            return self
+        clock = self.clock + 1
+        root, split_end = touch_path(self.root, tokens, length, self.page_size, clock)
+        leaves, prefix = self.leaves, tokens[:length]
+        touched = [end for end in (prefix, split_end) if end is not None and end in leaves]
+        if touched:
+            leaves = dict(leaves)
+            for end in touched:
+                leaves[end] = clock
+        return PrefixCache(
+            self.page_size, self.enabled, root, clock, self.num_pages, self.num_locked,
             self.num_evicted, leaves, self.reuses,
         )  # fmt: skip
 

@@ -107,6 +107,35 @@ def rebuild(root: Node, path: Sequence[tuple[Tokens, Node]]) -> Node:
     return with_children(root, root.children.set(path[0][0], node))
 
 
+def touch_path(
+    root: Node, tokens: Tokens, length: int, page_size: int, clock: int
+) -> tuple[Node, Tokens | None]:
+    # Every node on tokens[:length] (cached) used at `clock`; a node the path ends inside
+    # is split there and its lower part used too (a radix tree's match enters the node,
+    # as SGLang's does). Returns the root and, when it split one, the lower part's end.
+    path: list[tuple[Tokens, Node]] = []
+    node, at, split_end = root, 0, None
+    while at < length:
+        key = tokens[at : at + page_size]
+        child = node.children[key]
+        if at + len(child.tokens) > length:
+            cut = length - at
+            split_end = tokens[:at] + child.tokens
+            lower = Node(
+                child.tokens[cut:], child.pages[cut // page_size :], child.children,
+                child.locks, clock,
+            )  # fmt: skip
+            child = Node(
+                child.tokens[:cut], child.pages[: cut // page_size],
+                Map({lower.tokens[:page_size]: lower}), child.locks, clock,
+            )  # fmt: skip
+        else:
+            child = Node(child.tokens, child.pages, child.children, child.locks, clock)
+        path.append((key, child))
+        node, at = child, at + len(child.tokens)
+    return rebuild(root, path), split_end
+
+
 def update_locks(  # noqa: PLR0917  # a private helper, called twice
     root: Node, tokens: Tokens, length: int, page_size: int, delta: int, clock: int
 ) -> tuple[Node, int, Node]:

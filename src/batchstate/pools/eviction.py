@@ -1,4 +1,5 @@
-"""Evicting named prefixes: an engine's evictions mirrored leaf by leaf, for its shadows.
+"""Evicting ahead of allocation: an engine's evictions mirrored leaf by leaf, for its
+shadows, and an engine's own eager eviction, for drive mode.
 
 batchstate's transitions evict only as allocation needs pages, least recently used
 first (`Pools.allocate_*`, the transitions). An engine's cache evicts others (SGLang's
@@ -6,7 +7,7 @@ radix tree: its clock, its node boundaries, a page per request more than the sho
 vLLM's block pool: the head of its free queue, whole blocks), and a shadow
 (`batchstate.sglang`, `batchstate.vllm`) must take the same ones before replaying a
 call, or every later allocation lands on other pages. No transition evicts a named
-prefix, so these two functions use the prefix cache's own tree operations
+prefix, so these functions use the prefix cache's own tree operations
 (`PrefixCache.nodes`, `lock`, `unlock`, `evict`) and `Pools.next_version`, and no
 shadow does.
 """
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from batchstate.cache import PrefixCache
 from batchstate.pools.pools import Pools
 
 
@@ -46,6 +48,21 @@ def evict_leaves(pools: Pools, leaves: Sequence[tuple[tuple[int, ...], int]]) ->
         marked = {k: -1 if k == leaf else v for k, v in cache.leaves.items()}
         cache, pages = attrs.evolve(cache, leaves=marked).evict(1)
         evicted += pages
+    return _without(pools, cache, evicted)
+
+
+def evict_least_recent(pools: Pools, num_pages: int) -> Pools:
+    """`pools` with unlocked cached leaves evicted, least recently used first (whole
+    leaves, as allocation evicts them), until at least `num_pages` pages are freed or
+    nothing is evictable: what an engine that evicts ahead of its allocation takes
+    (SGLang before a decode and after a retraction). Returns `pools` itself when
+    nothing was evicted, else its next version."""
+    cache, evicted = pools.cache.evict(num_pages)
+    return _without(pools, cache, evicted)
+
+
+def _without(pools: Pools, cache: PrefixCache, evicted: list[int]) -> Pools:
+    # `pools` after `cache` gave up the `evicted` pages: free again.
     if not evicted:
         return pools
     freed = pools.page_list.give(np.array(evicted, dtype=np.int64))

@@ -945,6 +945,25 @@ class Pools:
         locked = self.next_version(cache=lock_matched(self.cache, token_lists, lengths))
         return locked.hold_anchors(token_lists, lengths)
 
+    def touch_prefix(self, tokens: Sequence[int], length: int) -> Pools:
+        """The cached prefix `tokens[:length]` (whole pages) matched by an engine that
+        reads nothing: its pages become the most recently used for eviction, and so does
+        the rest of a cached run the match ends inside, as SGLang's radix tree's match
+        leaves its nodes. Locks and pages do not change.
+
+        Raises `PoolsArgumentError`, and changes nothing, when `length` is not a whole
+        number of pages the cache holds of `tokens`.
+        """
+        prefix = tuple(tokens)
+        page = self.page_size
+        if length < 0 or length % page or self.cache.cached_prefix(prefix[:length])[0] < length:
+            raise PoolsArgumentError(
+                f"touch_prefix: the first {length} tokens are not whole pages the cache holds"
+            )
+        if not length:
+            return self
+        return self.next_version(cache=self.cache.touch(prefix, length))
+
     def unlock_matched_prefixes(
         self, token_lists: Sequence[Tokens], lengths: Sequence[int]
     ) -> Pools:

@@ -13,7 +13,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Literal
@@ -25,6 +25,9 @@ ENV_TRACE_DIR = "BATCHSTATE_SGLANG_TRACE_DIR"
 `sglang-shadow-PID.jsonl`, which `batchstate replay` reads)."""
 ENV_ATTACH = "BATCHSTATE_SGLANG_ATTACH"
 """'shadow' attaches a `Shadow`; anything else (or unset) a `Watch`."""
+ENV_DRIVE = "BATCHSTATE_SGLANG_DRIVE"
+"""'1' drives each scheduler with batchstate (`batchstate.sglang.driven`), checked at its
+start; nothing else is attached."""
 ENV_FULL_CHECK_EVERY = "BATCHSTATE_SGLANG_FULL_CHECK_EVERY"
 """A `Shadow`'s `full_check_every` (a positive integer; unset: 1, every call in full)."""
 TARGET = "sglang.srt.managers.schedule_batch"
@@ -35,24 +38,27 @@ it attaches once the scheduler module (and so every module it imports) is loaded
 
 
 class _AttachingLoader(importlib.abc.Loader):
-    """Runs the real loader, then attaches the watch to the class it defined."""
+    """Runs the real loader, then attaches the watch (or `then`) to what it defined."""
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+    def __init__(self, loader: importlib.abc.Loader, then: Callable[[], object]) -> None:
         self._loader = loader
+        self._then = then
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
-        _attach()
+        self._then()
 
 
 class AttachAfterImport(importlib.abc.MetaPathFinder):
-    """Finds the module `target` names through the other finders and wraps its loader; once."""
+    """Finds the module `target` names through the other finders and wraps its loader,
+    to run `then` (attaching the watch or shadow, by default) once it is loaded; once."""
 
-    def __init__(self, target: str = TARGET) -> None:
+    def __init__(self, target: str = TARGET, then: Callable[[], object] | None = None) -> None:
         self.target = target
+        self.then = _attach if then is None else then
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
@@ -63,7 +69,7 @@ class AttachAfterImport(importlib.abc.MetaPathFinder):
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _AttachingLoader(spec.loader)
+        spec.loader = _AttachingLoader(spec.loader, self.then)
         return spec
 
 
@@ -87,8 +93,18 @@ def _attach() -> None:
     atexit.register(attached.attach().detach)
 
 
+def _drive() -> None:
+    from batchstate.sglang.driven.drive import drive_every_scheduler
+
+    drive_every_scheduler()
+
+
 def install_from_environment() -> None:
-    """Register the import hook when `ENV_MODE` is set; otherwise do nothing."""
+    """Register the import hook when `ENV_DRIVE` or `ENV_MODE` is set; otherwise do nothing."""
+    if os.environ.get(ENV_DRIVE) == "1":
+        if not any(isinstance(f, AttachAfterImport) for f in sys.meta_path):
+            sys.meta_path.insert(0, AttachAfterImport(SHADOW_TARGET, _drive))
+        return
     if os.environ.get(ENV_MODE) in ("raise", "log") and not any(
         isinstance(f, AttachAfterImport) for f in sys.meta_path
     ):

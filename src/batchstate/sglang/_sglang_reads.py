@@ -16,8 +16,15 @@ def mirror_rows(batch: Any, live: list[Any]) -> int:
     if not batch.reqs and not batch.forward_mode.is_idle():
         return len(live)  # SGLang's "nothing to run" sentinel: its tensors are not read
     mirror = batch.req_pool_indices_cpu
+    if mirror is None:
+        return -1
+    if hasattr(batch, "batchstate_binding"):
+        # A driven batch's mirror is its record's rows: a released request's row left
+        # with its release, before SGLang filters the request out of `reqs`.
+        holding = sum(1 for r in batch.reqs if r.kv.req_pool_idx is not None)
+        return int(mirror.shape[0]) - (holding - len(live))
     # `shape[0]`, not `len`: a tensor's `len` goes through a Python-level wrapper.
-    return -1 if mirror is None else mirror.shape[0] - (len(batch.reqs) - len(live))
+    return int(mirror.shape[0]) - (len(batch.reqs) - len(live))
 
 
 def mirror_order(batch: Any, live: list[Any], slots: list[int]) -> tuple[str, ...]:
@@ -26,18 +33,27 @@ def mirror_order(batch: Any, live: list[Any], slots: list[int]) -> tuple[str, ..
     holds row N). () when the mirror lists each live request's own row, and when it is
     missing or has another length (`mirror_rows` names that)."""
     mirror = batch.req_pool_indices_cpu
-    if not batch.reqs or mirror is None or mirror.shape[0] != len(batch.reqs):
+    position = _positions(batch)
+    if not batch.reqs or mirror is None or mirror.shape[0] != len(position):
         return ()
     rows = mirror.tolist()
     # The common case, in one pass: every row where it belongs.
     if len(live) == len(rows) and rows == slots:
         return ()
-    position = {id(r): i for i, r in enumerate(batch.reqs)}
     if all(rows[position[id(r)]] == r.kv.req_pool_idx for r in live):
         return ()
     owner = {r.kv.req_pool_idx: r.rid for r in live}
     listed = (int(rows[position[id(r)]]) for r in live)
     return tuple(owner.get(row, f"row {row}") for row in listed)
+
+
+def _positions(batch: Any) -> dict[int, int]:
+    # Each request's row in the batch's tensors: its place in `reqs`, or in a driven
+    # batch (whose rows are its record's) its place among the requests holding a row.
+    reqs = batch.reqs
+    if hasattr(batch, "batchstate_binding"):
+        reqs = [r for r in reqs if r.kv.req_pool_idx is not None]
+    return {id(r): i for i, r in enumerate(reqs)}
 
 
 def sglang_state(
@@ -50,7 +66,7 @@ def sglang_state(
     if len(live) == len(reqs) == len(lens):  # every row live: the mirror is the lengths
         seq_lens = tuple(lens)
     else:
-        index = {id(r): i for i, r in enumerate(reqs)}
+        index = _positions(batch)
         seq_lens = tuple(int(lens[index[id(r)]]) if index[id(r)] < len(lens) else -1 for r in live)
     prefix = tuple(int(r.prefix_len) for r in live) if extend else (0,) * len(live)
     held = tuple(sorted((r.rid, int(r.extend_end)) for r in chunks))
@@ -95,7 +111,11 @@ def evicted_by_sglang(replica: Replica, tree: Any) -> tuple[Eviction, ...]:
 
 def held_tokens(tree: Any, tokens: tuple[int, ...]) -> int:
     """How many leading `tokens` SGLang's radix tree holds, in whole pages (read only: no
-    split, no clock)."""
+    split, no clock). A driven scheduler's tree is a view that answers it itself."""
+    cached_length = getattr(tree, "cached_length", None)
+    if cached_length is not None:
+        held: int = cached_length(tokens)
+        return held
     page, node, length = int(tree.page_size), tree.root_node, 0
     while length + page <= len(tokens):
         first = list(tokens[length : length + page])

@@ -24,6 +24,7 @@ from batchstate import (
     Departed,
     Filtered,
     Idle,
+    Mixed,
     Pools,
     Req,
     decode,
@@ -84,10 +85,18 @@ class ReplicaError(Error, RuntimeError):
 
 class Replica:
     """batchstate pools and records mirroring one SGLang scheduler (page size, KV tokens,
-    request rows and context as SGLang's pools were made)."""
+    request rows and context as SGLang's pools were made, on `device`)."""
 
-    def __init__(self, *, page_size: int, kv_tokens: int, rows: int, context: int) -> None:
-        self.device = torch.device("cpu")
+    def __init__(
+        self,
+        *,
+        page_size: int,
+        kv_tokens: int,
+        rows: int,
+        context: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
         self.page_size = page_size
         self.pools: Pools = make_pools(
             rows, context, kv_tokens, self.device, page_size, prefix_cache=True
@@ -105,6 +114,11 @@ class Replica:
         self.capped = 0  # new requests admitted while a prefill was in flight (see `_caps`)
         self._idle = idle(self.device)  # records are frozen: one empty batch serves every call
 
+    @property
+    def empty(self) -> Idle:
+        """The one empty record (records are frozen: every empty batch shares it)."""
+        return self._idle
+
     def record(self, label: str) -> Record:
         """The record of batch `label` (an empty one when unseen)."""
         return self.records.get(label, self._idle)
@@ -116,28 +130,41 @@ class Replica:
             self._names.append(rid)
         return number
 
-    def extend(self, label: str, items: Sequence[ExtendItem]) -> None:
-        """`prepare_for_extend`: a new batch of these requests; the last may stop part way."""
+    def extend(self, label: str, items: Sequence[ExtendItem], *, exact_hits: bool = False) -> Mixed:
+        """`prepare_for_extend`: a new batch of these requests; the last may stop part way.
+        Returns the forward's record (every row, the chunked one included).
+
+        `exact_hits`: each new request reads at most its `prefix_len` from the cache, as
+        the engine matched it at admission (drive mode, whose admission matched against
+        these very pools); by default only while a prefill is unpublished (a shadow's).
+        """
+        held = self.held
         admit: list[Req | Chunked] = [
-            self.held.pop(i.rid) if i.rid in self.held else Req(self._id(i.rid), i.tokens)
-            for i in items
+            held.pop(i.rid) if i.rid in held else Req(self._id(i.rid), i.tokens) for i in items
         ]
         budget = sum(i.extend_len for i in items)
-        caps = self._caps(items) if self.unpublished else {}
-        self.unpublished.update(i.rid for i in items)
+        if exact_hits:
+            caps = {self._id(i.rid): i.prefix_len for i in items if i.rid not in self.held}
+        else:
+            caps = self._caps(items) if self.unpublished else {}
         step = mix(self._idle, admit, max(budget, 1), self.pools, read_at_most=caps)
         if isinstance(step, Failure):
+            for item, request in zip(items, admit, strict=True):  # nothing changes on failure
+                if isinstance(request, Chunked):
+                    held[item.rid] = request
             raise ReplicaError(f"prepare_for_extend: batchstate refused: {step.failure()}")
         mixed, self.pools = step.unwrap()
+        self.unpublished.update(i.rid for i in items)
         for item, cached, computed in zip(
             items, mixed.prefix_lens, mixed.extend_lens, strict=False
         ):
             del computed
             self.prefix[item.rid] = int(cached)
-        running, held = finish_mixed(mixed)
-        for chunk in held:
-            self.held[self._rid(chunk.req.rid)] = chunk
+        running, chunks = finish_mixed(mixed)
+        for chunk in chunks:
+            held[self._rid(chunk.req.rid)] = chunk
         self.records[label] = running
+        return mixed
 
     def _caps(self, items: Sequence[ExtendItem]) -> dict[int, int]:
         # A prefill in flight: batchstate published its pages at its extend, SGLang publishes
@@ -166,7 +193,8 @@ class Replica:
         self.records[label], self.pools = step.unwrap()
 
     def filter(self, label: str, kept: Sequence[str]) -> None:
-        """`filter_batch`: keep the rows of these rids (rows already released are gone)."""
+        """`filter_batch`: keep the rows of these rids, in their order (rows already
+        released are gone)."""
         record = self.record(label)
         if isinstance(record, Idle):
             return
@@ -182,7 +210,17 @@ class Replica:
             record, self.left[self._rid(number)] = split(
                 record, [i for i, other in enumerate(rows) if other != number]
             )
-        self.records[label] = filter_batch(record, list(range(len(record.rows.rids))))
+        record = filter_batch(record, list(range(len(record.rows.rids))))
+        numbers = record.rows.rids.tolist()
+        order = [numbers.index(self._ids[rid]) for rid in kept if self._ids.get(rid) in numbers]
+        if order != sorted(order):
+            # SGLang's retraction keeps its rows in the order it prefers to keep them: one
+            # single-row filter per row, merged back in that order (no row changes owner).
+            pieces = [filter_batch(record, [i]) for i in order]
+            record = pieces[0]
+            for piece in pieces[1:]:
+                record = merge(record, piece)
+        self.records[label] = record
 
     def merge(self, label: str, other: str) -> None:
         """`merge_batch`: `other`'s rows after `label`'s (`other`'s record is consumed)."""
@@ -216,6 +254,16 @@ class Replica:
         if isinstance(result, Failure):
             raise ReplicaError(f"release_kv_cache({rid}): batchstate refused: {result.failure()}")
         self.pools = result.unwrap()
+
+    def tokens(self, rid: str) -> tuple[int, ...]:
+        """The tokens batchstate holds request `rid` to compute (prompt, and any output
+        before a retraction), whether it runs, waits between chunks or left a batch."""
+        if rid in self.held:
+            return tuple(self.held[rid].req.input_ids)
+        if rid in self.left:
+            return tuple(self.left[rid].reqs[0].input_ids)
+        _, record, row = self._find(rid)
+        return tuple(record.rows.reqs[row].input_ids)
 
     def _find(self, rid: str) -> tuple[str, Filtered | Decoding, int]:
         number = self._ids.get(rid)
