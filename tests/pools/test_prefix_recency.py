@@ -22,10 +22,10 @@ def _cached(*prompts: tuple[int, ...]) -> Pools:
     # Each prompt's whole pages cached, in this order (the first the least recent).
     pools = make_pools(4, 512, 512, CPU, 16, prefix_cache=True)
     for number, prompt in enumerate(prompts):
-        mixed, pools = mix(idle(CPU), [Req(number, prompt + (7,))], 256, pools).unwrap()
+        mixed, pools = mix(idle(CPU), [Req(number, (*prompt, 7))], 256, pools).unwrap()
         running, _ = finish_mixed(mixed)
         kept, left = split(running, [])
-        pools = release(left, kept, pools, [prompt + (7,)]).unwrap()
+        pools = release(left, kept, pools, [(*prompt, 7)]).unwrap()
     return pools
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import random
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -190,6 +190,12 @@ def test_every_match_the_real_scheduler_makes_finds_the_same_prefix_in_the_view(
 @attrs.define
 class _Owner:
     pools: Pools
+
+    def release(self, rid: str, tokens: Sequence[int]) -> None:
+        raise AssertionError(f"counts only: nothing releases {rid}")
+
+    def checkpoint(self, rid: str) -> None:
+        raise AssertionError(f"counts only: nothing checkpoints {rid}")
 
 
 def test_a_lock_in_the_view_protects_what_sglangs_lock_protects(page_size: int) -> None:

@@ -18,10 +18,10 @@ from batchstate.cache.radix import (
     common_pages,
     descend,
     insert_tokens,
-    touch_path,
     rebuild,
     release_tokens,
     remove_leaf,
+    touch_path,
     update_locks,
     with_children,
 )

@@ -221,7 +221,13 @@ class Shadow:
                 rows=int(batch.req_to_token_pool.size),
                 context=int(table.shape[1]),
             )
-            self.replica = Replica(**_fields(self.config))
+            config = self.config
+            self.replica = Replica(
+                page_size=config.page_size,
+                kv_tokens=config.kv_tokens,
+                rows=config.rows,
+                context=config.context,
+            )
         return self.replica
 
     def _wrap_batch(self, name: str, original: Callable[..., object]) -> Callable[..., object]:
@@ -393,12 +399,3 @@ class Shadow:
         if self.on_divergence == "raise":
             raise divergence
         _log.error("%s", divergence)
-
-
-def _fields(config: PoolsConfig) -> dict[str, int]:
-    return {
-        "page_size": config.page_size,
-        "kv_tokens": config.kv_tokens,
-        "rows": config.rows,
-        "context": config.context,
-    }

@@ -28,10 +28,9 @@ cached as in stock SGLang.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from typing import Any, Protocol, final
-
-import types
 
 import numpy as np
 import torch
@@ -50,38 +49,42 @@ __all__ = [
     "ReqToTokenView",
 ]
 
-SGLANG_ALLOCATOR_POLICY = frozenset({
-    "max_new_tokens_for_memory",
-    "prealloc_fits_assumes_reclaim",
-    "prealloc_ceiling_fits",
-    "prealloc_fits",
-})
+SGLANG_ALLOCATOR_POLICY = frozenset(
+    {
+        "max_new_tokens_for_memory",
+        "prealloc_fits_assumes_reclaim",
+        "prealloc_ceiling_fits",
+        "prealloc_fits",
+    }
+)
 """Methods of SGLang's `BaseTokenToKVPoolAllocator` the allocator view runs as SGLang's
 own: each computes from `page_size` and the counts the view reads from the pools."""
 
-SGLANG_CACHE_HOOKS = frozenset({
-    "available_and_evictable_str",
-    "discard_storage_prefetch_accounting",
-    "finish",
-    "finish_storage_prefetch_admission",
-    "load_back_is_cache_owned",
-    "prefix_device_indices",
-    "release_aborted_request",
-    "release_host_resources",
-    "release_radix_session",
-    "release_session",
-    "resolve_node_handle",
-    "rotation_base_of",
-    "session_records",
-    "supports_auxiliary_swa",
-    "swa_evictable_size",
-    "swa_protected_size",
-    "swa_retain_floor",
-    "swa_transient_size",
-    "take_events",
-    "update_eviction_metrics",
-    "waiting_storage_span",
-})
+SGLANG_CACHE_HOOKS = frozenset(
+    {
+        "available_and_evictable_str",
+        "discard_storage_prefetch_accounting",
+        "finish",
+        "finish_storage_prefetch_admission",
+        "load_back_is_cache_owned",
+        "prefix_device_indices",
+        "release_aborted_request",
+        "release_host_resources",
+        "release_radix_session",
+        "release_session",
+        "resolve_node_handle",
+        "rotation_base_of",
+        "session_records",
+        "supports_auxiliary_swa",
+        "swa_evictable_size",
+        "swa_protected_size",
+        "swa_retain_floor",
+        "swa_transient_size",
+        "take_events",
+        "update_eviction_metrics",
+        "waiting_storage_span",
+    }
+)
 """Methods of SGLang's `BasePrefixCache` the cache view runs as SGLang's own: hooks for
 what drive does not run (host tiers, sessions, a window), each a no-op, a constant or
 a read of the view's own counts."""
@@ -236,7 +239,9 @@ class KVAllocatorView:
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
         # Through the cache's own door, as SGLang's (a shadow watches that door).
-        cache = tree_cache if isinstance(tree_cache, RadixCacheView) else RadixCacheView(self._owner)
+        cache = (
+            tree_cache if isinstance(tree_cache, RadixCacheView) else RadixCacheView(self._owner)
+        )
         cache.evict(EvictParams(num_tokens=shortfall))
 
     def check_decode_capacity(self, *, num_tokens: int, **context: object) -> bool:
