@@ -36,7 +36,8 @@ OTHER_TOOLS: Final = {
     },
     "benchmarks.profile": {"--sizes", "--page", "--steps", "--top", "--production"},
     "benchmarks.sglang_step": {"--quick", "--sizes", "--pages", "--steps", "--warmup", "--json"},
-    "batchstate.sglang.launch": {"--shadow", "--shadow-full-check-every"},
+    "batchstate.sglang.launch": {"--shadow", "--shadow-full-check-every", "--drive"},
+    "benchmarks.sglang_drive": {"--steps", "--sizes"},
     # SGLang's own server arguments, named where drive mode says which it refuses.
     "sglang.launch_server": {
         "--model-path",

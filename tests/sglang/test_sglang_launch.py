@@ -121,3 +121,84 @@ def test_a_shadow_attaches_when_sglangs_scheduler_is_imported(tmp_path: Path) ->
     wrapped, every = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(name.startswith("Shadow._wrap_") for name in wrapped), wrapped
     assert every == [8]  # the interval the launcher put in the environment
+
+
+DRIVEN = """
+import json, random, sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, sys.argv[1])
+from batchstate.sglang._stubs import install_stubs
+install_stubs()  # what a GPU machine has and this one lacks (triton, ...)
+import sglang.srt.managers.scheduler  # the hook drives each scheduler made from now on
+from batchstate.sglang import cpu_topology
+from batchstate.sglang.driven.memory import RadixCacheView
+from batchstate.sglang.scheduler_loop import SchedulerLoop
+
+limits = {"max_running_requests": 8, "pp_max_micro_batch_size": 8}
+with cpu_topology(chunked_prefill_size=128, page_size=16, **limits):
+    loop = SchedulerLoop(page_size=16, kv_tokens=1024, rows=8, overlap=True)
+    rng = random.Random(0)
+    for _ in range(6):
+        loop.submit([rng.randrange(100, 30000) for _ in range(40)], 12)
+    steps = 0
+    while loop.busy and steps < 500:
+        loop.step()
+        steps += 1
+s = loop.scheduler
+ended = sorted(loop.outputs.finished.values())
+lengths = [len(t) for t in loop.outputs.tokens.values()]
+driven = isinstance(s.tree_cache, RadixCacheView)
+print(json.dumps([driven, type(s.running_batch).__name__, ended, lengths]))
+"""
+
+
+def test_drive_is_turned_on_in_the_scheduler_as_it_starts(tmp_path: Path) -> None:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    src = str(Path(batchstate.__file__).parent.parent)
+    site = str(Path(batchstate.__file__).parent / "sglang" / "_site")
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVEN, str(Path(__file__).parents[2])],
+        env={
+            "PYTHONPATH": f"{site}:{src}",
+            "PATH": "/usr/bin:/bin",
+            "BATCHSTATE_SGLANG_DRIVE": "1",
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    driven, running, finished, lengths = json.loads(done.stdout.strip().splitlines()[-1])
+    assert driven and running == "DrivenScheduleBatch"
+    assert finished == ["FINISH_LENGTH"] * 6 and lengths == [12] * 6
+
+
+def test_drive_refuses_what_it_does_not_run_before_anything_starts(tmp_path: Path) -> None:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    src = str(Path(batchstate.__file__).parent.parent)
+    (tmp_path / "probe_server.py").write_text("print('started')\n")
+    launch = [sys.executable, "-m", "batchstate.sglang.launch", "--drive"]
+    done = subprocess.run(
+        [*launch, "--watch-module", "probe_server", "--model-path", "m", "--enable-mixed-chunk"],
+        env={"PYTHONPATH": f"{tmp_path}:{src}", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert "started" not in done.stdout
+    assert done.stderr.strip().splitlines()[-1] == (
+        "batchstate drive mode does not run --enable-mixed-chunk True: "
+        "mix_with_running is not driven yet"
+    )
+    with pytest.raises(subprocess.CalledProcessError):
+        subprocess.run(
+            [sys.executable, "-m", "batchstate.sglang.launch", "--drive", "--shadow"],
+            env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
