@@ -2,7 +2,8 @@
 
 `support.check_drive` refuses, at start and in one line, an SGLang version or server
 configuration drive does not run; `memory` presents SGLang's request-to-token pool,
-KV allocator and radix cache (counters, match, lock) as views of one `Pools` value;
-`batch_fields` reads the fields SGLang's model runner reads off a batch from one
-record. See docs/sglang.md, "Drive mode", for what is driven so far and what is not.
+KV allocator and radix cache as views of one `Pools` value; `batch` makes a
+`ScheduleBatch`'s mirrored fields reads of one batchstate record; `drive.Drive` runs
+SGLang's batch lifecycle as batchstate's transitions on that `Pools`. See
+docs/sglang.md, "Drive mode", for how to turn it on, what it runs and what it costs.
 """

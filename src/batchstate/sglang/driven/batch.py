@@ -42,7 +42,7 @@ class Binding:
 
     __slots__ = ("_read", "_read_from", "empty", "forward", "label", "owner", "records", "snapshot")
 
-    def __init__(  # noqa: PLR0913  # one slot each
+    def __init__(  # one slot each
         self,
         owner: object,
         records: Mapping[str, Record],
@@ -66,6 +66,16 @@ class Binding:
         if self.forward is not None:
             return self.forward
         return self.records.get(self.label, self.empty)
+
+    def frozen(self) -> Binding:
+        """A binding to the record read now, for good: a copy of the batch (the overlap
+        scheduler's snapshot for result processing). It shares the fields read from that
+        record so far, which the copy would compute again otherwise."""
+        record = self.record()
+        frozen = Binding(self.owner, self.records, self.empty, self.label, record)
+        if record is self._read_from:
+            frozen._read_from, frozen._read = record, self._read  # replaced, never changed
+        return frozen
 
     def read(self, name: str, compute: Callable[[Record], object]) -> object:
         """Field `name` of the record, computed once per record: records are frozen, and
