@@ -93,16 +93,25 @@ class KVWitness:
             self.rows_checked += 1
 
 
-def _run(  # noqa: PLR0913  # a cell's settings
+def _run(
     page: int,
     overlap: bool,
     seed: int,
+    *,
     driven: bool,
     shadow: bool = False,
     kv_tokens: int | None = None,
+    unified_cache: bool = False,
 ) -> tuple[SchedulerLoop, Workload, KVWitness, Drive | None, Shadow | None]:
     kv = KV_TOKENS[page] if kv_tokens is None else kv_tokens
-    loop = SchedulerLoop(page_size=page, kv_tokens=kv, rows=ROWS, context=CONTEXT, overlap=overlap)
+    loop = SchedulerLoop(
+        page_size=page,
+        kv_tokens=kv,
+        rows=ROWS,
+        context=CONTEXT,
+        overlap=overlap,
+        unified_cache=unified_cache,
+    )
     drive = Drive(loop.scheduler).attach() if driven else None
     watcher = Shadow().attach() if shadow else None  # after the drive: it sees the driven calls
     witness = KVWitness(loop)
@@ -128,13 +137,18 @@ def test_the_driven_loop_runs_every_forward_and_output_as_stock_sglang(
     page: int, overlap: bool, seed: int
 ) -> None:
     with _topology(page):
-        stock, stock_work, stock_seen, _, _ = _run(page, overlap, seed, driven=False)
+        stock, _, stock_seen, _, _ = _run(page, overlap, seed, driven=False)
         loop, work, seen, drive, shadow = _run(page, overlap, seed, driven=True, shadow=True)
     assert drive is not None and shadow is not None
     # The same forwards, in order: requests, token ids, lengths, cache hits, chunks.
     assert len(seen.forwards) == len(stock_seen.forwards) > 400
     first = next(
-        (i for i, (a, b) in enumerate(zip(stock_seen.forwards, seen.forwards)) if a != b), None
+        (
+            i
+            for i, (a, b) in enumerate(zip(stock_seen.forwards, seen.forwards, strict=True))
+            if a != b
+        ),
+        None,
     )
     assert first is None, (first, stock_seen.forwards[first], seen.forwards[first])
     assert drive.prefills + drive.decodes == len(seen.forwards)
@@ -158,9 +172,41 @@ def test_the_driven_loop_runs_every_forward_and_output_as_stock_sglang(
     assert pools.num_available_tokens == pools.num_pages * pools.page_size
 
 
-def _pressed(
-    page: int, driven: bool, shared: int
-) -> tuple[SchedulerLoop, KVWitness, Drive | None]:
+@pytest.mark.parametrize("page", [1, 16])
+def test_over_a_servers_default_cache_the_driven_loop_runs_as_stock(page: int) -> None:
+    # A 0.5.23 server builds a UnifiedRadixCache (full attention alone), not a RadixCache:
+    # stock runs over it, and drive stands in for it.
+    with _topology(page):
+        stock, _, stock_seen, _, _ = _run(page, True, 1, driven=False, unified_cache=True)
+        loop, _, seen, drive, _ = _run(page, True, 1, driven=True, unified_cache=True)
+    assert drive is not None
+    assert type(stock.scheduler.tree_cache).__name__ == "UnifiedRadixCache"
+    assert len(seen.forwards) == len(stock_seen.forwards) > 400
+    assert seen.forwards == stock_seen.forwards
+    assert sum(1 for f in seen.forwards for hit in f.prefix_lens if hit) >= 10
+    assert loop.outputs.tokens == stock.outputs.tokens
+    assert loop.outputs.aborted == stock.outputs.aborted
+    assert drive.pools.num_available_tokens == drive.pools.num_pages * drive.pools.page_size
+
+
+def test_a_hybrid_models_cache_is_refused_at_attach_in_one_line() -> None:
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    from batchstate.sglang.driven.support import DriveRefused
+
+    with _topology(16):
+        loop = SchedulerLoop(page_size=16, kv_tokens=1024, rows=ROWS, unified_cache=True)
+        cache = loop.scheduler.tree_cache
+        cache.tree_components = (ComponentType.FULL, ComponentType.SWA)  # a window's too
+        with pytest.raises(DriveRefused, match=r"cache \(UnifiedRadixCache with SWA\)"):
+            Drive(loop.scheduler)
+        cache.tree_components, cache.disable = (ComponentType.FULL,), True
+        with pytest.raises(DriveRefused, match="disabled UnifiedRadixCache"):
+            Drive(loop.scheduler)
+    assert not type(loop.scheduler.req_to_token_pool).__name__.endswith("View")
+
+
+def _pressed(page: int, driven: bool, shared: int) -> tuple[SchedulerLoop, KVWitness, Drive | None]:
     # Short prompts (behind a `shared` head), long outputs: admission counts on requests
     # finishing early, they do not, and decoding runs out of KV again and again.
     loop = SchedulerLoop(
@@ -214,8 +260,6 @@ def test_a_shared_prompt_admitted_together_is_deduplicated_a_turn_earlier() -> N
     assert len(seen.forwards) <= len(stock_seen.forwards)
 
 
-
-
 def _retracted(forwards: list[Forward]) -> int:
     # A request prefilled again after it decoded was retracted (memory ran short).
     decoded: set[str] = set()
@@ -250,3 +294,104 @@ def _refusal(step: Callable[[], object]) -> str:
     with pytest.raises(DrivenFieldError) as refused:
         step()
     return str(refused.value)
+
+
+# The source documents' three bugs of SGLang's mutable batch, tried on the driven loop.
+
+
+def _forgets_the_mirror(original: Callable[..., Any]) -> Callable[..., Any]:
+    # A decode builder that forgets the host mirror of req_pool_indices.
+    def prepare_for_decode(batch: Any) -> None:
+        original(batch)
+        batch.req_pool_indices_cpu = None
+
+    return prepare_for_decode
+
+
+def _sums_on_the_device(original: Callable[..., Any]) -> Callable[..., Any]:
+    # seq_lens_sum recomputed from the device tensor: a device sync on every decode.
+    def prepare_for_decode(batch: Any) -> None:
+        original(batch)
+        batch.seq_lens_sum = int(batch.seq_lens.sum().item())
+
+    return prepare_for_decode
+
+
+@pytest.mark.parametrize("bug", [_forgets_the_mirror, _sums_on_the_device])
+def test_a_patch_that_reintroduces_a_seed_bug_changes_nothing_under_drive(
+    bug: Callable[[Callable[..., Any]], Callable[..., Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _topology(16):
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        clean, _, clean_seen, _, _ = _run(16, True, 1, driven=False)
+        # SGLang's class patched as the bug would be written into it, counting its runs.
+        calls = [0]
+        buggy = bug(ScheduleBatch.prepare_for_decode)
+
+        def counted(batch: Any) -> None:
+            calls[0] += 1
+            buggy(batch)
+
+        monkeypatch.setattr(ScheduleBatch, "prepare_for_decode", counted)
+        stock = SchedulerLoop(
+            page_size=16, kv_tokens=KV_TOKENS[16], rows=ROWS, context=CONTEXT, overlap=True
+        )
+        Workload(stock, 1)
+        try:  # stock SGLang runs the patched method on every decode (the first bug crashes)
+            for _ in range(100):
+                stock.step()
+        except TypeError:
+            assert bug is _forgets_the_mirror
+        assert calls[0] > 0
+        calls[0] = 0
+        # Driven, the same patch never computes a batch: the run is the clean one.
+        loop, _, seen, _, _ = _run(16, True, 1, driven=True)
+        assert calls[0] == 0
+        assert seen.forwards == clean_seen.forwards
+        assert loop.outputs.tokens == clean.outputs.tokens
+        # Run on a driven batch directly, the bug's own line has no field to write into.
+        loop = SchedulerLoop(
+            page_size=16, kv_tokens=KV_TOKENS[16], rows=ROWS, context=CONTEXT, overlap=True
+        )
+        with Drive(loop.scheduler):
+            Workload(loop, 1, requests=4)
+            while loop.step() != "decode":
+                pass
+            with pytest.raises(DrivenFieldError):
+                bug(lambda batch: None)(loop.scheduler.running_batch)
+
+
+def test_an_emptied_batch_has_no_rows_for_a_merge_to_bring_back() -> None:
+    """Stock SGLang's `filter_batch` that keeps no request leaves the batch's tensors as
+    they were, and a merge that does not check `is_empty` first concatenates them back;
+    a driven batch emptied has no rows, and merging it adds none."""
+    rows: dict[bool, tuple[int, int]] = {}
+    for driven in (False, True):
+        with _topology(16):
+            loop = SchedulerLoop(
+                page_size=16, kv_tokens=KV_TOKENS[16], rows=ROWS, context=CONTEXT, overlap=True
+            )
+            drive = Drive(loop.scheduler).attach() if driven else None
+            try:
+                Workload(loop, 2, requests=12)
+                s = loop.scheduler
+                # Right after a whole prefill (no chunk left over): its batch is merged into
+                # the running one at the next turn.
+                while not (
+                    loop.step() == "prefill"
+                    and s.chunked_req is None
+                    and len(s.running_batch.reqs) >= 2
+                ):
+                    pass
+                emptied, other = s.running_batch, s.last_batch
+                emptied.filter_batch(keep_indices=[])
+                other.merge_batch(emptied)  # the merge the seed bug made without a check
+                rows[driven] = (len(other.reqs), int(other.seq_lens.shape[0]))
+            finally:
+                if drive is not None:
+                    drive.detach()
+    stock_reqs, stock_rows = rows[False]
+    assert stock_rows > stock_reqs  # stock: the emptied batch's stale rows came back
+    driven_reqs, driven_rows = rows[True]
+    assert driven_rows == driven_reqs

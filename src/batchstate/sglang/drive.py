@@ -37,11 +37,17 @@ class Driver:
         context: int = 1024,
         seed: int = 0,
         chunk: int | None = None,
+        unified_cache: bool = False,
     ) -> None:
         self.page_size = page_size
         self.rng = random.Random(seed)
         self.req_to_token_pool, self.allocator, self.tree_cache = cpu_memory(
-            page_size=page_size, kv_tokens=kv_tokens, rows=rows, context=context, cache=True
+            page_size=page_size,
+            kv_tokens=kv_tokens,
+            rows=rows,
+            context=context,
+            cache=True,
+            unified=unified_cache,
         )
         self.model_config = MODEL_CONFIG
         self.waiting: list[Any] = []
@@ -178,11 +184,13 @@ MODEL_CONFIG: Final = SimpleNamespace(vocab_size=32000, is_encoder_decoder=False
 
 
 def cpu_memory(
-    *, page_size: int, kv_tokens: int, rows: int, context: int, cache: bool
+    *, page_size: int, kv_tokens: int, rows: int, context: int, cache: bool, unified: bool = False
 ) -> tuple[Any, Any, Any]:
     """SGLang's request-to-token pool, KV allocator and radix cache, on CPU.
 
     `cache`: False disables the radix cache, as `--disable-radix-cache` does.
+    `unified`: SGLang's `UnifiedRadixCache` over full attention, what a 0.5.23 server
+    builds by default, in place of its `RadixCache`.
     """
     install_stubs()
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -193,15 +201,19 @@ def cpu_memory(
         size=rows, max_context_len=context, device="cpu", enable_memory_saver=False
     )
     allocator = kv_allocator(page_size, kv_tokens)
-    tree_cache = RadixCache(
-        CacheInitParams(
-            disable=not cache,
-            req_to_token_pool=req_to_token_pool,
-            token_to_kv_pool_allocator=allocator,
-            page_size=page_size,
-        )
+    params = CacheInitParams(
+        disable=not cache,
+        req_to_token_pool=req_to_token_pool,
+        token_to_kv_pool_allocator=allocator,
+        page_size=page_size,
     )
-    return req_to_token_pool, allocator, tree_cache
+    if not unified:
+        return req_to_token_pool, allocator, RadixCache(params)
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    params.tree_components = (ComponentType.FULL,)
+    return req_to_token_pool, allocator, UnifiedRadixCache(params)
 
 
 def new_batch(owner: Any, reqs: list[Any], chunked_req: Any = None) -> Any:

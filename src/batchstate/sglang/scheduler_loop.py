@@ -53,7 +53,11 @@ class Outputs:
 
 
 class SchedulerLoop:
-    """SGLang's real scheduling decisions over the `Driver`'s pools and radix cache."""
+    """SGLang's real scheduling decisions over the `Driver`'s pools and radix cache.
+
+    `unified_cache`: the radix cache is SGLang's `UnifiedRadixCache` over full attention
+    (what a 0.5.23 server builds by default) in place of its `RadixCache`.
+    """
 
     def __init__(
         self,
@@ -64,9 +68,15 @@ class SchedulerLoop:
         context: int = 1024,
         seed: int = 0,
         overlap: bool = False,
+        unified_cache: bool = False,
     ) -> None:
         self.driver = Driver(
-            page_size=page_size, kv_tokens=kv_tokens, rows=rows, context=context, seed=seed
+            page_size=page_size,
+            kv_tokens=kv_tokens,
+            rows=rows,
+            context=context,
+            seed=seed,
+            unified_cache=unified_cache,
         )
         self.worker = FakeWorker()
         self.outputs = Outputs()

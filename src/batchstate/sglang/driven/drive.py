@@ -26,6 +26,7 @@ See docs/sglang.md, "Drive mode".
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -44,7 +45,13 @@ from batchstate.sglang.replica import ExtendItem, Replica
 
 __all__ = ["DRIVEN_CALLS", "Drive", "DriveError", "drive_every_scheduler", "driven_batch_class"]
 
-DRIVEN_CALLS: Final = ("prepare_for_extend", "prepare_for_decode", "filter_batch", "merge_batch", "copy")
+DRIVEN_CALLS: Final = (
+    "prepare_for_extend",
+    "prepare_for_decode",
+    "filter_batch",
+    "merge_batch",
+    "copy",
+)
 """The `ScheduleBatch` methods batchstate computes for a driven batch."""
 
 
@@ -53,25 +60,21 @@ class DriveError(Error, RuntimeError):
     batchstate's reason); nothing the drive holds changed."""
 
 
-_class_lock = threading.RLock()
-_driven_class: type | None = None
+_class_lock = threading.RLock()  # the class-level wrappers go in and out under it
 
 
+@functools.cache
 def driven_batch_class() -> type:
     """SGLang's `ScheduleBatch` with its mirrored fields read from a record: the class a
     driven batch has (made once, after SGLang is importable)."""
-    global _driven_class
-    with _class_lock:
-        if _driven_class is None:
-            install_stubs()
-            from sglang.srt.managers.schedule_batch import ScheduleBatch
+    install_stubs()
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-            _driven_class = type(
-                "DrivenScheduleBatch",
-                (RecordFields, ScheduleBatch),
-                {"__doc__": "A `ScheduleBatch` whose mirrored fields are its record's."},
-            )
-        return _driven_class
+    return type(
+        "DrivenScheduleBatch",
+        (RecordFields, ScheduleBatch),
+        {"__doc__": "A `ScheduleBatch` whose mirrored fields are its record's."},
+    )
 
 
 class _Patches:
@@ -91,7 +94,9 @@ class _Patches:
             self._replace(ScheduleBatch, name, _dispatch(name, self.originals[name], driven))
         made = ScheduleBatch.__dict__["init_new"].__func__
 
-        def init_new(cls: type, reqs: list[Any], req_to_token_pool: object, *args: Any, **kw: Any) -> Any:
+        def init_new(
+            cls: type, reqs: list[Any], req_to_token_pool: object, *args: Any, **kw: Any
+        ) -> Any:
             batch = made(cls, reqs, req_to_token_pool, *args, **kw)
             if isinstance(req_to_token_pool, ReqToTokenView):
                 owner = req_to_token_pool.owner
@@ -117,7 +122,8 @@ _patches = _Patches()
 
 def _dispatch(name: str, original: Callable[..., Any], driven: type) -> Callable[..., Any]:
     def call(batch: Any, *args: Any, **kwargs: Any) -> Any:
-        if type(batch) is driven:
+        kind: object = type(batch)  # not `type(batch) is driven`: mypy would narrow `batch`
+        if kind is driven:
             binding: Binding = batch.batchstate_binding
             drive = cast("Drive", binding.owner)
             return getattr(drive, name)(batch, *args, **kwargs)
@@ -126,6 +132,23 @@ def _dispatch(name: str, original: Callable[..., Any], driven: type) -> Callable
     call.__name__ = name
     call.__doc__ = original.__doc__
     return call
+
+
+def _require_radix_cache(cache: Any) -> None:
+    # What drive stands in for: a radix cache over full attention. A 0.5.23 server builds
+    # a UnifiedRadixCache with the full-attention component alone; a hybrid model's (with
+    # a window's or a state's component, or a pure-window cache) holds memory the views
+    # do not present.
+    name = type(cache).__name__
+    if name not in ("RadixCache", "UnifiedRadixCache"):
+        raise DriveRefused(f"drive mode stands in for SGLang's radix cache, not for {name}")
+    if cache.disable:
+        raise DriveRefused(f"drive mode does not stand in for a disabled {name}")
+    others = [c.name for c in getattr(cache, "tree_components", ()) if c.name != "FULL"]
+    if others:
+        raise DriveRefused(
+            f"drive mode does not run a hybrid model's cache ({name} with {', '.join(others)})"
+        )
 
 
 class Drive:
@@ -146,11 +169,7 @@ class Drive:
         allocator = s.token_to_kv_pool_allocator
         if isinstance(table, ReqToTokenView):
             raise DriveRefused("this scheduler is driven already")
-        if type(s.tree_cache).__name__ != "RadixCache" or s.tree_cache.disable:
-            raise DriveRefused(
-                f"drive mode presents batchstate's prefix cache as SGLang's RadixCache, "
-                f"not as {type(s.tree_cache).__name__}"
-            )
+        _require_radix_cache(s.tree_cache)
         self.scheduler = s
         self.replica = Replica(
             page_size=int(allocator.page_size),
@@ -265,19 +284,20 @@ class Drive:
         if getattr(s, "batch_result_processor", None) is not None:
             s.init_batch_result_processor()  # a frozen record of the memory objects
 
-    def adopt(self, batch: Any, snapshot: Any = None) -> None:
+    def adopt(self, batch: Any, binding: Binding | None = None) -> None:
         """Make `batch` (just made by SGLang) a driven batch, reading its fields from
-        its record: the one held under a new label, or `snapshot`'s."""
+        its record: the one held under a new label, or `binding`'s."""
         batch.__class__ = driven_batch_class()
         for name in FIELDS:
             batch.__dict__.pop(name, None)
-        label = f"d{self._batches}"
-        self._batches += 1
-        replica = self.replica
-        batch.batchstate_binding = Binding(self, replica.records, replica.empty, label, snapshot)
-        if snapshot is None:
+        if binding is None:
+            label = f"d{self._batches}"
+            self._batches += 1
+            replica = self.replica
+            binding = Binding(self, replica.records, replica.empty, label)
             # The label's record goes with the batch (a batch SGLang dropped, empty).
-            weakref.finalize(batch, self.replica.records.pop, label, None)
+            weakref.finalize(batch, replica.records.pop, label, None)
+        batch.batchstate_binding = binding
 
     # The lifecycle, for driven batches (`_dispatch` routes SGLang's calls here).
     def prepare_for_extend(self, batch: Any) -> None:
@@ -292,7 +312,9 @@ class Drive:
         reqs = batch.reqs
         _require_plain(batch, reqs)
         items = [
-            ExtendItem(r.rid, tuple(r.full_untruncated_fill_ids), int(r.extend_len), int(r.prefix_len))
+            ExtendItem(
+                r.rid, tuple(r.full_untruncated_fill_ids), int(r.extend_len), int(r.prefix_len)
+            )
             for r in reqs
         ]
         binding: Binding = batch.batchstate_binding
@@ -304,13 +326,12 @@ class Drive:
             mixed = self.replica.extend(binding.label, items, exact_hits=True)
         except Error as refused:
             raise DriveError(str(refused)) from refused
-        if mixed.prefix_lens.tolist() != [i.prefix_len for i in items] or mixed.extend_lens.tolist() != [
-            i.extend_len for i in items
-        ]:
+        theirs = [(i.prefix_len, i.extend_len) for i in items]
+        ours = list(zip(mixed.prefix_lens.tolist(), mixed.extend_lens.tolist(), strict=True))
+        if ours != theirs:
             raise DriveError(
                 "prepare_for_extend: batchstate split the prompts otherwise than SGLang's "
-                f"admission: prefix {mixed.prefix_lens.tolist()}, extend "
-                f"{mixed.extend_lens.tolist()}; SGLang's {[(i.prefix_len, i.extend_len) for i in items]}"
+                f"admission: (prefix, extend) {ours}, SGLang's {theirs}"
             )
         binding.forward = mixed
         self.prefills += 1
@@ -324,17 +345,19 @@ class Drive:
             req.extend_batch_idx += 1
             if not req.retracted_stain:
                 req.cached_tokens += item.prefix_len - req.already_computed
-                if not req._cache_breakdown_computed:  # noqa: SLF001  # SGLang's own flag
-                    (req.cached_tokens_device, req.cached_tokens_host, req.cached_tokens_storage) = (
-                        split_cached_prefix_by_tier(
-                            prefix_len=item.prefix_len,
-                            host_hit_len=req.materialized_host_hit_len(),
-                            storage_hit_len=req.storage_hit_length,
-                            storage_hit_start=req.storage_hit_start,
-                            host_hit_is_storage=req.host_hit_is_storage,
-                        )
+                if not req._cache_breakdown_computed:  # SGLang's own flag
+                    (
+                        req.cached_tokens_device,
+                        req.cached_tokens_host,
+                        req.cached_tokens_storage,
+                    ) = split_cached_prefix_by_tier(
+                        prefix_len=item.prefix_len,
+                        host_hit_len=req.materialized_host_hit_len(),
+                        storage_hit_len=req.storage_hit_length,
+                        storage_hit_start=req.storage_hit_start,
+                        host_hit_is_storage=req.host_hit_is_storage,
                     )
-                    req._cache_breakdown_computed = True  # noqa: SLF001
+                    req._cache_breakdown_computed = True
                 req.already_computed = seq_len
             req.is_retracted = False
         batch.input_ids = mixed.input_ids.device  # the forward's tokens, the record's own
@@ -392,9 +415,7 @@ class Drive:
                 excluded = reqs_to_exclude
             else:
                 excluded = [reqs_to_exclude]
-            keep_indices = [
-                i for i, r in enumerate(reqs) if not r.finished() and r not in excluded
-            ]
+            keep_indices = [i for i, r in enumerate(reqs) if not r.finished() and r not in excluded]
         binding: Binding = batch.batchstate_binding
         binding.forward = None
         if len(keep_indices) == len(reqs) == self.replica.num_rows(binding.label):
@@ -421,8 +442,8 @@ class Drive:
 
     def merge_batch(self, batch: Any, other: Any) -> None:
         """SGLang's `merge_batch`, computed by `merge`: `other`'s rows after `batch`'s."""
-        driven = driven_batch_class()
-        if type(other) is not driven:
+        kind: object = type(other)
+        if kind is not driven_batch_class():
             raise DriveError("merge_batch: the other batch is not driven by this scheduler")
         binding: Binding = batch.batchstate_binding
         theirs: Binding = other.batchstate_binding
@@ -444,9 +465,9 @@ class Drive:
     def copy(self, batch: Any) -> Any:
         """SGLang's `copy` (the overlap scheduler's snapshot for result processing): a
         driven batch sharing this step's record, which is frozen."""
-        record = batch.batchstate_binding.record()
+        binding: Binding = batch.batchstate_binding
         copied = _patches.originals["copy"](batch)  # SGLang's: reads the fields it copies
-        self.adopt(copied, snapshot=record)
+        self.adopt(copied, binding.frozen())
         return copied
 
 
