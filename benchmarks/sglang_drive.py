@@ -58,10 +58,10 @@ class _Timed:
         self.model_ns = 0
         forward = self.loop.worker.forward_batch_generation
 
-        def timed(batch_: Any, **kwargs: object) -> object:
+        def timed(batch: Any, **kwargs: object) -> object:
             start = time.thread_time_ns()
             try:
-                return forward(batch_, **kwargs)
+                return forward(batch, **kwargs)
             finally:
                 self.model_ns += time.thread_time_ns() - start
 
@@ -69,7 +69,9 @@ class _Timed:
         rng = random.Random(seed)
         for _ in range(batch):
             self.loop.submit([rng.randrange(100, 30000) for _ in range(PROMPT)], new_tokens)
-        while len(self.loop.scheduler.running_batch.reqs) < batch or self.loop.scheduler.waiting_queue:
+        while (
+            len(self.loop.scheduler.running_batch.reqs) < batch or self.loop.scheduler.waiting_queue
+        ):
             self.loop.step()
 
     def step(self) -> int:
