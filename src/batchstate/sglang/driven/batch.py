@@ -74,7 +74,8 @@ class Binding:
         record = self.record()
         frozen = Binding(self.owner, self.records, self.empty, self.label, record)
         if record is self._read_from:
-            frozen._read_from, frozen._read = record, self._read  # replaced, never changed
+            # One record, one dict: either binding only adds its reads; a new record gets a new one.
+            frozen._read_from, frozen._read = record, self._read
         return frozen
 
     def read(self, name: str, compute: Callable[[Record], object]) -> object:
